@@ -1,0 +1,182 @@
+package kernel
+
+import (
+	"context"
+	"time"
+)
+
+// Store is the kernel's durable state: projections (executions, steps,
+// agents, approvals, bundles, counters) and the append-only event log, all
+// scoped by tenant. store/bbolt implements it on one bbolt file; a shared
+// database backend may implement it later. kernel/storetest is the
+// conformance suite every implementation must pass.
+//
+// # Transactions
+//
+// Update runs fn in a read-write transaction and commits when fn returns
+// nil; an error or a panic rolls everything fn wrote back and is returned.
+// Concurrent Updates may be folded into one commit (group commit): fn may
+// therefore be run more than once (when another function in its batch fails
+// the batch is retried without it), so fn must have no effect outside tx and
+// must compute everything from what it reads in tx. Update returns only after
+// the commit is durable (fsync'd, unless the store was opened without sync).
+//
+// View runs fn in a read-only snapshot.
+//
+// # Errors
+//
+// Lookups return an error matching ErrNotFound (errors.Is) when there is no
+// such record. Put* validate nothing the kernel already validated, but
+// AppendEvent refuses to overwrite an existing (execution, seq) and returns
+// an error matching ErrConflict.
+type Store interface {
+	Update(ctx context.Context, fn func(tx Tx) error) error
+	View(ctx context.Context, fn func(tx ReadTx) error) error
+	Close() error
+}
+
+// ExecutionFilter selects executions for listing, newest first.
+type ExecutionFilter struct {
+	AgentID string
+	Status  ExecStatus
+	// Before, when set, returns only executions whose id sorts before it (keyset paging).
+	Before string
+	Limit  int
+}
+
+// DispatchRef names an execution whose dispatch is due or whose lease expired.
+type DispatchRef struct {
+	Tenant      string
+	ExecutionID string
+	At          time.Time
+}
+
+// ApprovalRef names a pending approval and when it expires.
+type ApprovalRef struct {
+	Tenant     string
+	ApprovalID string
+	At         time.Time
+}
+
+// BundleRecord is a stored bundle: its identity and its archive (a
+// reproducible .tar.gz of the bundle files).
+type BundleRecord struct {
+	Tenant    string    `json:"tenant"`
+	Name      string    `json:"name"`
+	Revision  string    `json:"revision"`
+	Digest    string    `json:"sha256"`
+	Engine    string    `json:"engine"`
+	Archive   []byte    `json:"archive"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Tenant is an isolated namespace.
+type Tenant struct {
+	ID        string    `json:"id"`
+	Guards    []string  `json:"guards,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// Key roles.
+const (
+	RoleAdmin       = "admin"
+	RoleTenantAdmin = "tenant-admin"
+	RoleClient      = "client"
+)
+
+// APIKey is a stored API key; only the sha256 of the secret is kept.
+type APIKey struct {
+	ID        string    `json:"key_id"`
+	Tenant    string    `json:"tenant"`
+	Role      string    `json:"role"`
+	Principal string    `json:"principal"`
+	Hash      string    `json:"hash"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// ReadTx is a read-only view of the store.
+type ReadTx interface {
+	// Execution returns the execution, or ErrNotFound (also when it belongs to another tenant).
+	Execution(tenant, id string) (*Execution, error)
+	// ExecutionTenant returns the tenant that owns execution id, or ErrNotFound.
+	ExecutionTenant(id string) (string, error)
+	// ExecutionByIdempotencyKey returns the id created with key, or ErrNotFound.
+	ExecutionByIdempotencyKey(tenant, key string) (string, error)
+	// ListExecutions returns up to f.Limit executions, newest (largest id) first.
+	ListExecutions(tenant string, f ExecutionFilter) ([]*Execution, error)
+
+	// Step returns one step, or ErrNotFound.
+	Step(tenant, executionID, stepID string) (*Step, error)
+	// ListSteps returns the steps of an execution ordered by Seq.
+	ListSteps(tenant, executionID string) ([]*Step, error)
+	// Occurrence returns the counter stored under key (zero value when absent).
+	Occurrence(tenant, executionID, key string) (Occurrence, error)
+
+	// Events returns up to limit events with seq > afterSeq, in seq order.
+	Events(tenant, executionID string, afterSeq uint64, limit int) ([]Event, error)
+
+	// Agent returns the agent (with its secret), or ErrNotFound.
+	Agent(tenant, id string) (*Agent, error)
+	// ListAgents returns the tenant's agents ordered by id.
+	ListAgents(tenant string) ([]*Agent, error)
+
+	// DueDispatches returns executions whose dispatch is queued with DueAt <= now, oldest first.
+	DueDispatches(now time.Time, limit int) ([]DispatchRef, error)
+	// NextDue returns the earliest DueAt of any queued dispatch (zero, false when none).
+	NextDue() (time.Time, bool, error)
+	// ExpiredLeases returns executions whose dispatch is delivering or acked with LeaseUntil <= now.
+	ExpiredLeases(now time.Time, limit int) ([]DispatchRef, error)
+
+	// Approval returns one approval, or ErrNotFound.
+	Approval(tenant, id string) (*Approval, error)
+	// ListApprovals returns the tenant's approvals (all when status is empty), newest first.
+	ListApprovals(tenant string, status ApprovalStatus) ([]*Approval, error)
+	// ExpiredApprovals returns pending approvals with ExpiresAt <= now.
+	ExpiredApprovals(now time.Time, limit int) ([]ApprovalRef, error)
+
+	// Bundle returns a stored bundle, or ErrNotFound.
+	Bundle(tenant, name string) (*BundleRecord, error)
+	// ListBundles returns all stored bundles of a tenant ordered by name; tenant "" lists every tenant's.
+	ListBundles(tenant string) ([]*BundleRecord, error)
+
+	// Counter returns the opaque rate-limit state stored under key (nil when absent).
+	Counter(tenant, key string) ([]byte, error)
+
+	// Tenant returns a tenant, or ErrNotFound; ListTenants lists all.
+	Tenant(id string) (*Tenant, error)
+	ListTenants() ([]*Tenant, error)
+	// APIKeyByHash finds a key by the sha256 of its secret, or ErrNotFound.
+	APIKeyByHash(hash string) (*APIKey, error)
+	// ListAPIKeys lists a tenant's keys.
+	ListAPIKeys(tenant string) ([]*APIKey, error)
+}
+
+// Tx is a read-write transaction.
+type Tx interface {
+	ReadTx
+	// PutExecution writes the execution and keeps every index derived from it
+	// (tenant, idempotency key, due dispatches, lease expiry, listing) in step
+	// with its new value.
+	PutExecution(e *Execution) error
+	// PutStep writes a step.
+	PutStep(s *Step) error
+	// PutOccurrence writes an occurrence counter.
+	PutOccurrence(tenant, executionID, key string, o Occurrence) error
+	// AppendEvent appends an event; an existing (execution, seq) is ErrConflict.
+	AppendEvent(tenant string, ev Event) error
+
+	PutAgent(a *Agent) error
+	DeleteAgent(tenant, id string) error
+
+	// PutApproval writes an approval and keeps the expiry index of pending ones.
+	PutApproval(a *Approval) error
+
+	PutBundle(b *BundleRecord) error
+	DeleteBundle(tenant, name string) error
+
+	PutCounter(tenant, key string, value []byte) error
+
+	PutTenant(t *Tenant) error
+	PutAPIKey(k *APIKey) error
+	DeleteAPIKey(tenant, id string) error
+}

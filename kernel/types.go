@@ -1,0 +1,268 @@
+package kernel
+
+import (
+	"encoding/json"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel/policy"
+)
+
+// DefaultTenant exists from the start; every key is scoped by tenant.
+const DefaultTenant = "default"
+
+// ExecStatus is an execution's status (SPEC §1).
+type ExecStatus string
+
+// Execution statuses.
+const (
+	ExecPending   ExecStatus = "pending"
+	ExecRunning   ExecStatus = "running"
+	ExecBlocked   ExecStatus = "blocked"
+	ExecCompleted ExecStatus = "completed"
+	ExecFailed    ExecStatus = "failed"
+	ExecCancelled ExecStatus = "cancelled"
+)
+
+// Terminal reports whether s is completed, failed or cancelled.
+func (s ExecStatus) Terminal() bool {
+	return s == ExecCompleted || s == ExecFailed || s == ExecCancelled
+}
+
+// StepStatus is a step's status.
+type StepStatus string
+
+// Step statuses. Succeeded, failed and cancelled are terminal and never
+// change again; denied is terminal only when it came from an approval.
+const (
+	StepExecuting        StepStatus = "executing"
+	StepAwaitingApproval StepStatus = "awaiting_approval"
+	StepDenied           StepStatus = "denied"
+	StepRateLimited      StepStatus = "rate_limited"
+	StepSucceeded        StepStatus = "succeeded"
+	StepFailed           StepStatus = "failed"
+	StepCancelled        StepStatus = "cancelled"
+)
+
+// Terminal reports whether the step has a final outcome that replays.
+func (s StepStatus) Terminal() bool {
+	return s == StepSucceeded || s == StepFailed || s == StepCancelled
+}
+
+// Idempotency modes of a step.
+const (
+	SafeToRetry = "safe_to_retry"
+	AtMostOnce  = "at_most_once"
+)
+
+// Dispatch states kept on the execution.
+const (
+	DispatchNone       = ""           // no dispatch (terminal, or never queued)
+	DispatchQueued     = "queued"     // waiting in the due index until DueAt
+	DispatchDelivering = "delivering" // claimed; webhook POST in flight; lease held
+	DispatchAcked      = "acked"      // agent acknowledged; lease held
+	DispatchParked     = "parked"     // a step is blocked on an approval; no lease timer
+)
+
+// Lease is the (dispatch_id, dispatch_attempt) pair an agent holds.
+type Lease struct {
+	DispatchID string `json:"dispatch_id"`
+	Attempt    int    `json:"dispatch_attempt"`
+}
+
+// DispatchState is the delivery state of an execution. An execution has at
+// most one dispatch at a time.
+type DispatchState struct {
+	// ID of the current dispatch (a new one is made on create and on resume).
+	ID string `json:"id,omitempty"`
+	// Attempt is the number of the last claimed attempt of ID (0: never claimed).
+	Attempt int `json:"attempt"`
+	// State is one of the Dispatch* constants.
+	State string `json:"state,omitempty"`
+	// DueAt is when a queued dispatch may be claimed.
+	DueAt time.Time `json:"due_at,omitzero"`
+	// LeaseUntil is when a claimed attempt's lease expires.
+	LeaseUntil time.Time `json:"lease_until,omitzero"`
+	// Failures counts failed deliveries of ID (for backoff).
+	Failures int `json:"failures,omitempty"`
+}
+
+// Limits bound an execution (SPEC §3); zero means unlimited.
+type Limits struct {
+	MaxSteps               int64   `json:"max_steps,omitempty"`
+	MaxLLMCalls            int64   `json:"max_llm_calls,omitempty"`
+	MaxOutputTokensPerCall int64   `json:"max_output_tokens_per_call,omitempty"`
+	MaxTotalTokens         int64   `json:"max_total_tokens,omitempty"`
+	MaxCostUSD             float64 `json:"max_cost_usd,omitempty"`
+	MaxDuration            string  `json:"max_duration,omitempty"`
+	MaxConsecutiveFailures int64   `json:"max_consecutive_failures,omitempty"`
+	MaxLoopRepetitions     int64   `json:"max_loop_repetitions,omitempty"`
+}
+
+// Execution is the projection of one execution.
+type Execution struct {
+	ID             string            `json:"id"`
+	Tenant         string            `json:"tenant"`
+	AgentID        string            `json:"agent_id"`
+	AgentVersion   string            `json:"agent_version,omitempty"`
+	Status         ExecStatus        `json:"status"`
+	Input          json.RawMessage   `json:"input"`
+	Output         json.RawMessage   `json:"output,omitempty"`
+	Error          json.RawMessage   `json:"error,omitempty"`
+	Reason         string            `json:"reason,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	Limits         Limits            `json:"limits"`
+	Totals         policy.Totals     `json:"totals"`
+	Deadline       *time.Time        `json:"deadline,omitempty"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	UpdatedAt      time.Time         `json:"updated_at"`
+	// LastSeq is the seq of the newest event of this execution.
+	LastSeq uint64 `json:"last_seq"`
+	// Lease is the last claimed (dispatch_id, attempt): the only pair whose
+	// mutations are accepted. Zero before the first claim.
+	Lease Lease `json:"lease"`
+	// Dispatch is the delivery state.
+	Dispatch DispatchState `json:"dispatch"`
+	// BlockedOn is the approval the execution waits on, when blocked.
+	BlockedOn string `json:"blocked_on,omitempty"`
+}
+
+// StepOutcome is the decision record of a step.
+type StepDecisionInfo struct {
+	Action   policy.Action    `json:"action"`
+	Reason   string           `json:"reason,omitempty"`
+	RuleID   string           `json:"rule_id,omitempty"`
+	Bundle   policy.BundleRef `json:"bundle"`
+	EvalTime time.Duration    `json:"eval_ns"`
+}
+
+// Step is the projection of one step.
+type Step struct {
+	ID          string          `json:"id"`
+	ExecutionID string          `json:"execution_id"`
+	Tenant      string          `json:"tenant"`
+	Kind        string          `json:"kind"`
+	Target      string          `json:"target"`
+	Args        json.RawMessage `json:"args"`
+	ArgsHash    string          `json:"args_hash"`
+	Occurrence  int             `json:"occurrence"`
+	Idempotency string          `json:"idempotency"`
+	Effect      string          `json:"effect,omitempty"`
+	Status      StepStatus      `json:"status"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	Error       json.RawMessage `json:"error,omitempty"`
+	Usage       *Usage          `json:"usage,omitempty"`
+	// Lease is the (dispatch_id, attempt) under which the step was last told proceed.
+	Lease      Lease             `json:"lease"`
+	Decision   *StepDecisionInfo `json:"decision,omitempty"`
+	ApprovalID string            `json:"approval_id,omitempty"`
+	// Seq is the seq of the step's first event (step.proposed); it orders steps.
+	Seq         uint64     `json:"seq"`
+	CreatedAt   time.Time  `json:"created_at"`
+	CompletedAt *time.Time `json:"completed_at,omitempty"`
+}
+
+// Usage is what a completed step reports it consumed.
+type Usage struct {
+	InputTokens  int64   `json:"input_tokens,omitempty"`
+	OutputTokens int64   `json:"output_tokens,omitempty"`
+	TotalTokens  int64   `json:"total_tokens,omitempty"`
+	CostUSD      float64 `json:"cost_usd,omitempty"`
+}
+
+// Event is one immutable row of an execution's log.
+type Event struct {
+	ExecutionID string          `json:"execution_id"`
+	Seq         uint64          `json:"seq"`
+	Type        string          `json:"type"`
+	Time        time.Time       `json:"time"`
+	Payload     json.RawMessage `json:"payload"`
+}
+
+// Event types (SPEC §4).
+const (
+	EvExecutionCreated   = "execution.created"
+	EvExecutionStarted   = "execution.started"
+	EvExecutionBlocked   = "execution.blocked"
+	EvExecutionResumed   = "execution.resumed"
+	EvExecutionCompleted = "execution.completed"
+	EvExecutionFailed    = "execution.failed"
+	EvExecutionCancelled = "execution.cancelled"
+
+	EvStepProposed         = "step.proposed"
+	EvStepAllowed          = "step.allowed"
+	EvStepDenied           = "step.denied"
+	EvStepRateLimited      = "step.rate_limited"
+	EvStepAwaitingApproval = "step.awaiting_approval"
+	EvStepExecuting        = "step.executing"
+	EvStepSucceeded        = "step.succeeded"
+	EvStepFailed           = "step.failed"
+	EvStepCancelled        = "step.cancelled"
+
+	EvApprovalRequested = "approval.requested"
+	EvApprovalGranted   = "approval.granted"
+	EvApprovalDenied    = "approval.denied"
+	EvApprovalExpired   = "approval.expired"
+
+	EvDispatchQueued     = "dispatch.queued"
+	EvDispatchClaimed    = "dispatch.claimed"
+	EvDispatchAcked      = "dispatch.acked"
+	EvDispatchFailed     = "dispatch.failed"
+	EvDispatchSuperseded = "dispatch.superseded"
+	EvDispatchDiscarded  = "dispatch.discarded"
+)
+
+// Agent is a registered agent. Secret is the HMAC key; it is never returned
+// over the API.
+type Agent struct {
+	ID         string    `json:"id"`
+	Tenant     string    `json:"tenant"`
+	WebhookURL string    `json:"webhook_url"`
+	Secret     string    `json:"secret,omitempty"`
+	Bundle     string    `json:"bundle,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at"`
+}
+
+// Occurrence is the durable occurrence counter of one (kind, target,
+// args_hash) triple within an execution. It is valid only for the lease it
+// names: a counter of another attempt reads as zero.
+type Occurrence struct {
+	Lease Lease `json:"lease"`
+	Count int   `json:"count"`
+}
+
+// ApprovalStatus is an approval's status.
+type ApprovalStatus string
+
+// Approval statuses.
+const (
+	ApprovalPending ApprovalStatus = "pending"
+	ApprovalGranted ApprovalStatus = "granted"
+	ApprovalDenied  ApprovalStatus = "denied"
+	ApprovalExpired ApprovalStatus = "expired"
+)
+
+// Approval is a durable pause on one step, bound to the hash of its request.
+type Approval struct {
+	ID          string          `json:"id"`
+	Tenant      string          `json:"tenant"`
+	ExecutionID string          `json:"execution_id"`
+	AgentID     string          `json:"agent_id"`
+	StepID      string          `json:"step_id"`
+	Kind        string          `json:"kind"`
+	Target      string          `json:"target"`
+	Args        json.RawMessage `json:"args"`
+	// RequestHash is sha256 over the step id and canonical args.
+	RequestHash string         `json:"request_hash"`
+	Status      ApprovalStatus `json:"status"`
+	Approvers   []string       `json:"approvers,omitempty"`
+	Message     string         `json:"message,omitempty"`
+	Reason      string         `json:"reason,omitempty"`
+	RuleID      string         `json:"rule_id,omitempty"`
+	ExpiresAt   time.Time      `json:"expires_at"`
+	DecidedBy   string         `json:"decided_by,omitempty"`
+	Rationale   string         `json:"rationale,omitempty"`
+	CreatedAt   time.Time      `json:"created_at"`
+	DecidedAt   *time.Time     `json:"decided_at,omitempty"`
+}
