@@ -1,0 +1,154 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+)
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
+
+// ValidID reports whether s is a valid agent, tenant or bundle id.
+func ValidID(s string) bool { return idPattern.MatchString(s) }
+
+// PutAgent registers or updates an agent (upsert). The secret must be at
+// least 16 bytes.
+func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
+	if a.Tenant == "" {
+		a.Tenant = DefaultTenant
+	}
+	if !ValidID(a.ID) {
+		return nil, Errorf(CodeValidation, "agent id %q is invalid: want 1-128 of [A-Za-z0-9_.:-], starting with a letter or digit", a.ID)
+	}
+	u, err := url.Parse(a.WebhookURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, Errorf(CodeValidation, "agent %s: webhook_url %q must be an absolute http(s) URL", a.ID, a.WebhookURL)
+	}
+	if len(a.Secret) < 16 {
+		return nil, Errorf(CodeValidation, "agent %s: secret must be at least 16 bytes", a.ID)
+	}
+	if a.Bundle != "" && !ValidID(a.Bundle) {
+		return nil, Errorf(CodeValidation, "agent %s: bundle name %q is invalid", a.ID, a.Bundle)
+	}
+	var out *Agent
+	_, err = k.update(ctx, func(r *rec) error {
+		if _, err := r.tx.Tenant(a.Tenant); err != nil && a.Tenant != DefaultTenant {
+			if errors.Is(err, ErrNotFound) {
+				return Errorf(CodeNotFound, "tenant %s not found", a.Tenant)
+			}
+			return err
+		}
+		n := a
+		n.CreatedAt, n.UpdatedAt = r.now, r.now
+		if old, err := r.tx.Agent(a.Tenant, a.ID); err == nil {
+			n.CreatedAt = old.CreatedAt
+		} else if !errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("read agent %s: %w", a.ID, err)
+		}
+		if err := r.tx.PutAgent(&n); err != nil {
+			return fmt.Errorf("put agent %s: %w", a.ID, err)
+		}
+		out = &n
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	k.agentsMu.Lock()
+	k.agents[a.Tenant+"\x00"+a.ID] = out
+	k.agentsMu.Unlock()
+	return out, nil
+}
+
+// Agent returns an agent, secret included (callers must not expose it).
+func (k *Kernel) Agent(ctx context.Context, tenant, id string) (*Agent, error) {
+	key := tenant + "\x00" + id
+	k.agentsMu.RLock()
+	a, ok := k.agents[key]
+	k.agentsMu.RUnlock()
+	if ok {
+		return a, nil
+	}
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		a, err = tx.Agent(tenant, id)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil, Errorf(CodeNotFound, "agent %s not found", id)
+		}
+		return nil, fmt.Errorf("read agent %s: %w", id, err)
+	}
+	k.agentsMu.Lock()
+	k.agents[key] = a
+	k.agentsMu.Unlock()
+	return a, nil
+}
+
+// ListAgents lists a tenant's agents.
+func (k *Kernel) ListAgents(ctx context.Context, tenant string) ([]*Agent, error) {
+	var out []*Agent
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		out, err = tx.ListAgents(tenant)
+		return err
+	})
+	return out, err
+}
+
+// DeleteAgent removes an agent. Its executions stay readable; they can no
+// longer be dispatched.
+func (k *Kernel) DeleteAgent(ctx context.Context, tenant, id string) error {
+	_, err := k.update(ctx, func(r *rec) error {
+		if _, err := r.tx.Agent(tenant, id); err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return Errorf(CodeNotFound, "agent %s not found", id)
+			}
+			return err
+		}
+		return r.tx.DeleteAgent(tenant, id)
+	})
+	k.agentsMu.Lock()
+	delete(k.agents, tenant+"\x00"+id)
+	k.agentsMu.Unlock()
+	return err
+}
+
+// ExecutionOwner returns the tenant and agent of an execution; agent routes
+// use it to find whose signature to check.
+func (k *Kernel) ExecutionOwner(ctx context.Context, id string) (tenant, agentID string, err error) {
+	k.ownersMu.RLock()
+	o, ok := k.owners[id]
+	k.ownersMu.RUnlock()
+	if ok {
+		return o.tenant, o.agentID, nil
+	}
+	err = k.store.View(ctx, func(tx ReadTx) error {
+		t, err := tx.ExecutionTenant(id)
+		if err != nil {
+			return err
+		}
+		e, err := tx.Execution(t, id)
+		if err != nil {
+			return err
+		}
+		o = owner{tenant: t, agentID: e.AgentID}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return "", "", Errorf(CodeNotFound, "execution %s not found", id)
+		}
+		return "", "", fmt.Errorf("read execution %s: %w", id, err)
+	}
+	k.ownersMu.Lock()
+	if len(k.owners) > 1<<16 {
+		clear(k.owners)
+	}
+	k.owners[id] = o
+	k.ownersMu.Unlock()
+	return o.tenant, o.agentID, nil
+}

@@ -1,0 +1,206 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// ListApprovals lists a tenant's approvals, newest first.
+func (k *Kernel) ListApprovals(ctx context.Context, tenant string, status ApprovalStatus) ([]*Approval, error) {
+	switch status {
+	case "", ApprovalPending, ApprovalGranted, ApprovalDenied, ApprovalExpired:
+	default:
+		return nil, Errorf(CodeValidation, "status %q is invalid (want pending, granted, denied or expired)", status)
+	}
+	var out []*Approval
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		out, err = tx.ListApprovals(tenant, status)
+		return err
+	})
+	return out, err
+}
+
+// GetApproval returns one approval.
+func (k *Kernel) GetApproval(ctx context.Context, tenant, id string) (*Approval, error) {
+	var a *Approval
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		a, err = tx.Approval(tenant, id)
+		if errors.Is(err, ErrNotFound) {
+			return Errorf(CodeNotFound, "approval %s not found", id)
+		}
+		return err
+	})
+	return a, err
+}
+
+// Resolution is a human's answer to an approval.
+type Resolution struct {
+	Tenant     string
+	ApprovalID string
+	Grant      bool
+	DecidedBy  string
+	Rationale  string
+	// RequestHash, when set, must equal the approval's (the approver saw this exact request).
+	RequestHash string
+}
+
+// ResolveApproval grants or denies a pending approval. Either way the
+// execution resumes with a new dispatch: on grant the re-submitted step
+// proceeds, on deny it is answered denied.
+func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval, error) {
+	if res.DecidedBy == "" {
+		return nil, Errorf(CodeValidation, "decided_by is required")
+	}
+	dispatchID := k.ids.next(k.now())
+	var out *Approval
+	_, err := k.update(ctx, func(r *rec) error {
+		a, err := r.tx.Approval(res.Tenant, res.ApprovalID)
+		if err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return Errorf(CodeNotFound, "approval %s not found", res.ApprovalID)
+			}
+			return err
+		}
+		if a.Status != ApprovalPending {
+			return Errorf(CodeConflict, "approval %s is already %s", a.ID, a.Status)
+		}
+		if len(a.Approvers) > 0 && !slices.Contains(a.Approvers, res.DecidedBy) {
+			return Errorf(CodeForbidden, "%q is not among the approvers of approval %s", res.DecidedBy, a.ID)
+		}
+		if res.RequestHash != "" && res.RequestHash != a.RequestHash {
+			return Errorf(CodeConflict, "request_hash does not match approval %s: the request changed", a.ID)
+		}
+		e, err := loadExec(r.tx, a.Tenant, a.ExecutionID)
+		if err != nil {
+			return err
+		}
+		if e.Status.Terminal() {
+			return Errorf(CodeConflict, "execution %s is %s", e.ID, e.Status)
+		}
+		st, typ := ApprovalDenied, EvApprovalDenied
+		if res.Grant {
+			st, typ = ApprovalGranted, EvApprovalGranted
+		}
+		t := r.now
+		a.Status, a.DecidedBy, a.Rationale, a.DecidedAt = st, res.DecidedBy, res.Rationale, &t
+		if err := r.tx.PutApproval(a); err != nil {
+			return err
+		}
+		if err := r.event(e, typ, map[string]any{"approval_id": a.ID, "step_id": a.StepID, "decided_by": res.DecidedBy, "rationale": res.Rationale}); err != nil {
+			return err
+		}
+		if !res.Grant {
+			if err := k.denyApprovedStep(r, e, a, "approval denied by "+res.DecidedBy); err != nil {
+				return err
+			}
+		}
+		if err := k.resume(r, e, a, dispatchID); err != nil {
+			return err
+		}
+		out = a
+		return nil
+	})
+	if err == nil {
+		k.poke()
+	}
+	return out, err
+}
+
+// denyApprovedStep records the step of a denied or expired approval as denied.
+func (k *Kernel) denyApprovedStep(r *rec, e *Execution, a *Approval, reason string) error {
+	s, err := r.tx.Step(e.Tenant, e.ID, a.StepID)
+	if err != nil {
+		return fmt.Errorf("read step %s: %w", a.StepID, err)
+	}
+	if s.Status != StepAwaitingApproval {
+		return nil
+	}
+	s.Status = StepDenied
+	info := StepDecisionInfo{Action: "deny", Reason: reason, RuleID: a.RuleID}
+	if s.Decision != nil {
+		info.Bundle = s.Decision.Bundle
+	}
+	s.Decision = &info
+	if err := r.tx.PutStep(s); err != nil {
+		return err
+	}
+	return r.event(e, EvStepDenied, stepPayload(s, map[string]any{"decision": "deny", "reason": reason, "approval_id": a.ID, "rule_id": a.RuleID}))
+}
+
+// resume unblocks e after its approval was resolved and queues a new dispatch.
+func (k *Kernel) resume(r *rec, e *Execution, a *Approval, dispatchID string) error {
+	if e.BlockedOn != a.ID {
+		return r.tx.PutExecution(e)
+	}
+	e.Status = ExecRunning
+	e.BlockedOn = ""
+	if err := r.event(e, EvExecutionResumed, map[string]any{"approval_id": a.ID, "status": a.Status}); err != nil {
+		return err
+	}
+	if err := k.queueDispatch(r, e, dispatchID, r.now, "approval_"+string(a.Status)); err != nil {
+		return err
+	}
+	return r.tx.PutExecution(e)
+}
+
+// expireApprovals handles pending approvals past their expiry.
+func (k *Kernel) expireApprovals(ctx context.Context, now time.Time) error {
+	var refs []ApprovalRef
+	if err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		refs, err = tx.ExpiredApprovals(now, 256)
+		return err
+	}); err != nil || len(refs) == 0 {
+		return err
+	}
+	ids := make([]string, len(refs))
+	for i := range refs {
+		ids[i] = k.ids.next(now)
+	}
+	_, err := k.update(ctx, func(r *rec) error {
+		for i, ref := range refs {
+			a, err := r.tx.Approval(ref.Tenant, ref.ApprovalID)
+			if err != nil || a.Status != ApprovalPending || a.ExpiresAt.After(r.now) {
+				continue
+			}
+			e, err := loadExec(r.tx, a.Tenant, a.ExecutionID)
+			if err != nil {
+				return err
+			}
+			t := r.now
+			a.Status, a.DecidedAt = ApprovalExpired, &t
+			if err := r.tx.PutApproval(a); err != nil {
+				return err
+			}
+			if e.Status.Terminal() {
+				continue
+			}
+			if err := r.event(e, EvApprovalExpired, map[string]any{"approval_id": a.ID, "step_id": a.StepID, "expired_at": a.ExpiresAt}); err != nil {
+				return err
+			}
+			if k.cfg.ApprovalExpiry == ExpireDeniesStep {
+				if err := k.denyApprovedStep(r, e, a, "approval expired"); err != nil {
+					return err
+				}
+				if err := k.resume(r, e, a, ids[i]); err != nil {
+					return err
+				}
+				continue
+			}
+			e.BlockedOn = "" // finish must not expire it twice
+			if err := k.finish(r, e, ExecFailed, "approval_expired", nil, mustJSON(map[string]any{"code": "approval_expired", "approval_id": a.ID, "step_id": a.StepID}), nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		k.poke()
+	}
+	return err
+}

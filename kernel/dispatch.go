@@ -1,0 +1,313 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// claimBatch bounds how many due dispatches one transaction claims.
+const claimBatch = 64
+
+// dispatchLoop claims due dispatches and delivers them until ctx ends.
+func (k *Kernel) dispatchLoop(ctx context.Context) {
+	if err := k.recoverDeliveries(ctx); err != nil && ctx.Err() == nil {
+		k.log.Error("recover deliveries", "err", err)
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		n, err := k.claimDue(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			k.log.Error("claim dispatches", "err", err)
+		}
+		if n == claimBatch && err == nil {
+			continue // more may be due
+		}
+		wait := time.Second
+		var next time.Time
+		var ok bool
+		if err := k.store.View(ctx, func(tx ReadTx) error {
+			var err error
+			next, ok, err = tx.NextDue()
+			return err
+		}); err == nil && ok {
+			wait = max(min(next.Sub(k.now()), time.Second), 0)
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-k.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// recoverDeliveries requeues dispatches that were being delivered when the
+// kernel stopped: whether the agent got them is unknown, so they are
+// delivered again as a new attempt right away instead of after the lease.
+func (k *Kernel) recoverDeliveries(ctx context.Context) error {
+	var refs []DispatchRef
+	far := k.now().Add(100 * 365 * 24 * time.Hour)
+	if err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		refs, err = tx.ExpiredLeases(far, 1<<20)
+		return err
+	}); err != nil {
+		return err
+	}
+	if len(refs) == 0 {
+		return nil
+	}
+	_, err := k.update(ctx, func(r *rec) error {
+		for _, ref := range refs {
+			e, err := r.tx.Execution(ref.Tenant, ref.ExecutionID)
+			if err != nil || e.Dispatch.State != DispatchDelivering {
+				continue
+			}
+			if err := k.supersede(r, e, "kernel_restart"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return err
+}
+
+// claimDue claims up to claimBatch due dispatches in one transaction and
+// starts their deliveries. It returns how many it claimed.
+func (k *Kernel) claimDue(ctx context.Context) (int, error) {
+	var refs []DispatchRef
+	if err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		refs, err = tx.DueDispatches(k.now(), claimBatch)
+		return err
+	}); err != nil || len(refs) == 0 {
+		return 0, err
+	}
+	var claimed []Delivery
+	_, err := k.update(ctx, func(r *rec) error {
+		claimed = claimed[:0]
+		for _, ref := range refs {
+			e, err := r.tx.Execution(ref.Tenant, ref.ExecutionID)
+			if err != nil {
+				if errors.Is(err, ErrNotFound) {
+					continue
+				}
+				return err
+			}
+			if e.Dispatch.State != DispatchQueued || e.Dispatch.DueAt.After(r.now) || e.Status.Terminal() {
+				continue
+			}
+			d, err := k.claim(r, e)
+			if err != nil {
+				return err
+			}
+			if d != nil {
+				claimed = append(claimed, *d)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, d := range claimed {
+		select {
+		case k.sem <- struct{}{}:
+		case <-ctx.Done():
+			return len(claimed), ctx.Err()
+		}
+		k.wg.Add(1)
+		go func(d Delivery) {
+			defer k.wg.Done()
+			defer func() { <-k.sem }()
+			k.deliver(ctx, d)
+		}(d)
+	}
+	return len(refs), nil
+}
+
+// claim starts the next attempt of e's dispatch: the occurrence counters
+// restart, the previous attempt is superseded, the lease timer starts.
+func (k *Kernel) claim(r *rec, e *Execution) (*Delivery, error) {
+	agent, err := r.tx.Agent(e.Tenant, e.AgentID)
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			return nil, err
+		}
+		return nil, k.finish(r, e, ExecFailed, "agent_deleted", nil, mustJSON(map[string]any{"code": "agent_deleted", "message": "agent " + e.AgentID + " no longer exists"}), nil)
+	}
+	if e.Dispatch.Attempt >= k.cfg.DispatchMaxAttempts {
+		return nil, k.exhaust(r, e)
+	}
+	if e.Lease.DispatchID != "" { // the lease parked on an approval ends now
+		if err := r.event(e, EvDispatchSuperseded, map[string]any{"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt, "reason": "new_dispatch"}); err != nil {
+			return nil, err
+		}
+	}
+	e.Dispatch.Attempt++
+	e.Dispatch.State = DispatchDelivering
+	e.Dispatch.DueAt = time.Time{}
+	e.Dispatch.LeaseUntil = r.now.Add(k.cfg.LeaseTimeout)
+	e.Lease = Lease{DispatchID: e.Dispatch.ID, Attempt: e.Dispatch.Attempt}
+	if err := r.event(e, EvDispatchClaimed, map[string]any{"dispatch_id": e.Dispatch.ID, "dispatch_attempt": e.Dispatch.Attempt, "lease_until": e.Dispatch.LeaseUntil}); err != nil {
+		return nil, err
+	}
+	if e.Status == ExecPending {
+		e.Status = ExecRunning
+		if err := r.event(e, EvExecutionStarted, map[string]any{"dispatch_id": e.Dispatch.ID}); err != nil {
+			return nil, err
+		}
+	}
+	if err := r.tx.PutExecution(e); err != nil {
+		return nil, err
+	}
+	return &Delivery{Tenant: e.Tenant, AgentID: e.AgentID, WebhookURL: agent.WebhookURL, Secret: agent.Secret,
+		ExecutionID: e.ID, DispatchID: e.Dispatch.ID, Attempt: e.Dispatch.Attempt}, nil
+}
+
+// exhaust fails e after its dispatch used every attempt.
+func (k *Kernel) exhaust(r *rec, e *Execution) error {
+	return k.finish(r, e, ExecFailed, "dispatch_exhausted", nil, mustJSON(map[string]any{"code": "dispatch_exhausted",
+		"message": "the dispatch was not completed after the maximum number of attempts", "dispatch_id": e.Dispatch.ID, "attempts": e.Dispatch.Attempt}), nil)
+}
+
+// supersede ends the current attempt (its lease) and queues the next one:
+// right away after a lease expiry, with backoff after a failed delivery.
+func (k *Kernel) supersede(r *rec, e *Execution, reason string) error {
+	if err := r.event(e, EvDispatchSuperseded, map[string]any{"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt, "reason": reason}); err != nil {
+		return err
+	}
+	e.Lease = Lease{}
+	if e.Dispatch.Attempt >= k.cfg.DispatchMaxAttempts {
+		return k.exhaust(r, e)
+	}
+	due := r.now
+	if reason == "delivery_failed" {
+		due = r.now.Add(k.cfg.backoff(e.Dispatch.Failures))
+	}
+	e.Dispatch.State = DispatchQueued
+	e.Dispatch.DueAt = due
+	e.Dispatch.LeaseUntil = time.Time{}
+	r.queued = true
+	if err := r.event(e, EvDispatchQueued, map[string]any{"dispatch_id": e.Dispatch.ID, "reason": reason, "due_at": due}); err != nil {
+		return err
+	}
+	return r.tx.PutExecution(e)
+}
+
+// deliver sends one webhook and records the outcome.
+func (k *Kernel) deliver(ctx context.Context, d Delivery) {
+	dctx, cancel := context.WithTimeout(ctx, k.cfg.DispatchTimeout)
+	derr := k.deliv.Deliver(dctx, d)
+	cancel()
+	if ctx.Err() != nil {
+		return // shutting down: the lease (or recoverDeliveries) takes over
+	}
+	lease := Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}
+	_, err := k.update(context.WithoutCancel(ctx), func(r *rec) error {
+		e, err := r.tx.Execution(d.Tenant, d.ExecutionID)
+		if err != nil {
+			return err
+		}
+		if e.Status.Terminal() || e.Lease != lease {
+			return nil // late: the attempt is over; nothing is appended
+		}
+		if derr == nil {
+			if e.Dispatch.State == DispatchDelivering {
+				e.Dispatch.State = DispatchAcked
+			}
+			if err := r.event(e, EvDispatchAcked, map[string]any{"dispatch_id": d.DispatchID, "dispatch_attempt": d.Attempt}); err != nil {
+				return err
+			}
+			return r.tx.PutExecution(e)
+		}
+		if e.Dispatch.State != DispatchDelivering {
+			// The agent already acted under this attempt (it got the webhook
+			// even though the response failed): keep the lease.
+			return nil
+		}
+		e.Dispatch.Failures++
+		if err := r.event(e, EvDispatchFailed, map[string]any{"dispatch_id": d.DispatchID, "dispatch_attempt": d.Attempt, "error": derr.Error()}); err != nil {
+			return err
+		}
+		return k.supersede(r, e, "delivery_failed")
+	})
+	if err != nil && ctx.Err() == nil {
+		k.log.Error("record delivery", "execution_id", d.ExecutionID, "err", err)
+	}
+	if derr != nil {
+		k.log.Debug("delivery failed", "execution_id", d.ExecutionID, "attempt", d.Attempt, "err", derr)
+		k.poke()
+	}
+}
+
+// reapLoop expires leases and approvals every ReapInterval.
+func (k *Kernel) reapLoop(ctx context.Context) {
+	t := time.NewTicker(k.cfg.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := k.expireLeases(ctx, k.now()); err != nil && ctx.Err() == nil {
+			k.log.Error("expire leases", "err", err)
+		}
+		if err := k.expireApprovals(ctx, k.now()); err != nil && ctx.Err() == nil {
+			k.log.Error("expire approvals", "err", err)
+		}
+	}
+}
+
+// expireLeases supersedes attempts whose lease ran out and queues re-delivery.
+func (k *Kernel) expireLeases(ctx context.Context, now time.Time) error {
+	var refs []DispatchRef
+	if err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		refs, err = tx.ExpiredLeases(now, 256)
+		return err
+	}); err != nil || len(refs) == 0 {
+		return err
+	}
+	_, err := k.update(ctx, func(r *rec) error {
+		for _, ref := range refs {
+			e, err := r.tx.Execution(ref.Tenant, ref.ExecutionID)
+			if err != nil {
+				continue
+			}
+			if !leaseLive(e) || e.Dispatch.LeaseUntil.After(r.now) || e.Status.Terminal() {
+				continue
+			}
+			if err := k.supersede(r, e, "lease_expired"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err == nil {
+		k.poke()
+	}
+	return err
+}
+
+// Tick runs one round of lease and approval expiry at the kernel clock's
+// now (tests use it with a fake clock).
+func (k *Kernel) Tick(ctx context.Context) error {
+	if err := k.expireLeases(ctx, k.now()); err != nil {
+		return err
+	}
+	return k.expireApprovals(ctx, k.now())
+}

@@ -1,0 +1,304 @@
+package kernel
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel/policy"
+)
+
+// Clock tells the time; tests may pass a fake.
+type Clock interface{ Now() time.Time }
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now().UTC() }
+
+// Delivery is one webhook the kernel asks a Deliverer to send.
+type Delivery struct {
+	Tenant      string
+	AgentID     string
+	WebhookURL  string
+	Secret      string
+	ExecutionID string
+	DispatchID  string
+	Attempt     int
+}
+
+// Deliverer sends webhooks (internal/webhook implements it). Deliver returns
+// nil only when the agent acknowledged with a 2xx; it must honour ctx.
+type Deliverer interface {
+	Deliver(ctx context.Context, d Delivery) error
+}
+
+// PolicyResult is the final answer of the policy layer for one step: the
+// composed decision with default_action already applied, and which bundle
+// produced it.
+type PolicyResult struct {
+	Decision policy.Decision
+	Bundle   policy.BundleRef
+	EvalTime time.Duration
+	// RateLimits are the limits to check and count for this step: the one
+	// attached to the winning answer and those declared by the bundle's manifest.
+	RateLimits []RateLimitRule
+}
+
+// RateLimitRule is a rate limit with the id its counter is kept under.
+type RateLimitRule struct {
+	ID string
+	policy.RateLimit
+}
+
+// Policy decides steps (plugins.Host implements it). Decide must not return
+// an error for a policy that fails to answer: it returns a deny with the
+// reason instead (fail closed). An error means the request itself is wrong.
+type Policy interface {
+	Decide(ctx context.Context, agent *Agent, in *policy.Input) (PolicyResult, error)
+}
+
+// DefaultPolicy is the kernel's policy for agents bound to no bundle: it
+// answers Action for every step (an unmatched local step is always allowed).
+type DefaultPolicy struct{ Action policy.Action }
+
+// DefaultBundleRef names the kernel's default policy in decision events.
+var DefaultBundleRef = policy.BundleRef{Name: "kernel-default", Revision: "1", Engine: "builtin"}
+
+// Decide implements Policy.
+func (p DefaultPolicy) Decide(_ context.Context, _ *Agent, in *policy.Input) (PolicyResult, error) {
+	a := p.Action
+	if a == "" {
+		a = policy.Allow
+	}
+	d := policy.ApplyDefault(nil, a, in.Step.Kind)
+	d.Reason = "kernel default policy: " + string(d.Decision)
+	d.RuleID = "kernel_default"
+	return PolicyResult{Decision: *d, Bundle: DefaultBundleRef}, nil
+}
+
+// Kernel is the domain service. Create it with New, call Start to run the
+// dispatcher and reapers, and Close to stop them.
+type Kernel struct {
+	store   Store
+	deliv   Deliverer
+	policy  Policy
+	bundles BundleLoader
+	cfg     Config
+	clock   Clock
+	log     *slog.Logger
+	ids     idGen
+
+	wake      chan struct{} // a dispatch was queued
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	sem       chan struct{} // bounds deliveries in flight
+	closeOnce sync.Once
+
+	agentsMu sync.RWMutex
+	agents   map[string]*Agent // tenant\x00id → agent; filled lazily
+
+	ownersMu sync.RWMutex
+	owners   map[string]owner // execution id → owner (immutable once created)
+
+	subsMu sync.Mutex
+	subs   map[string]map[chan struct{}]struct{} // execution id → watchers (SSE)
+}
+
+type owner struct{ tenant, agentID string }
+
+// New builds a kernel. pol may be nil (DefaultPolicy{Allow}); deliv may be
+// nil only for kernels that never call Start.
+func New(st Store, deliv Deliverer, pol Policy, cfg Config) (*Kernel, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("kernel config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	if pol == nil {
+		pol = DefaultPolicy{Action: policy.Allow}
+	}
+	return &Kernel{
+		store:  st,
+		deliv:  deliv,
+		policy: pol,
+		cfg:    cfg,
+		clock:  systemClock{},
+		log:    cfg.Logger,
+		wake:   make(chan struct{}, 1),
+		sem:    make(chan struct{}, cfg.DeliveryConcurrency),
+		agents: map[string]*Agent{},
+		owners: map[string]owner{},
+		subs:   map[string]map[chan struct{}]struct{}{},
+	}, nil
+}
+
+// SetClock replaces the clock (tests only; call before Start).
+func (k *Kernel) SetClock(c Clock) { k.clock = c }
+
+// SetPolicy replaces the policy (call before Start).
+func (k *Kernel) SetPolicy(p Policy) { k.policy = p }
+
+// Config returns the effective configuration.
+func (k *Kernel) Config() Config { return k.cfg }
+
+// Store returns the kernel's store (for admin tools and tests).
+func (k *Kernel) Store() Store { return k.store }
+
+func (k *Kernel) now() time.Time { return k.clock.Now().UTC() }
+
+// Start runs the dispatcher, the lease reaper and the approval expirer
+// until Close.
+func (k *Kernel) Start(ctx context.Context) error {
+	if k.deliv == nil {
+		return errors.New("kernel: start: no deliverer")
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	k.cancel = cancel
+	k.wg.Add(2)
+	go func() { defer k.wg.Done(); k.dispatchLoop(ctx) }()
+	go func() { defer k.wg.Done(); k.reapLoop(ctx) }()
+	return nil
+}
+
+// Close stops the background loops and waits for deliveries in flight. It
+// does not close the store.
+func (k *Kernel) Close(ctx context.Context) error {
+	k.closeOnce.Do(func() {
+		if k.cancel != nil {
+			k.cancel()
+		}
+	})
+	done := make(chan struct{})
+	go func() { k.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("kernel: close: %w", ctx.Err())
+	}
+}
+
+// poke wakes the dispatcher.
+func (k *Kernel) poke() {
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Watch returns a channel that receives a value whenever new events of the
+// execution are committed, and a function that stops watching.
+func (k *Kernel) Watch(executionID string) (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	k.subsMu.Lock()
+	m := k.subs[executionID]
+	if m == nil {
+		m = map[chan struct{}]struct{}{}
+		k.subs[executionID] = m
+	}
+	m[ch] = struct{}{}
+	k.subsMu.Unlock()
+	return ch, func() {
+		k.subsMu.Lock()
+		delete(k.subs[executionID], ch)
+		if len(k.subs[executionID]) == 0 {
+			delete(k.subs, executionID)
+		}
+		k.subsMu.Unlock()
+	}
+}
+
+// notify tells watchers of the executions that new events were committed.
+func (k *Kernel) notify(ids ...string) {
+	k.subsMu.Lock()
+	defer k.subsMu.Unlock()
+	if len(k.subs) == 0 {
+		return
+	}
+	for _, id := range ids {
+		for ch := range k.subs[id] {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// update runs fn in a store transaction; fn gets a fresh recorder per run.
+func (k *Kernel) update(ctx context.Context, fn func(r *rec) error) ([]string, error) {
+	var touched []string
+	var queued bool
+	err := k.store.Update(ctx, func(tx Tx) error {
+		r := &rec{tx: tx, now: k.now()}
+		if err := fn(r); err != nil {
+			return err
+		}
+		touched, queued = r.touched, r.queued
+		return nil
+	})
+	if err == nil {
+		k.notify(touched...)
+		if queued {
+			k.poke()
+		}
+	}
+	return touched, err
+}
+
+// rec records state changes and their events inside one transaction.
+type rec struct {
+	tx      Tx
+	now     time.Time
+	touched []string
+	queued  bool // a dispatch was queued: wake the dispatcher after commit
+}
+
+// event appends an event to e's log; it refuses to append after the
+// terminal execution event.
+func (r *rec) event(e *Execution, typ string, payload any) error {
+	if e.Status.Terminal() && !isTerminalExecEvent(typ) {
+		return &Error{Code: CodeInternal, Message: fmt.Sprintf("refusing %s after terminal execution event", typ)}
+	}
+	var raw json.RawMessage
+	switch p := payload.(type) {
+	case nil:
+		raw = json.RawMessage("{}")
+	case json.RawMessage:
+		raw = p
+	default:
+		b, err := json.Marshal(p)
+		if err != nil {
+			return fmt.Errorf("encode %s payload: %w", typ, err)
+		}
+		raw = b
+	}
+	e.LastSeq++
+	e.UpdatedAt = r.now
+	if err := r.tx.AppendEvent(e.Tenant, Event{ExecutionID: e.ID, Seq: e.LastSeq, Type: typ, Time: r.now, Payload: raw}); err != nil {
+		return fmt.Errorf("append %s to %s: %w", typ, e.ID, err)
+	}
+	if len(r.touched) == 0 || r.touched[len(r.touched)-1] != e.ID {
+		r.touched = append(r.touched, e.ID)
+	}
+	return nil
+}
+
+func isTerminalExecEvent(typ string) bool {
+	return typ == EvExecutionCompleted || typ == EvExecutionFailed || typ == EvExecutionCancelled
+}
+
+// loadExec reads an execution of a tenant.
+func loadExec(tx ReadTx, tenant, id string) (*Execution, error) {
+	e, err := tx.Execution(tenant, id)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil, Errorf(CodeNotFound, "execution %s not found", id)
+		}
+		return nil, fmt.Errorf("read execution %s: %w", id, err)
+	}
+	return e, nil
+}

@@ -1,0 +1,699 @@
+package kernel
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel/canon"
+	"github.com/wicket-run/wicket/kernel/policy"
+)
+
+// Decisions answered to a step submission (SPEC §3).
+const (
+	DecisionProceed           = "proceed"
+	DecisionReplay            = "replay"
+	DecisionDenied            = "denied"
+	DecisionRateLimited       = "rate_limited"
+	DecisionBlocked           = "blocked"
+	DecisionExecutionBlocked  = "execution_blocked"
+	DecisionExecutionTerminal = "execution_terminal"
+)
+
+// MaxTargetLen bounds a step target.
+const MaxTargetLen = 512
+
+// StepRequest is a step submission.
+type StepRequest struct {
+	AgentCall
+	Kind        string
+	Target      string
+	Args        json.RawMessage
+	Idempotency string
+	Effect      string
+}
+
+// StepDecision is the kernel's answer to a submission.
+type StepDecision struct {
+	Decision   string          `json:"decision"`
+	StepID     string          `json:"step_id,omitempty"`
+	Occurrence int             `json:"occurrence"`
+	Result     json.RawMessage `json:"result,omitempty"`
+	Error      json.RawMessage `json:"error,omitempty"`
+	Reason     string          `json:"reason,omitempty"`
+	RuleID     string          `json:"rule_id,omitempty"`
+	ApprovalID string          `json:"approval_id,omitempty"`
+}
+
+// errRetry asks SubmitStep to read again: state changed between the read
+// and the write.
+var errRetry = errors.New("state changed; retry")
+
+// validateStep checks and normalises a submission.
+func validateStep(req *StepRequest) error {
+	switch req.Kind {
+	case policy.KindToolCall, policy.KindLLMCall, policy.KindLocal:
+	case "":
+		return Errorf(CodeValidation, "kind is required (tool_call, llm_call or local)")
+	default:
+		return Errorf(CodeValidation, "kind %q is invalid (want tool_call, llm_call or local)", req.Kind)
+	}
+	if req.Target == "" {
+		return Errorf(CodeValidation, "target is required")
+	}
+	if len(req.Target) > MaxTargetLen {
+		return Errorf(CodeValidation, "target is longer than %d bytes", MaxTargetLen)
+	}
+	switch req.Idempotency {
+	case "":
+		if req.Kind == policy.KindToolCall {
+			req.Idempotency = AtMostOnce
+		} else {
+			req.Idempotency = SafeToRetry
+		}
+	case SafeToRetry, AtMostOnce:
+	default:
+		return Errorf(CodeValidation, "idempotency %q is invalid (want safe_to_retry or at_most_once)", req.Idempotency)
+	}
+	switch req.Effect {
+	case "", policy.EffectReadOnly, policy.EffectLocalMutation, policy.EffectRemoteMutation, policy.EffectDestructive:
+	default:
+		return Errorf(CodeValidation, "effect %q is invalid (want read_only, local_mutation, remote_mutation or destructive)", req.Effect)
+	}
+	return nil
+}
+
+// occKey is the occurrence-counter key of a (kind, target, args_hash) triple.
+func occKey(kind, target, argsHash string) string {
+	return kind + "\x00" + argsHash + "\x00" + target
+}
+
+// preread is what SubmitStep saw before deciding.
+type preread struct {
+	exec     *Execution
+	occ      int
+	stepID   string
+	step     *Step // nil when new
+	decision *StepDecision
+}
+
+// SubmitStep decides a step: replay when recorded, otherwise limits, policy,
+// rate limits and approvals (SPEC §5), and records the decision with its
+// events in one transaction. On proceed, step.executing is durable before
+// this returns.
+func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision, error) {
+	if err := validateStep(&req); err != nil {
+		return nil, err
+	}
+	if len(req.Args) == 0 {
+		req.Args = json.RawMessage("null")
+	}
+	args, argsHash, err := canonArgs(req.Args)
+	if err != nil {
+		return nil, Errorf(CodeValidation, "args: %v", err)
+	}
+	key := occKey(req.Kind, req.Target, argsHash)
+	for try := 0; try < 8; try++ {
+		var pre preread
+		err := k.store.View(ctx, func(tx ReadTx) error {
+			return k.preread(tx, &req, argsHash, key, &pre)
+		})
+		if err != nil {
+			return nil, err
+		}
+		if pre.decision != nil {
+			return pre.decision, nil
+		}
+		var pres *PolicyResult
+		var limit *StepDecisionInfo
+		if needsPolicy(pre.step) {
+			if info := k.checkLimits(pre.exec, req.Kind); info != nil {
+				limit = info
+			} else {
+				pres, err = k.decide(ctx, &req, args, argsHash, &pre)
+				if err != nil {
+					return nil, err
+				}
+			}
+		}
+		var out *StepDecision
+		_, err = k.update(ctx, func(r *rec) error {
+			out = nil
+			d, err := k.writeStep(r, &req, args, argsHash, key, &pre, pres, limit)
+			out = d
+			return err
+		})
+		if errors.Is(err, errRetry) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+	return nil, Errorf(CodeUnavailable, "step submission kept racing with concurrent changes; retry")
+}
+
+// preread reads what the decision depends on; it sets pre.decision when the
+// answer needs no write.
+func (k *Kernel) preread(tx ReadTx, req *StepRequest, argsHash, key string, pre *preread) error {
+	e, err := checkCall(tx, req.AgentCall)
+	if err != nil {
+		return err
+	}
+	pre.exec = e
+	if e.Status.Terminal() {
+		pre.decision = &StepDecision{Decision: DecisionExecutionTerminal, Reason: "execution is " + string(e.Status)}
+		return nil
+	}
+	if !leaseLive(e) {
+		pre.decision = &StepDecision{Decision: DecisionExecutionBlocked, ApprovalID: e.BlockedOn, Reason: "the execution waits on an approval"}
+		return nil
+	}
+	oc, err := tx.Occurrence(e.Tenant, e.ID, key)
+	if err != nil {
+		return fmt.Errorf("read occurrence: %w", err)
+	}
+	if oc.Lease == e.Lease {
+		pre.occ = oc.Count
+	}
+	pre.stepID = canon.StepID(e.ID, req.Kind, req.Target, argsHash, pre.occ)
+	s, err := tx.Step(e.Tenant, e.ID, pre.stepID)
+	switch {
+	case err == nil:
+		pre.step = s
+	case errors.Is(err, ErrNotFound):
+	default:
+		return fmt.Errorf("read step %s: %w", pre.stepID, err)
+	}
+	return nil
+}
+
+// needsPolicy reports whether a step in this state is decided by policy.
+func needsPolicy(s *Step) bool {
+	return s == nil || s.Status == StepRateLimited || (s.Status == StepDenied && s.ApprovalID == "")
+}
+
+// checkLimits applies the execution's limits (SPEC §5 step 1).
+func (k *Kernel) checkLimits(e *Execution, kind string) *StepDecisionInfo {
+	l := e.Limits
+	deny := func(rule, reason string) *StepDecisionInfo {
+		return &StepDecisionInfo{Action: policy.Deny, RuleID: rule, Reason: reason, Bundle: policy.BundleRef{Name: "kernel-limits", Revision: "1", Engine: "builtin"}}
+	}
+	switch {
+	case l.MaxSteps > 0 && e.Totals.Steps >= l.MaxSteps:
+		return deny("limit_steps", fmt.Sprintf("limit_steps: the execution has run %d of %d steps", e.Totals.Steps, l.MaxSteps))
+	case kind == policy.KindLLMCall && l.MaxLLMCalls > 0 && e.Totals.LLMCalls >= l.MaxLLMCalls:
+		return deny("limit_llm_calls", fmt.Sprintf("limit_llm_calls: the execution has made %d of %d LLM calls", e.Totals.LLMCalls, l.MaxLLMCalls))
+	case l.MaxTotalTokens > 0 && e.Totals.Tokens >= l.MaxTotalTokens:
+		return deny("limit_tokens", fmt.Sprintf("limit_tokens: %d of %d tokens used", e.Totals.Tokens, l.MaxTotalTokens))
+	case l.MaxCostUSD > 0 && e.Totals.CostUSD >= l.MaxCostUSD:
+		return deny("limit_cost", fmt.Sprintf("limit_cost: %.4f of %.4f USD spent", e.Totals.CostUSD, l.MaxCostUSD))
+	}
+	if l.MaxDuration != "" {
+		if d, err := time.ParseDuration(l.MaxDuration); err == nil && k.now().Sub(e.CreatedAt) > d {
+			return deny("limit_duration", fmt.Sprintf("limit_duration: the execution is older than %s", d))
+		}
+	}
+	if e.Deadline != nil && k.now().After(*e.Deadline) {
+		return deny("limit_deadline", "limit_deadline: the execution's deadline has passed")
+	}
+	return nil
+}
+
+// decide evaluates policy for a new step (outside any transaction).
+func (k *Kernel) decide(ctx context.Context, req *StepRequest, args json.RawMessage, argsHash string, pre *preread) (*PolicyResult, error) {
+	agent, err := k.Agent(ctx, req.Tenant, req.AgentID)
+	if err != nil {
+		return nil, err
+	}
+	e := pre.exec
+	in := &policy.Input{
+		Tenant: e.Tenant, AgentID: e.AgentID, ExecutionID: e.ID,
+		Step: policy.Step{Kind: req.Kind, Target: req.Target, Args: args, ArgsHash: argsHash,
+			Idempotency: req.Idempotency, Effect: req.Effect, Occurrence: pre.occ},
+		Execution: policy.Execution{Status: string(e.Status), Labels: e.Labels, Totals: e.Totals, CreatedAt: e.CreatedAt},
+	}
+	start := time.Now()
+	res, err := k.policy.Decide(ctx, agent, in)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if res.EvalTime == 0 {
+		res.EvalTime = time.Since(start)
+	}
+	return &res, nil
+}
+
+// writeStep re-checks what preread saw and records the decision.
+func (k *Kernel) writeStep(r *rec, req *StepRequest, args json.RawMessage, argsHash, key string, pre *preread, pres *PolicyResult, limit *StepDecisionInfo) (*StepDecision, error) {
+	e, err := checkCall(r.tx, req.AgentCall)
+	if err != nil {
+		return nil, err
+	}
+	if e.Status.Terminal() || !leaseLive(e) || e.LastSeq != pre.exec.LastSeq && !sameStepState(r.tx, e, pre) {
+		return nil, errRetry
+	}
+	oc, err := r.tx.Occurrence(e.Tenant, e.ID, key)
+	if err != nil {
+		return nil, err
+	}
+	n := 0
+	if oc.Lease == e.Lease {
+		n = oc.Count
+	}
+	if n != pre.occ {
+		return nil, errRetry
+	}
+	if err := r.tx.PutOccurrence(e.Tenant, e.ID, key, Occurrence{Lease: e.Lease, Count: n + 1}); err != nil {
+		return nil, fmt.Errorf("put occurrence: %w", err)
+	}
+	s := pre.step
+	if s != nil {
+		// Re-read the step in this transaction: preread's copy may be stale.
+		cur, err := r.tx.Step(e.Tenant, e.ID, s.ID)
+		if err != nil {
+			return nil, err
+		}
+		if cur.Status != s.Status {
+			return nil, errRetry
+		}
+		s = cur
+	}
+	base := &StepDecision{StepID: pre.stepID, Occurrence: n}
+	var d *StepDecision
+	switch {
+	case s != nil && s.Status.Terminal():
+		d = replayOf(base, s)
+	case s != nil && s.Status == StepDenied && s.ApprovalID != "":
+		d = base
+		d.Decision, d.Reason, d.RuleID, d.ApprovalID = DecisionDenied, s.Decision.Reason, s.Decision.RuleID, s.ApprovalID
+	case s != nil && s.Status == StepExecuting:
+		d, err = k.orphan(r, e, s, base)
+	case s != nil && s.Status == StepAwaitingApproval:
+		d, err = k.afterApproval(r, e, s, base)
+	default:
+		d, err = k.newDecision(r, e, s, req, args, argsHash, base, pres, limit)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !e.Status.Terminal() {
+		k.renew(r, e)
+	}
+	if err := r.tx.PutExecution(e); err != nil {
+		return nil, fmt.Errorf("put execution: %w", err)
+	}
+	return d, nil
+}
+
+// sameStepState is true when nothing preread depended on changed.
+func sameStepState(tx ReadTx, e *Execution, pre *preread) bool {
+	if e.Status != pre.exec.Status || e.Lease != pre.exec.Lease || e.Dispatch.State != pre.exec.Dispatch.State {
+		return false
+	}
+	// Totals feed limits and the policy input; a changed total only matters
+	// for limits, which are re-evaluated cheaply on retry.
+	if e.Totals != pre.exec.Totals && (e.Limits != Limits{}) {
+		return false
+	}
+	return true
+}
+
+func replayOf(base *StepDecision, s *Step) *StepDecision {
+	d := base
+	d.Decision = DecisionReplay
+	d.Result = s.Result
+	d.Error = s.Error
+	return d
+}
+
+// orphan handles a step found executing under an older attempt (SPEC §4).
+func (k *Kernel) orphan(r *rec, e *Execution, s *Step, base *StepDecision) (*StepDecision, error) {
+	prev := s.Lease
+	if s.Idempotency == AtMostOnce {
+		s.Status = StepFailed
+		s.Error = json.RawMessage(`{"code":"indeterminate","message":"the step was in flight when its dispatch attempt ended; it may or may not have run"}`)
+		t := r.now
+		s.CompletedAt = &t
+		if err := r.tx.PutStep(s); err != nil {
+			return nil, err
+		}
+		if err := r.event(e, EvStepFailed, stepPayload(s, map[string]any{"error": s.Error, "orphaned_from": prev})); err != nil {
+			return nil, err
+		}
+		return replayOf(base, s), nil
+	}
+	s.Lease = e.Lease
+	if err := r.tx.PutStep(s); err != nil {
+		return nil, err
+	}
+	if err := r.event(e, EvStepExecuting, stepPayload(s, map[string]any{"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt, "orphaned_from": prev})); err != nil {
+		return nil, err
+	}
+	base.Decision = DecisionProceed
+	return base, nil
+}
+
+// afterApproval handles the re-submission of a step that waited on an approval.
+func (k *Kernel) afterApproval(r *rec, e *Execution, s *Step, base *StepDecision) (*StepDecision, error) {
+	a, err := r.tx.Approval(e.Tenant, s.ApprovalID)
+	if err != nil {
+		return nil, fmt.Errorf("read approval %s: %w", s.ApprovalID, err)
+	}
+	base.ApprovalID = a.ID
+	switch a.Status {
+	case ApprovalPending:
+		base.Decision = DecisionBlocked
+		base.Reason = a.Reason
+		return base, nil
+	case ApprovalGranted:
+		s.Status = StepExecuting
+		s.Lease = e.Lease
+		if err := r.tx.PutStep(s); err != nil {
+			return nil, err
+		}
+		if err := r.event(e, EvStepExecuting, stepPayload(s, map[string]any{"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt, "approval_id": a.ID})); err != nil {
+			return nil, err
+		}
+		e.Totals.Steps++
+		if s.Kind == policy.KindLLMCall {
+			e.Totals.LLMCalls++
+		}
+		base.Decision = DecisionProceed
+		return base, nil
+	default: // denied or expired: normally already recorded when resolved
+		base.Decision = DecisionDenied
+		base.Reason = "approval " + string(a.Status)
+		return base, nil
+	}
+}
+
+// newDecision records a policy (or limit) decision for a new or re-decided step.
+func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, args json.RawMessage, argsHash string, base *StepDecision, pres *PolicyResult, limit *StepDecisionInfo) (*StepDecision, error) {
+	if s == nil {
+		s = &Step{ID: base.StepID, ExecutionID: e.ID, Tenant: e.Tenant, Kind: req.Kind, Target: req.Target,
+			Args: args, ArgsHash: argsHash, Occurrence: base.Occurrence, Idempotency: req.Idempotency,
+			Effect: req.Effect, CreatedAt: r.now, Seq: e.LastSeq + 1}
+	}
+	if err := r.event(e, EvStepProposed, stepPayload(s, map[string]any{"args_hash": argsHash, "occurrence": base.Occurrence,
+		"idempotency": s.Idempotency, "effect": s.Effect, "dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt})); err != nil {
+		return nil, err
+	}
+	var info StepDecisionInfo
+	var rateLimits []RateLimitRule
+	var approvalCfg *policy.Approval
+	if limit != nil {
+		info = *limit
+	} else {
+		info = StepDecisionInfo{Action: pres.Decision.Decision, Reason: pres.Decision.Reason, RuleID: pres.Decision.RuleID, Bundle: pres.Bundle, EvalTime: pres.EvalTime}
+		rateLimits = pres.RateLimits
+		approvalCfg = pres.Decision.Approval
+	}
+	if !info.Action.Valid() {
+		info.Reason = fmt.Sprintf("policy answered unknown decision %q", info.Action)
+		info.Action = policy.Deny
+	}
+	s.Decision = &info
+	base.Reason, base.RuleID = info.Reason, info.RuleID
+	decisionPayload := func(extra map[string]any) map[string]any {
+		m := map[string]any{"decision": info.Action, "reason": info.Reason, "rule_id": info.RuleID,
+			"bundle": info.Bundle, "engine": info.Bundle.Engine, "eval_ns": info.EvalTime.Nanoseconds()}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
+	}
+	if info.Action == policy.Allow || info.Action == policy.RequireApproval {
+		if limited, reason, ruleID, err := k.rateLimit(r, e, req, rateLimits); err != nil {
+			return nil, err
+		} else if limited {
+			s.Status = StepRateLimited
+			base.Decision, base.Reason, base.RuleID = DecisionRateLimited, reason, ruleID
+			if err := r.tx.PutStep(s); err != nil {
+				return nil, err
+			}
+			return base, r.event(e, EvStepRateLimited, stepPayload(s, decisionPayload(map[string]any{"reason": reason, "rate_limit_id": ruleID})))
+		}
+	}
+	switch info.Action {
+	case policy.Allow:
+		s.Status = StepExecuting
+		s.Lease = e.Lease
+		if err := r.tx.PutStep(s); err != nil {
+			return nil, err
+		}
+		if err := r.event(e, EvStepAllowed, stepPayload(s, decisionPayload(nil))); err != nil {
+			return nil, err
+		}
+		if err := r.event(e, EvStepExecuting, stepPayload(s, map[string]any{"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt})); err != nil {
+			return nil, err
+		}
+		e.Totals.Steps++
+		if s.Kind == policy.KindLLMCall {
+			e.Totals.LLMCalls++
+		}
+		base.Decision = DecisionProceed
+		return base, nil
+	case policy.RequireApproval:
+		return k.requestApproval(r, e, s, base, &info, approvalCfg, decisionPayload(nil))
+	case policy.Abort:
+		s.Status = StepDenied
+		if err := r.tx.PutStep(s); err != nil {
+			return nil, err
+		}
+		if err := r.event(e, EvStepDenied, stepPayload(s, decisionPayload(nil))); err != nil {
+			return nil, err
+		}
+		if err := k.finish(r, e, ExecFailed, "policy_abort", nil, mustJSON(map[string]any{"code": "policy_abort", "message": info.Reason, "rule_id": info.RuleID, "step_id": s.ID}), nil); err != nil {
+			return nil, err
+		}
+		base.Decision = DecisionExecutionTerminal
+		base.Reason = "policy_abort: " + info.Reason
+		return base, nil
+	default:
+		s.Status = StepDenied
+		if err := r.tx.PutStep(s); err != nil {
+			return nil, err
+		}
+		base.Decision = DecisionDenied
+		return base, r.event(e, EvStepDenied, stepPayload(s, decisionPayload(nil)))
+	}
+}
+
+// requestApproval creates a hash-bound approval and parks the dispatch.
+func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecision, info *StepDecisionInfo, cfg *policy.Approval, payload map[string]any) (*StepDecision, error) {
+	timeout := k.cfg.ApprovalTimeout
+	a := &Approval{ID: k.ids.next(r.now), Tenant: e.Tenant, ExecutionID: e.ID, AgentID: e.AgentID, StepID: s.ID,
+		Kind: s.Kind, Target: s.Target, Args: s.Args, RequestHash: RequestHash(s.ID, s.Args), Status: ApprovalPending,
+		Reason: info.Reason, RuleID: info.RuleID, CreatedAt: r.now}
+	if cfg != nil {
+		a.Approvers = cfg.Approvers
+		a.Message = cfg.Message
+		if cfg.Timeout != "" {
+			if d, err := time.ParseDuration(cfg.Timeout); err == nil && d > 0 {
+				timeout = d
+			}
+		}
+	}
+	a.ExpiresAt = r.now.Add(timeout)
+	if err := r.tx.PutApproval(a); err != nil {
+		return nil, fmt.Errorf("put approval: %w", err)
+	}
+	s.Status = StepAwaitingApproval
+	s.ApprovalID = a.ID
+	if err := r.tx.PutStep(s); err != nil {
+		return nil, err
+	}
+	payload["approval_id"] = a.ID
+	if err := r.event(e, EvStepAwaitingApproval, stepPayload(s, payload)); err != nil {
+		return nil, err
+	}
+	if err := r.event(e, EvApprovalRequested, map[string]any{"approval_id": a.ID, "step_id": s.ID, "request_hash": a.RequestHash,
+		"approvers": a.Approvers, "expires_at": a.ExpiresAt, "message": a.Message}); err != nil {
+		return nil, err
+	}
+	e.Status = ExecBlocked
+	e.BlockedOn = a.ID
+	e.Dispatch.State = DispatchParked
+	e.Dispatch.LeaseUntil = time.Time{}
+	if err := r.event(e, EvExecutionBlocked, map[string]any{"approval_id": a.ID, "step_id": s.ID}); err != nil {
+		return nil, err
+	}
+	base.Decision = DecisionBlocked
+	base.ApprovalID = a.ID
+	return base, nil
+}
+
+// RequestHash binds an approval to the exact request: sha256 over the step
+// id and the canonical args.
+func RequestHash(stepID string, canonicalArgs []byte) string {
+	h := sha256.New()
+	h.Write([]byte(stepID))
+	h.Write([]byte{0})
+	h.Write(canonicalArgs)
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// stepPayload builds a step.* payload: step_id, kind, target, plus extra.
+func stepPayload(s *Step, extra map[string]any) map[string]any {
+	m := map[string]any{"step_id": s.ID, "kind": s.Kind, "target": s.Target}
+	for k, v := range extra {
+		m[k] = v
+	}
+	return m
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// StepOutcome is an agent's report of a step it ran.
+type StepOutcome struct {
+	AgentCall
+	StepID string
+	// Result (complete) or Error (fail).
+	Result json.RawMessage
+	Error  json.RawMessage
+	Usage  *Usage
+}
+
+// CompleteStep records a step's result. Completing a step again with the
+// same result is idempotent; with a different result it is a conflict and
+// the first result stands.
+func (k *Kernel) CompleteStep(ctx context.Context, o StepOutcome) (*Step, error) {
+	res, err := canonicalOrNull(o.Result, "result")
+	if err != nil {
+		return nil, err
+	}
+	o.Result = res
+	return k.endStep(ctx, o, StepSucceeded)
+}
+
+// FailStep records a step's error, with the same rules as CompleteStep.
+func (k *Kernel) FailStep(ctx context.Context, o StepOutcome) (*Step, error) {
+	ev, err := canonicalOrNull(o.Error, "error")
+	if err != nil {
+		return nil, err
+	}
+	o.Error = ev
+	return k.endStep(ctx, o, StepFailed)
+}
+
+func (k *Kernel) endStep(ctx context.Context, o StepOutcome, st StepStatus) (*Step, error) {
+	if o.Usage != nil && (o.Usage.InputTokens < 0 || o.Usage.OutputTokens < 0 || o.Usage.TotalTokens < 0 || o.Usage.CostUSD < 0) {
+		return nil, Errorf(CodeValidation, "usage values must not be negative")
+	}
+	var out *Step
+	_, err := k.update(ctx, func(r *rec) error {
+		out = nil
+		e, err := checkCall(r.tx, o.AgentCall)
+		if err != nil {
+			return err
+		}
+		s, err := r.tx.Step(e.Tenant, e.ID, o.StepID)
+		if err != nil {
+			if errors.Is(err, ErrNotFound) {
+				return Errorf(CodeNotFound, "step %s not found in execution %s", o.StepID, e.ID)
+			}
+			return err
+		}
+		if s.Status.Terminal() {
+			if s.Status == st && bytes.Equal(s.Result, o.Result) && bytes.Equal(s.Error, o.Error) {
+				out = s
+				return nil
+			}
+			return (&Error{Code: CodeConflict, Message: fmt.Sprintf("step %s is already %s; the recorded outcome stands", s.ID, s.Status)}).
+				WithDetails(map[string]any{"status": s.Status})
+		}
+		if e.Status.Terminal() {
+			return Errorf(CodeConflict, "execution %s is %s", e.ID, e.Status)
+		}
+		if s.Status != StepExecuting {
+			return Errorf(CodeConflict, "step %s is %s, not executing", s.ID, s.Status)
+		}
+		if s.Lease != e.Lease {
+			return Errorf(CodeLeaseSuperseded, "step %s was proceeded under another dispatch attempt", s.ID)
+		}
+		t := r.now
+		s.Status, s.Result, s.Error, s.Usage, s.CompletedAt = st, o.Result, o.Error, o.Usage, &t
+		if err := r.tx.PutStep(s); err != nil {
+			return err
+		}
+		payload := map[string]any{}
+		typ := EvStepSucceeded
+		if st == StepFailed {
+			typ = EvStepFailed
+			payload["error"] = o.Error
+		}
+		if o.Usage != nil {
+			payload["usage"] = o.Usage
+			e.Totals.Tokens += o.Usage.TotalTokens
+			if o.Usage.TotalTokens == 0 {
+				e.Totals.Tokens += o.Usage.InputTokens + o.Usage.OutputTokens
+			}
+			e.Totals.CostUSD += o.Usage.CostUSD
+		}
+		if err := r.event(e, typ, stepPayload(s, payload)); err != nil {
+			return err
+		}
+		k.renew(r, e)
+		out = s
+		return r.tx.PutExecution(e)
+	})
+	return out, err
+}
+
+// GetStep returns one step of an execution.
+func (k *Kernel) GetStep(ctx context.Context, tenant, executionID, stepID string) (*Step, error) {
+	var s *Step
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		if _, err := loadExec(tx, tenant, executionID); err != nil {
+			return err
+		}
+		var err error
+		s, err = tx.Step(tenant, executionID, stepID)
+		if errors.Is(err, ErrNotFound) {
+			return Errorf(CodeNotFound, "step %s not found in execution %s", stepID, executionID)
+		}
+		return err
+	})
+	return s, err
+}
+
+// ListSteps lists an execution's steps in order; terminalOnly keeps the
+// succeeded, failed and cancelled ones.
+func (k *Kernel) ListSteps(ctx context.Context, tenant, executionID string, terminalOnly bool) ([]*Step, error) {
+	var out []*Step
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		if _, err := loadExec(tx, tenant, executionID); err != nil {
+			return err
+		}
+		all, err := tx.ListSteps(tenant, executionID)
+		if err != nil {
+			return err
+		}
+		for _, s := range all {
+			if !terminalOnly || s.Status.Terminal() {
+				out = append(out, s)
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// canonArgs canonicalises step args and hashes them (SPEC §2).
+func canonArgs(raw json.RawMessage) (json.RawMessage, string, error) {
+	c, h, err := canon.ArgsHash(raw)
+	return c, h, err
+}
