@@ -51,3 +51,17 @@ func BenchmarkStepID(b *testing.B) {
 		StepID("0190a5f2-7c3e-7b4a-9d2e-1f2a3b4c5d6e", "tool_call", "web_search", argsHash, 3)
 	}
 }
+
+// BenchmarkEncodingJSONBaseline is the obvious alternative for comparison:
+// decode with UseNumber into any and re-marshal (which, unlike Canonical,
+// accepts duplicate keys, invalid UTF-8 and lone surrogates).
+func BenchmarkEncodingJSONBaseline(b *testing.B) {
+	in := []byte(benchArgs)
+	b.SetBytes(int64(len(in)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := viaEncodingJSON(in); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

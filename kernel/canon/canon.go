@@ -44,9 +44,20 @@ const (
 //     UTF-8. An input escape such as \u00e9 or \/ is decoded first, so
 //     "\u00e9" becomes "é" and "\/" becomes "/".
 //
-// The result is byte-for-byte what json.Marshal produces for the value
-// decoded with json.Decoder.UseNumber into an any, for every input Canonical
-// accepts; Canonical is stricter than encoding/json and also exact.
+// Note on control characters: SPEC §2 lists "\" \\ \n \r \t, other control
+// chars as \u00XX" but names encoding/json's default escaping as the rule;
+// encoding/json writes U+0008 and U+000C as \b and \f (Go 1.22 and later;
+// verified on Go 1.26.8), and Canonical does the same. Canonical does not
+// call encoding/json, so a future change there cannot move args hashes; the
+// tests would report the divergence.
+//
+// For every input Canonical accepts, the result is byte-for-byte what
+// json.Marshal produces for the value decoded by a json.Decoder with
+// UseNumber into an any (the tests and the fuzzer check this). Canonical
+// differs from that round trip in rejecting what encoding/json silently
+// accepts or repairs (duplicate keys, invalid UTF-8, lone surrogates), in
+// its limits, and in speed: it builds no value tree and, for typical
+// inputs, allocates only the result.
 //
 // Canonical rejects, with an *[Error] (use errors.Is with the Err* values):
 // anything that is not exactly one JSON value surrounded by optional

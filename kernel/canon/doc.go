@@ -17,9 +17,9 @@
 //
 //	canonical, argsHash, err := canon.ArgsHash(rawArgs)
 //	if err != nil {
-//		// a client error (HTTP 400); err.Error() says what and at which byte
-//		var ce *canon.Error
-//		if errors.As(err, &ce) && errors.Is(err, canon.ErrDuplicateKey) { ... }
+//		// A client error (HTTP 400): err.Error() says what and at which
+//		// byte; errors.Is(err, canon.ErrDuplicateKey) and the other Err*
+//		// values give the class, errors.As(err, &e) with e *canon.Error the offset.
 //		return err
 //	}
 //	id := canon.StepID(executionID, "tool_call", "search", argsHash, occurrence)

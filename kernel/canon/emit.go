@@ -12,14 +12,13 @@ func (p *parser) emit(out []byte, i int32) []byte {
 		return p.emitString(out, n)
 	case kArray:
 		out = append(out, '[')
-		j := i + 1
-		for k := int32(0); k < n.count; k++ {
-			if k > 0 {
+		for j := i + 1; j < n.aux; {
+			if j > i+1 {
 				out = append(out, ',')
 			}
 			out = p.emit(out, j)
 			if c := &p.tape[j]; c.kind >= kArray {
-				j = c.next
+				j = c.aux // skip the element's subtree
 			} else {
 				j++
 			}
@@ -27,7 +26,7 @@ func (p *parser) emit(out []byte, i int32) []byte {
 		return append(out, ']')
 	default: // kObject
 		out = append(out, '{')
-		for k, key := range p.order[n.lo : n.lo+n.count] {
+		for k, key := range p.order[n.start : n.start+n.end] {
 			if k > 0 {
 				out = append(out, ',')
 			}

@@ -19,7 +19,7 @@ func ExampleCanonical() {
 	fmt.Println(errors.Is(err, canon.ErrDuplicateKey))
 	// Output:
 	// {"a":"\u003cé\u003e","b":[1.0,1e2],"é":-0}
-	// canon: duplicate object key "a" at byte offset 10
+	// canon: duplicate object key "a" at byte offset 9
 	// true
 }
 
@@ -31,4 +31,6 @@ func ExampleStepID() {
 	fmt.Println(argsHash)
 	fmt.Println(canon.StepID("0190a5f2-7c3e-7b4a-9d2e-1f2a3b4c5d6e", "tool_call", "web_search", argsHash, 0))
 	// Output:
+	// e3c8f7f4e4677f460ef2d998d2a06f3271f38ebda9ed062524e0f0029e391568
+	// ebb590ea1db6cf953a88b8f7b2071e85824fe045e0ab927f9630f7806bd8edd8
 }

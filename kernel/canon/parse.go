@@ -2,6 +2,7 @@ package canon
 
 import (
 	"bytes"
+	"encoding/binary"
 	"slices"
 	"strconv"
 	"sync"
@@ -36,16 +37,15 @@ const (
 type node struct {
 	kind  uint8
 	flags uint8
-	// Scalars: the literal's bytes in the input, data[start:end]; strings
-	// without the quotes.
+	// Scalars: the literal's bytes in the input are data[start:end]
+	// (strings: without the quotes). Objects: the members' key indices,
+	// in canonical order, are order[start:start+end] (end is the count).
+	// Arrays: unused.
 	start, end int32
-	// Containers: the tape index just past this subtree.
-	next int32
-	// Objects: the members' key indices, in canonical order, are
-	// order[lo:lo+count]. Escaped keys: the decoded key is arena[lo:hi].
-	lo, hi int32
-	// Containers: number of elements or members.
-	count int32
+	// Containers: the tape index just past this subtree. Escaped keys: the
+	// offset in the arena of the decoded key, stored as a 4-byte
+	// little-endian length and the bytes.
+	aux int32
 }
 
 type parser struct {
@@ -71,6 +71,11 @@ var parserPool = sync.Pool{New: func() any {
 func getParser(data []byte) *parser {
 	p := parserPool.Get().(*parser)
 	p.data = data
+	// A value takes at least one byte and usually several; start big
+	// inputs with room for a share of their nodes.
+	if n := len(data) / 16; n > cap(p.tape) {
+		p.tape = make([]node, 0, n)
+	}
 	return p
 }
 
@@ -86,6 +91,19 @@ func putParser(p *parser) {
 	p.order = p.order[:0]
 	p.arena = p.arena[:0]
 	parserPool.Put(p)
+}
+
+// push appends n to the tape and returns its index. The tape doubles when
+// full (append grows large slices by only 1.25x, which for big inputs
+// copies and allocates several times the final size).
+func (p *parser) push(n node) int32 {
+	if len(p.tape) == cap(p.tape) {
+		t := make([]node, len(p.tape), 2*cap(p.tape)+64)
+		copy(t, p.tape)
+		p.tape = t
+	}
+	p.tape = append(p.tape, n)
+	return int32(len(p.tape) - 1)
 }
 
 // parse checks that data is exactly one JSON value with optional whitespace
@@ -159,7 +177,7 @@ func (p *parser) literal(lit string) error {
 			return p.errChar(p.pos+i, "in literal "+lit)
 		}
 	}
-	p.tape = append(p.tape, node{kind: kLiteral, start: int32(p.pos), end: int32(p.pos + len(lit))})
+	p.push(node{kind: kLiteral, start: int32(p.pos), end: int32(p.pos + len(lit))})
 	p.pos += len(lit)
 	p.outLen += len(lit)
 	return nil
@@ -222,7 +240,7 @@ func (p *parser) number() error {
 		return newError(ErrNumberTooLong, start,
 			"number literal too long: "+strconv.Itoa(i-start)+" bytes, limit "+strconv.Itoa(MaxNumberLen))
 	}
-	p.tape = append(p.tape, node{kind: kNumber, start: int32(start), end: int32(i)})
+	p.push(node{kind: kNumber, start: int32(start), end: int32(i)})
 	p.pos = i
 	p.outLen += i - start
 	return nil
@@ -240,8 +258,7 @@ func (p *parser) array() error {
 	if err := p.enter(); err != nil {
 		return err
 	}
-	idx := len(p.tape)
-	p.tape = append(p.tape, node{kind: kArray})
+	idx := p.push(node{kind: kArray})
 	p.pos++ // '['
 	p.skipWS()
 	count := 0
@@ -268,9 +285,7 @@ func (p *parser) array() error {
 			p.skipWS()
 		}
 	}
-	n := &p.tape[idx]
-	n.next = int32(len(p.tape))
-	n.count = int32(count)
+	p.tape[idx].aux = int32(len(p.tape))
 	p.outLen += 2 + max(count-1, 0)
 	p.depth--
 	return nil
@@ -280,8 +295,7 @@ func (p *parser) object() error {
 	if err := p.enter(); err != nil {
 		return err
 	}
-	idx := len(p.tape)
-	p.tape = append(p.tape, node{kind: kObject})
+	idx := p.push(node{kind: kObject})
 	p.pos++ // '{'
 	base := len(p.stack)
 	p.skipWS()
@@ -333,9 +347,9 @@ func (p *parser) object() error {
 	}
 	count := len(members)
 	n := &p.tape[idx]
-	n.next = int32(len(p.tape))
-	n.lo = int32(len(p.order))
-	n.count = int32(count)
+	n.aux = int32(len(p.tape))
+	n.start = int32(len(p.order))
+	n.end = int32(count)
 	p.order = append(p.order, members...)
 	p.stack = p.stack[:base]
 	p.outLen += 2 + count + max(count-1, 0) // braces, colons, commas
@@ -347,7 +361,8 @@ func (p *parser) object() error {
 func (p *parser) key(i int32) []byte {
 	n := &p.tape[i]
 	if n.flags&fEscaped != 0 {
-		return p.arena[n.lo:n.hi]
+		l := binary.LittleEndian.Uint32(p.arena[n.aux:])
+		return p.arena[n.aux+4 : n.aux+4+int32(l)]
 	}
 	return p.data[n.start:n.end]
 }
@@ -547,14 +562,16 @@ func (p *parser) str(isKey bool) (int32, error) {
 done:
 	n := node{kind: kString, flags: flags, start: int32(start), end: int32(i)}
 	if isKey && flags&fEscaped != 0 {
-		n.lo = int32(len(p.arena))
+		off := len(p.arena)
+		n.aux = int32(off)
+		p.arena = append(p.arena, 0, 0, 0, 0)
 		p.arena = appendDecoded(p.arena, d[start:i])
-		n.hi = int32(len(p.arena))
+		binary.LittleEndian.PutUint32(p.arena[off:], uint32(len(p.arena)-off-4))
 	}
-	p.tape = append(p.tape, n)
+	idx := p.push(n)
 	p.pos = i + 1
 	p.outLen += enc
-	return int32(len(p.tape) - 1), nil
+	return idx, nil
 }
 
 // nextRune decodes the first character of the validated string content s,

@@ -1,7 +1,3 @@
-// Package bundle is the policy bundle format (SPEC §5): a manifest
-// (bundle.yaml), one engine's policy files, optional data.json and test cases
-// under tests/. A bundle is read from a directory or a .tar.gz of one and is
-// identified by name, revision and the sha256 digest of its content.
 package bundle
 
 import (
@@ -10,7 +6,7 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 )
 
-// Engine names.
+// Engine names (bundle.yaml's engine).
 const (
 	EngineRules = "rules"
 	EngineRego  = "rego"
@@ -75,7 +71,7 @@ type Bundle struct {
 	Files map[string][]byte
 	// Data is data.json, or nil.
 	Data json.RawMessage
-	// Digest is the lowercase hex sha256 over the bundle content (see Digest).
+	// Digest is the lowercase hex sha256 over the bundle content (see [Digest]).
 	Digest string
 }
 
@@ -86,27 +82,47 @@ func (b *Bundle) Ref() policy.BundleRef {
 
 // TestCase is one entry of a tests/*.yaml file: an input step (plus optional
 // execution context) and the decision the bundle must give.
+//
+// Test files are read with [ParseTestFile], which decodes each case by its
+// JSON field names; build the policy input with [TestCase.Input].
 type TestCase struct {
-	Name       string            `yaml:"name" json:"name"`
-	AgentID    string            `yaml:"agent_id,omitempty" json:"agent_id,omitempty"`
-	Tenant     string            `yaml:"tenant,omitempty" json:"tenant,omitempty"`
-	Step       TestStep          `yaml:"step" json:"step"`
-	Execution  *policy.Execution `yaml:"execution,omitempty" json:"execution,omitempty"`
-	Expect     TestExpect        `yaml:"expect" json:"expect"`
-	SourceFile string            `yaml:"-" json:"-"`
+	// Name identifies the case; unique within a bundle.
+	Name string `yaml:"name" json:"name"`
+	// AgentID is the input's agent_id (empty if not given).
+	AgentID string `yaml:"agent_id,omitempty" json:"agent_id,omitempty"`
+	// Tenant is the input's tenant (default "default").
+	Tenant string `yaml:"tenant,omitempty" json:"tenant,omitempty"`
+	// ExecutionID is the input's execution_id (default [DefaultTestExecutionID]).
+	ExecutionID string `yaml:"execution_id,omitempty" json:"execution_id,omitempty"`
+	// Step is the submitted step.
+	Step TestStep `yaml:"step" json:"step"`
+	// Execution is the execution context (default: running, no labels, zero totals).
+	Execution *policy.Execution `yaml:"execution,omitempty" json:"execution,omitempty"`
+	// Expect is the decision the bundle must give.
+	Expect TestExpect `yaml:"expect" json:"expect"`
+	// SourceFile is the test file the case came from (set by [ParseTestFile]).
+	SourceFile string `yaml:"-" json:"-"`
 }
 
 // TestStep is the step of a test case; Args is any YAML value, converted to JSON.
 type TestStep struct {
-	Kind        string `yaml:"kind" json:"kind"`
-	Target      string `yaml:"target" json:"target"`
-	Args        any    `yaml:"args,omitempty" json:"args,omitempty"`
+	// Kind is tool_call, llm_call or local.
+	Kind string `yaml:"kind" json:"kind"`
+	// Target is the tool name, model id or local name.
+	Target string `yaml:"target" json:"target"`
+	// Args are the step's arguments (absent: {}).
+	Args any `yaml:"args,omitempty" json:"args,omitempty"`
+	// Idempotency is safe_to_retry or at_most_once (empty if not given).
 	Idempotency string `yaml:"idempotency,omitempty" json:"idempotency,omitempty"`
-	Effect      string `yaml:"effect,omitempty" json:"effect,omitempty"`
+	// Effect is the declared side-effect class (empty if not given).
+	Effect string `yaml:"effect,omitempty" json:"effect,omitempty"`
+	// Occurrence is the input's step.occurrence (default 0).
+	Occurrence int `yaml:"occurrence,omitempty" json:"occurrence,omitempty"`
 }
 
 // TestExpect is what a test case expects after default_action is applied.
 type TestExpect struct {
+	// Decision is the expected action.
 	Decision policy.Action `yaml:"decision" json:"decision"`
 	// RuleID, when set, must equal the answer's rule_id.
 	RuleID string `yaml:"rule_id,omitempty" json:"rule_id,omitempty"`

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/wicket-run/wicket/internal/manifest"
+	"github.com/wicket-run/wicket/internal/webhook"
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/rego"
+	"github.com/wicket-run/wicket/plugins/rules"
+	"github.com/wicket-run/wicket/plugins/wasm"
+	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/store/bbolt"
+)
+
+// serveOptions are the flags of `wicket serve`; each has a WICKET_* twin.
+type serveOptions struct {
+	data, addr, config, adminKey  string
+	leaseTimeout, dispatchTimeout time.Duration
+	approvalTimeout               time.Duration
+	dispatchMaxAttempts           int
+	approvalExpiry, defaultPolicy string
+	logLevel, logFormat           string
+	maxBody                       int64
+	noSync                        bool
+	readyFile                     string
+}
+
+func envString(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, ok := os.LookupEnv(name); ok {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
+	}
+	return def
+}
+
+func envInt(name string, def int) int {
+	if v, ok := os.LookupEnv(name); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
+func serveFlags(o *serveOptions, fs *flag.FlagSet) {
+	d := kernel.DefaultConfig()
+	fs.StringVar(&o.data, "data", envString("WICKET_DATA", "./wicket-data"), "data directory (WICKET_DATA)")
+	fs.StringVar(&o.addr, "addr", envString("WICKET_ADDR", "127.0.0.1:8080"), "listen address (WICKET_ADDR)")
+	fs.StringVar(&o.config, "config", envString("WICKET_CONFIG", ""), "provisioning manifest (WICKET_CONFIG)")
+	fs.StringVar(&o.adminKey, "admin-key", envString("WICKET_ADMIN_KEY", ""), "admin API key (WICKET_ADMIN_KEY)")
+	fs.DurationVar(&o.leaseTimeout, "lease-timeout", envDuration("WICKET_LEASE_TIMEOUT", d.LeaseTimeout), "dispatch lease without heartbeat (WICKET_LEASE_TIMEOUT)")
+	fs.DurationVar(&o.dispatchTimeout, "dispatch-timeout", envDuration("WICKET_DISPATCH_TIMEOUT", d.DispatchTimeout), "timeout of one webhook POST (WICKET_DISPATCH_TIMEOUT)")
+	fs.IntVar(&o.dispatchMaxAttempts, "dispatch-max-attempts", envInt("WICKET_DISPATCH_MAX_ATTEMPTS", d.DispatchMaxAttempts), "delivery attempts before dispatch_exhausted (WICKET_DISPATCH_MAX_ATTEMPTS)")
+	fs.DurationVar(&o.approvalTimeout, "approval-timeout", envDuration("WICKET_APPROVAL_TIMEOUT", d.ApprovalTimeout), "default approval lifetime (WICKET_APPROVAL_TIMEOUT)")
+	fs.StringVar(&o.approvalExpiry, "approval-expiry", envString("WICKET_APPROVAL_EXPIRY", d.ApprovalExpiry), "on expiry: fail_execution or deny_step (WICKET_APPROVAL_EXPIRY)")
+	fs.StringVar(&o.defaultPolicy, "default-policy", envString("WICKET_DEFAULT_POLICY", "allow"), "policy of agents bound to no bundle: allow, deny or a bundle name (WICKET_DEFAULT_POLICY)")
+	fs.StringVar(&o.logLevel, "log-level", envString("WICKET_LOG_LEVEL", "info"), "debug, info, warn or error (WICKET_LOG_LEVEL)")
+	fs.StringVar(&o.logFormat, "log-format", envString("WICKET_LOG_FORMAT", "text"), "text or json (WICKET_LOG_FORMAT)")
+	fs.Int64Var(&o.maxBody, "max-body", int64(envInt("WICKET_MAX_BODY", 1<<20)), "largest request body in bytes (WICKET_MAX_BODY)")
+	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
+}
+
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageError{fmt.Sprintf("--log-level %q: want debug, info, warn or error", level)}
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usageError{fmt.Sprintf("--log-format %q: want text or json", format)}
+}
+
+// isLoopback reports whether a listen address only serves this machine.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	var o serveOptions
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	serveFlags(&o, fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("serve: unexpected argument %q", fs.Arg(0))}
+	}
+	log, err := newLogger(o.logLevel, o.logFormat, stderr)
+	if err != nil {
+		return err
+	}
+	var man *manifest.Manifest
+	if o.config != "" {
+		if man, err = manifest.Load(o.config, nil); err != nil {
+			return err
+		}
+	}
+	keysConfigured := o.adminKey != ""
+	if man != nil {
+		for _, t := range man.Tenants {
+			keysConfigured = keysConfigured || len(t.Keys) > 0
+		}
+	}
+	if !keysConfigured && !isLoopback(o.addr) {
+		return usageError{fmt.Sprintf("serve: refusing to listen on %s without an API key: set --admin-key (WICKET_ADMIN_KEY) or bind a loopback address", o.addr)}
+	}
+	if o.adminKey != "" && len(o.adminKey) < 16 {
+		return usageError{"serve: --admin-key must be at least 16 bytes"}
+	}
+
+	if err := os.MkdirAll(o.data, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	st, err := bbolt.Open(filepath.Join(o.data, "wicket.db"), bbolt.Options{NoSync: o.noSync})
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer st.Close()
+
+	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
+		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log}
+	if o.dispatchTimeout >= o.leaseTimeout {
+		cfg.DispatchTimeout = o.leaseTimeout / 2
+	}
+	sender := webhook.New()
+	defer sender.Close()
+	k, err := kernel.New(st, sender, nil, cfg)
+	if err != nil {
+		return usageError{err.Error()}
+	}
+	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache")})
+	defer wasmEngine.Close()
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards}, rules.New(), rego.New(), wasmEngine)
+	defer host.Close()
+	k.SetPolicy(host)
+	k.SetBundleLoader(host)
+	if err := k.LoadBundles(ctx); err != nil {
+		return err
+	}
+	if man != nil {
+		if err := man.Apply(ctx, k); err != nil {
+			return fmt.Errorf("apply manifest %s: %w", o.config, err)
+		}
+		log.Info("manifest applied", "path", o.config, "agents", len(man.Agents), "tenants", len(man.Tenants), "bundles", len(man.Bundles))
+	}
+
+	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log})
+	if !keysConfigured {
+		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
+	}
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", o.addr, err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	if err := k.Start(ctx); err != nil {
+		return err
+	}
+	srv.SetReady(true)
+	log.Info("wicket serving", "addr", ln.Addr().String(), "data", o.data, "version", version, "fsync", !o.noSync)
+	if o.readyFile != "" {
+		if err := os.WriteFile(o.readyFile, []byte(ln.Addr().String()), 0o600); err != nil {
+			return fmt.Errorf("write ready file: %w", err)
+		}
+	}
+	fmt.Fprintf(stdout, "wicket listening on http://%s\n", ln.Addr())
+
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	srv.SetReady(false)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("http shutdown", "err", err)
+	}
+	if err := k.Close(sctx); err != nil {
+		log.Warn("kernel shutdown", "err", err)
+	}
+	log.Info("stopped")
+	return nil
+}

@@ -1,0 +1,942 @@
+package storetest
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel"
+)
+
+// testNotFound: lookups on an empty store, in a View and in an Update.
+func testNotFound(t *testing.T, s kernel.Store) {
+	id := execID(1)
+	lookups := []struct {
+		name string
+		fn   func(tx kernel.ReadTx) error
+	}{
+		{"Execution", func(tx kernel.ReadTx) error { _, err := tx.Execution("t", id); return err }},
+		{"ExecutionTenant", func(tx kernel.ReadTx) error { _, err := tx.ExecutionTenant(id); return err }},
+		{"ExecutionByIdempotencyKey", func(tx kernel.ReadTx) error { _, err := tx.ExecutionByIdempotencyKey("t", "k"); return err }},
+		{"Step", func(tx kernel.ReadTx) error { _, err := tx.Step("t", id, "s1"); return err }},
+		{"Agent", func(tx kernel.ReadTx) error { _, err := tx.Agent("t", "a"); return err }},
+		{"Approval", func(tx kernel.ReadTx) error { _, err := tx.Approval("t", "ap"); return err }},
+		{"Bundle", func(tx kernel.ReadTx) error { _, err := tx.Bundle("t", "b"); return err }},
+		{"Tenant", func(tx kernel.ReadTx) error { _, err := tx.Tenant("t"); return err }},
+		{"APIKeyByHash", func(tx kernel.ReadTx) error { _, err := tx.APIKeyByHash("abc"); return err }},
+	}
+	empties := []struct {
+		name string
+		fn   func(tx kernel.ReadTx) (int, error)
+	}{
+		{"ListExecutions", func(tx kernel.ReadTx) (int, error) {
+			l, err := tx.ListExecutions("t", kernel.ExecutionFilter{})
+			return len(l), err
+		}},
+		{"ListSteps", func(tx kernel.ReadTx) (int, error) { l, err := tx.ListSteps("t", id); return len(l), err }},
+		{"Events", func(tx kernel.ReadTx) (int, error) { l, err := tx.Events("t", id, 0, 0); return len(l), err }},
+		{"ListAgents", func(tx kernel.ReadTx) (int, error) { l, err := tx.ListAgents("t"); return len(l), err }},
+		{"DueDispatches", func(tx kernel.ReadTx) (int, error) { l, err := tx.DueDispatches(at(time.Hour), 0); return len(l), err }},
+		{"ExpiredLeases", func(tx kernel.ReadTx) (int, error) { l, err := tx.ExpiredLeases(at(time.Hour), 0); return len(l), err }},
+		{"ListApprovals", func(tx kernel.ReadTx) (int, error) { l, err := tx.ListApprovals("t", ""); return len(l), err }},
+		{"ExpiredApprovals", func(tx kernel.ReadTx) (int, error) {
+			l, err := tx.ExpiredApprovals(at(time.Hour), 0)
+			return len(l), err
+		}},
+		{"ListBundles", func(tx kernel.ReadTx) (int, error) { l, err := tx.ListBundles(""); return len(l), err }},
+		{"ListTenants", func(tx kernel.ReadTx) (int, error) { l, err := tx.ListTenants(); return len(l), err }},
+		{"ListAPIKeys", func(tx kernel.ReadTx) (int, error) { l, err := tx.ListAPIKeys("t"); return len(l), err }},
+		{"Counter", func(tx kernel.ReadTx) (int, error) {
+			v, err := tx.Counter("t", "c")
+			if v != nil {
+				return 1, err
+			}
+			return 0, err
+		}},
+		{"Occurrence", func(tx kernel.ReadTx) (int, error) {
+			o, err := tx.Occurrence("t", id, "k")
+			if o != (kernel.Occurrence{}) {
+				return 1, err
+			}
+			return 0, err
+		}},
+		{"NextDue", func(tx kernel.ReadTx) (int, error) {
+			_, ok, err := tx.NextDue()
+			if ok {
+				return 1, err
+			}
+			return 0, err
+		}},
+	}
+	check := func(t *testing.T, tx kernel.ReadTx) {
+		for _, l := range lookups {
+			wantNotFound(t, l.name, l.fn(tx))
+		}
+		for _, e := range empties {
+			n, err := e.fn(tx)
+			if err != nil || n != 0 {
+				t.Errorf("%s on an empty store: %d results, error %v; want none, nil", e.name, n, err)
+			}
+		}
+	}
+	t.Run("View", func(t *testing.T) {
+		view(t, s, func(tx kernel.ReadTx) error { check(t, tx); return nil })
+	})
+	t.Run("Update", func(t *testing.T) {
+		update(t, s, func(tx kernel.Tx) error { check(t, tx); return nil })
+	})
+	t.Run("Delete", func(t *testing.T) {
+		update(t, s, func(tx kernel.Tx) error {
+			wantNotFound(t, "DeleteAgent", tx.DeleteAgent("t", "a"))
+			wantNotFound(t, "DeleteBundle", tx.DeleteBundle("t", "b"))
+			wantNotFound(t, "DeleteAPIKey", tx.DeleteAPIKey("t", "k"))
+			return nil
+		})
+	})
+}
+
+// fullExecution has every field set.
+func fullExecution(tenant, id string) *kernel.Execution {
+	e := newExecution(tenant, id)
+	deadline := at(time.Hour)
+	e.AgentVersion = "v3"
+	e.Status = kernel.ExecRunning
+	e.Input = json.RawMessage(`{"q":"<b>hello</b> & more","n":[1,2.50,3e10]}`)
+	e.Output = json.RawMessage(`{"answer":42}`)
+	e.Error = json.RawMessage(`{"code":"x"}`)
+	e.Reason = "because"
+	e.Labels = map[string]string{"team": "search", "env": "prod"}
+	e.Limits = kernel.Limits{MaxSteps: 10, MaxLLMCalls: 5, MaxTotalTokens: 1000, MaxCostUSD: 1.25, MaxDuration: "1h"}
+	e.Totals.Steps = 3
+	e.Totals.LLMCalls = 1
+	e.Totals.Tokens = 120
+	e.Totals.CostUSD = 0.0125
+	e.Deadline = &deadline
+	e.IdempotencyKey = "idem-1"
+	e.UpdatedAt = at(time.Second)
+	e.Lease = kernel.Lease{DispatchID: "d-1", Attempt: 2}
+	e.Dispatch = kernel.DispatchState{ID: "d-1", Attempt: 2, State: kernel.DispatchAcked, LeaseUntil: at(90 * time.Second), Failures: 1}
+	e.BlockedOn = "ap-1"
+	return e
+}
+
+func testExecutionRoundTrip(t *testing.T, s kernel.Store) {
+	e := fullExecution("t", execID(1))
+	e.LastSeq = 1
+	update(t, s, func(tx kernel.Tx) error {
+		if err := create(tx, e); err != nil {
+			return fmt.Errorf("create: %w", err)
+		}
+		got, err := tx.Execution("t", e.ID)
+		if err != nil {
+			return fmt.Errorf("Execution in the writing tx: %w", err)
+		}
+		sameJSON(t, "Execution in the writing tx", got, e)
+		return nil
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		got, err := tx.Execution("t", e.ID)
+		if err != nil {
+			return fmt.Errorf("Execution: %w", err)
+		}
+		sameJSON(t, "Execution", got, e)
+		owner, err := tx.ExecutionTenant(e.ID)
+		if err != nil {
+			return fmt.Errorf("ExecutionTenant: %w", err)
+		}
+		if owner != "t" {
+			t.Errorf("ExecutionTenant = %q, want t", owner)
+		}
+		return nil
+	})
+	// Overwrite.
+	e2 := *e
+	e2.Status = kernel.ExecCompleted
+	e2.Output = json.RawMessage(`{"answer":43}`)
+	e2.Dispatch = kernel.DispatchState{ID: "d-1", Attempt: 2}
+	update(t, s, func(tx kernel.Tx) error {
+		c := e2
+		return tx.PutExecution(&c)
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		got, err := tx.Execution("t", e.ID)
+		if err != nil {
+			return fmt.Errorf("Execution after overwrite: %w", err)
+		}
+		sameJSON(t, "Execution after overwrite", got, &e2)
+		// Records returned are copies: changing one changes nothing stored.
+		got.Status = kernel.ExecFailed
+		again, err := tx.Execution("t", e.ID)
+		if err != nil {
+			return fmt.Errorf("Execution again: %w", err)
+		}
+		if again.Status != kernel.ExecCompleted {
+			t.Errorf("changing a returned record changed the store: status %q", again.Status)
+		}
+		return nil
+	})
+}
+
+func testExecutionOwnership(t *testing.T, s kernel.Store) {
+	e := newExecution("t", execID(1))
+	mustCreate(t, s, e)
+	update(t, s, func(tx kernel.Tx) error {
+		other := newExecution("u", e.ID)
+		other.LastSeq = 1
+		wantConflict(t, "PutExecution of t's id in tenant u", tx.PutExecution(other))
+		return nil
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		owner, err := tx.ExecutionTenant(e.ID)
+		if err != nil {
+			return fmt.Errorf("ExecutionTenant: %w", err)
+		}
+		if owner != "t" {
+			t.Errorf("ExecutionTenant = %q, want t", owner)
+		}
+		_, err = tx.Execution("u", e.ID)
+		wantNotFound(t, "Execution in tenant u", err)
+		return nil
+	})
+}
+
+func testIdempotencyKey(t *testing.T, s kernel.Store) {
+	a := newExecution("t", execID(1))
+	a.IdempotencyKey = "k1"
+	b := newExecution("u", execID(2))
+	b.IdempotencyKey = "k1" // same key, other tenant: independent
+	c := newExecution("t", execID(3))
+	mustCreate(t, s, a, b, c)
+	lookup := func(tx kernel.ReadTx, tenant, k, want string) {
+		t.Helper()
+		got, err := tx.ExecutionByIdempotencyKey(tenant, k)
+		if err != nil || got != want {
+			t.Errorf("ExecutionByIdempotencyKey(%s, %s) = %s, %v; want %s", tenant, k, got, err, want)
+		}
+	}
+	view(t, s, func(tx kernel.ReadTx) error {
+		lookup(tx, "t", "k1", a.ID)
+		lookup(tx, "u", "k1", b.ID)
+		_, err := tx.ExecutionByIdempotencyKey("t", "k2")
+		wantNotFound(t, "unknown key", err)
+		return nil
+	})
+	update(t, s, func(tx kernel.Tx) error {
+		// Rewriting a keeps its key.
+		if err := mutate(tx, "t", a.ID, func(e *kernel.Execution) { e.Status = kernel.ExecRunning }); err != nil {
+			return fmt.Errorf("mutate a: %w", err)
+		}
+		// Another execution of t may not take k1.
+		wantConflict(t, "second execution with key k1", mutate(tx, "t", c.ID, func(e *kernel.Execution) { e.IdempotencyKey = "k1" }))
+		return nil
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		lookup(tx, "t", "k1", a.ID)
+		got, err := tx.Execution("t", c.ID)
+		if err != nil {
+			return fmt.Errorf("Execution c: %w", err)
+		}
+		if got.IdempotencyKey != "" {
+			t.Errorf("refused PutExecution changed c: key %q", got.IdempotencyKey)
+		}
+		return nil
+	})
+}
+
+func testListExecutions(t *testing.T, s kernel.Store) {
+	const n = 25
+	agentOf := func(i int) string { return fmt.Sprintf("a%d", i%2) }
+	statusOf := func(i int) kernel.ExecStatus {
+		if i%3 == 0 {
+			return kernel.ExecCompleted
+		}
+		return kernel.ExecRunning
+	}
+	update(t, s, func(tx kernel.Tx) error {
+		for i := 1; i <= n; i++ {
+			e := newExecution("t", execID(i))
+			e.AgentID, e.Status = agentOf(i), statusOf(i)
+			if err := create(tx, e); err != nil {
+				return fmt.Errorf("create: %w", err)
+			}
+		}
+		// Neighbouring tenants whose names share a prefix with t.
+		for i, tenant := range []string{"t2", "tt", "s"} {
+			if err := create(tx, newExecution(tenant, execID(100+i))); err != nil {
+				return fmt.Errorf("create: %w", err)
+			}
+		}
+		return nil
+	})
+	// want lists the ids of t (newest first) that pass the filter.
+	want := func(f kernel.ExecutionFilter) []string {
+		var out []string
+		for i := n; i >= 1; i-- {
+			id := execID(i)
+			if f.Before != "" && id >= f.Before {
+				continue
+			}
+			if (f.AgentID != "" && agentOf(i) != f.AgentID) || (f.Status != "" && statusOf(i) != f.Status) {
+				continue
+			}
+			if f.Limit > 0 && len(out) == f.Limit {
+				break
+			}
+			out = append(out, id)
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		f    kernel.ExecutionFilter
+	}{
+		{"all", kernel.ExecutionFilter{}},
+		{"limit", kernel.ExecutionFilter{Limit: 10}},
+		{"agent", kernel.ExecutionFilter{AgentID: "a1"}},
+		{"status", kernel.ExecutionFilter{Status: kernel.ExecCompleted}},
+		{"agent and status", kernel.ExecutionFilter{AgentID: "a0", Status: kernel.ExecCompleted}},
+		{"agent with limit", kernel.ExecutionFilter{AgentID: "a0", Limit: 2}},
+		{"before", kernel.ExecutionFilter{Before: execID(10), Limit: 3}},
+		{"before an id not stored", kernel.ExecutionFilter{Before: execID(10) + "x", Limit: 3}},
+		{"before the first", kernel.ExecutionFilter{Before: execID(1)}},
+		{"before everything", kernel.ExecutionFilter{Before: "0"}},
+		{"before beyond the last", kernel.ExecutionFilter{Before: "z", Limit: 2}},
+		{"before with filter", kernel.ExecutionFilter{Before: execID(20), Status: kernel.ExecCompleted}},
+		{"no match", kernel.ExecutionFilter{AgentID: "nobody"}},
+	}
+	view(t, s, func(tx kernel.ReadTx) error {
+		for _, c := range cases {
+			got, err := tx.ListExecutions("t", c.f)
+			if err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			sameStrings(t, c.name, ids(got), want(c.f))
+		}
+		got, err := tx.ListExecutions("t2", kernel.ExecutionFilter{})
+		if err != nil {
+			return fmt.Errorf("tenant t2: %w", err)
+		}
+		sameStrings(t, "tenant t2", ids(got), []string{execID(100)})
+		return nil
+	})
+	// Keyset paging visits every execution once, newest first.
+	for _, pageSize := range []int{1, 7, 10, 25, 30} {
+		var all []string
+		f := kernel.ExecutionFilter{Limit: pageSize}
+		for pages := 0; ; pages++ {
+			if pages > n+1 {
+				t.Fatalf("page size %d: paging does not end", pageSize)
+			}
+			var page []*kernel.Execution
+			view(t, s, func(tx kernel.ReadTx) error {
+				var err error
+				page, err = tx.ListExecutions("t", f)
+				return err
+			})
+			if len(page) == 0 {
+				break
+			}
+			all = append(all, ids(page)...)
+			f.Before = page[len(page)-1].ID
+		}
+		sameStrings(t, fmt.Sprintf("paging by %d", pageSize), all, want(kernel.ExecutionFilter{}))
+	}
+}
+
+func testSteps(t *testing.T, s kernel.Store) {
+	e := newExecution("t", execID(1))
+	mustCreate(t, s, e)
+	mk := func(id string, seq uint64) *kernel.Step {
+		return &kernel.Step{
+			ID: id, ExecutionID: e.ID, Tenant: "t", Kind: "tool_call", Target: "web.search",
+			Args: json.RawMessage(`{"q":"` + id + `"}`), ArgsHash: strings.Repeat("a", 64), Idempotency: kernel.SafeToRetry,
+			Effect: "read_only", Status: kernel.StepExecuting, Lease: kernel.Lease{DispatchID: "d", Attempt: 1},
+			Seq: seq, CreatedAt: at(time.Duration(seq) * time.Second),
+		}
+	}
+	// Inserted out of Seq order, and ids not in Seq order either.
+	steps := []*kernel.Step{mk("s-c", 2), mk("s-a", 9), mk("s-b", 5)}
+	update(t, s, func(tx kernel.Tx) error {
+		for _, st := range steps {
+			if err := tx.PutStep(st); err != nil {
+				return fmt.Errorf("PutStep: %w", err)
+			}
+		}
+		return nil
+	})
+	done := *steps[1]
+	completed := at(time.Minute)
+	done.Status = kernel.StepSucceeded
+	done.Result = json.RawMessage(`{"hits":["a","b"]}`)
+	done.Usage = &kernel.Usage{InputTokens: 10, OutputTokens: 20, TotalTokens: 30, CostUSD: 0.001}
+	done.Decision = &kernel.StepDecisionInfo{Action: "allow", RuleID: "r1", EvalTime: 1500}
+	done.Decision.Bundle.Name = "research"
+	done.CompletedAt = &completed
+	update(t, s, func(tx kernel.Tx) error { c := done; return tx.PutStep(&c) })
+	view(t, s, func(tx kernel.ReadTx) error {
+		got, err := tx.Step("t", e.ID, "s-a")
+		if err != nil {
+			return fmt.Errorf("Step: %w", err)
+		}
+		sameJSON(t, "Step after overwrite", got, &done)
+		list, err := tx.ListSteps("t", e.ID)
+		if err != nil {
+			return fmt.Errorf("ListSteps: %w", err)
+		}
+		var order []string
+		for _, st := range list {
+			order = append(order, st.ID)
+		}
+		sameStrings(t, "ListSteps order (by Seq)", order, []string{"s-c", "s-b", "s-a"})
+		_, err = tx.Step("t", execID(2), "s-a")
+		wantNotFound(t, "Step of another execution", err)
+		other, err := tx.ListSteps("t", execID(2))
+		if err != nil {
+			return fmt.Errorf("ListSteps of another execution: %w", err)
+		}
+		if len(other) != 0 {
+			t.Errorf("ListSteps of another execution: %d steps", len(other))
+		}
+		return nil
+	})
+}
+
+func testOccurrence(t *testing.T, s kernel.Store) {
+	id := execID(1)
+	o1 := kernel.Occurrence{Lease: kernel.Lease{DispatchID: "d", Attempt: 1}, Count: 3}
+	o2 := kernel.Occurrence{Lease: kernel.Lease{DispatchID: "d", Attempt: 2}, Count: 1}
+	update(t, s, func(tx kernel.Tx) error {
+		if err := tx.PutOccurrence("t", id, "tool_call|web.search|abc", o1); err != nil {
+			return fmt.Errorf("PutOccurrence: %w", err)
+		}
+		if err := tx.PutOccurrence("t", id, "llm_call|gpt|def", o2); err != nil {
+			return fmt.Errorf("PutOccurrence: %w", err)
+		}
+		return nil
+	})
+	update(t, s, func(tx kernel.Tx) error {
+		o, err := tx.Occurrence("t", id, "tool_call|web.search|abc")
+		if err != nil {
+			return fmt.Errorf("Occurrence: %w", err)
+		}
+		if o != o1 {
+			t.Errorf("Occurrence = %+v, want %+v", o, o1)
+		}
+		o.Count++
+		return tx.PutOccurrence("t", id, "tool_call|web.search|abc", o)
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		o, err := tx.Occurrence("t", id, "tool_call|web.search|abc")
+		if err != nil {
+			return fmt.Errorf("Occurrence: %w", err)
+		}
+		if o.Count != 4 {
+			t.Errorf("Occurrence count = %d, want 4", o.Count)
+		}
+		o, err = tx.Occurrence("t", id, "llm_call|gpt|def")
+		if err != nil {
+			return fmt.Errorf("Occurrence: %w", err)
+		}
+		if o != o2 {
+			t.Errorf("Occurrence = %+v, want %+v", o, o2)
+		}
+		o, err = tx.Occurrence("t", execID(2), "llm_call|gpt|def")
+		if err != nil {
+			return fmt.Errorf("Occurrence of another execution: %w", err)
+		}
+		if o != (kernel.Occurrence{}) {
+			t.Errorf("Occurrence of another execution = %+v, want zero", o)
+		}
+		return nil
+	})
+}
+
+func testEvents(t *testing.T, s kernel.Store) {
+	const n = 300 // past 255, so that seq order is not byte order of a decimal
+	e := newExecution("t", execID(1))
+	update(t, s, func(tx kernel.Tx) error {
+		if err := create(tx, e); err != nil {
+			return fmt.Errorf("create: %w", err)
+		}
+		types := make([]string, n-1)
+		for i := range types {
+			types[i] = kernel.EvDispatchQueued
+		}
+		return appendEvents(tx, "t", e.ID, "", types...)
+	})
+	cases := []struct {
+		after      uint64
+		limit      int
+		first, len int
+	}{
+		{0, 0, 1, n},
+		{0, -1, 1, n},
+		{0, 1, 1, 1},
+		{250, 10, 251, 10},
+		{255, 3, 256, 3},
+		{295, 100, 296, 5},
+		{n, 10, 0, 0},
+		{n + 5, 0, 0, 0},
+	}
+	view(t, s, func(tx kernel.ReadTx) error {
+		for _, c := range cases {
+			evs, err := tx.Events("t", e.ID, c.after, c.limit)
+			if err != nil {
+				return fmt.Errorf("Events: %w", err)
+			}
+			if len(evs) != c.len {
+				t.Errorf("Events(after %d, limit %d): %d events, want %d", c.after, c.limit, len(evs), c.len)
+				continue
+			}
+			for i, ev := range evs {
+				if want := uint64(c.first + i); ev.Seq != want || ev.ExecutionID != e.ID {
+					t.Errorf("Events(after %d, limit %d)[%d] = %s seq %d, want %s seq %d", c.after, c.limit, i, ev.ExecutionID, ev.Seq, e.ID, want)
+					break
+				}
+			}
+		}
+		evs, err := tx.Events("t", e.ID, 0, 2)
+		if err != nil {
+			return fmt.Errorf("Events: %w", err)
+		}
+		sameJSON(t, "first events", evs, []kernel.Event{
+			{ExecutionID: e.ID, Seq: 1, Type: kernel.EvExecutionCreated, Time: t0, Payload: json.RawMessage(`{"agent_id":"agent-1"}`)},
+			{ExecutionID: e.ID, Seq: 2, Type: kernel.EvDispatchQueued, Time: at(2 * time.Millisecond), Payload: json.RawMessage(`{}`)},
+		})
+		return nil
+	})
+}
+
+func testEventConflict(t *testing.T, s kernel.Store) {
+	e := newExecution("t", execID(1))
+	mustCreate(t, s, e)
+	update(t, s, func(tx kernel.Tx) error { return appendEvents(tx, "t", e.ID, "", kernel.EvDispatchQueued) })
+
+	// A conflict returned by fn rolls back the whole transaction.
+	err := s.Update(t.Context(), func(tx kernel.Tx) error {
+		if err := appendEvents(tx, "t", e.ID, "", kernel.EvDispatchClaimed); err != nil { // seq 3
+			return err
+		}
+		return tx.AppendEvent("t", kernel.Event{ExecutionID: e.ID, Seq: 2, Type: kernel.EvExecutionFailed, Time: t0, Payload: json.RawMessage(`{}`)})
+	})
+	wantConflict(t, "AppendEvent over seq 2", err)
+
+	// A conflict fn ignores still leaves the recorded event alone.
+	update(t, s, func(tx kernel.Tx) error {
+		err := tx.AppendEvent("t", kernel.Event{ExecutionID: e.ID, Seq: 1, Type: kernel.EvExecutionFailed, Time: t0, Payload: json.RawMessage(`{}`)})
+		wantConflict(t, "AppendEvent over seq 1", err)
+		return nil
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		evs, err := tx.Events("t", e.ID, 0, 0)
+		if err != nil {
+			return fmt.Errorf("Events: %w", err)
+		}
+		var types []string
+		for _, ev := range evs {
+			types = append(types, ev.Type)
+		}
+		sameStrings(t, "events after refused appends", types, []string{kernel.EvExecutionCreated, kernel.EvDispatchQueued})
+		got, err := tx.Execution("t", e.ID)
+		if err != nil {
+			return fmt.Errorf("Execution: %w", err)
+		}
+		if got.LastSeq != 2 {
+			t.Errorf("LastSeq = %d, want 2 (the failed transaction was not rolled back)", got.LastSeq)
+		}
+		return nil
+	})
+}
+
+func testAgents(t *testing.T, s kernel.Store) {
+	mk := func(id, url string) *kernel.Agent {
+		return &kernel.Agent{ID: id, Tenant: "t", WebhookURL: url, Secret: "s3cret-" + id, Bundle: "b", CreatedAt: t0, UpdatedAt: t0}
+	}
+	update(t, s, func(tx kernel.Tx) error {
+		for _, id := range []string{"b", "a", "c"} {
+			if err := tx.PutAgent(mk(id, "http://127.0.0.1:5001/"+id)); err != nil {
+				return fmt.Errorf("PutAgent: %w", err)
+			}
+		}
+		return nil
+	})
+	moved := mk("b", "http://127.0.0.1:5002/b")
+	moved.UpdatedAt = at(time.Second)
+	update(t, s, func(tx kernel.Tx) error {
+		if err := tx.PutAgent(moved); err != nil {
+			return fmt.Errorf("PutAgent: %w", err)
+		}
+		return tx.DeleteAgent("t", "c")
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		got, err := tx.Agent("t", "b")
+		if err != nil {
+			return fmt.Errorf("Agent: %w", err)
+		}
+		sameJSON(t, "Agent (with secret)", got, moved)
+		_, err = tx.Agent("t", "c")
+		wantNotFound(t, "deleted agent", err)
+		list, err := tx.ListAgents("t")
+		if err != nil {
+			return fmt.Errorf("ListAgents: %w", err)
+		}
+		sameJSON(t, "ListAgents", list, []*kernel.Agent{mk("a", "http://127.0.0.1:5001/a"), moved})
+		return nil
+	})
+}
+
+func approval(tenant, id string, created time.Duration, status kernel.ApprovalStatus, expires time.Duration) *kernel.Approval {
+	return &kernel.Approval{
+		ID: id, Tenant: tenant, ExecutionID: execID(1), AgentID: "agent-1", StepID: "step-" + id,
+		Kind: "tool_call", Target: "db.drop", Args: json.RawMessage(`{"table":"users"}`),
+		RequestHash: strings.Repeat("f", 64), Status: status, Approvers: []string{"alice"},
+		Message: "drop?", Reason: "destructive", RuleID: "r9", ExpiresAt: at(expires), CreatedAt: at(created),
+	}
+}
+
+func testApprovals(t *testing.T, s kernel.Store) {
+	a1 := approval("t", "ap-1", 0, kernel.ApprovalPending, time.Hour)
+	a2 := approval("t", "ap-2", time.Second, kernel.ApprovalGranted, time.Hour)
+	decided := at(time.Minute)
+	a2.DecidedBy, a2.Rationale, a2.DecidedAt = "alice", "ok", &decided
+	a3 := approval("t", "ap-0", 2*time.Second, kernel.ApprovalPending, time.Hour) // newest, smallest id
+	update(t, s, func(tx kernel.Tx) error {
+		for _, a := range []*kernel.Approval{a1, a2, a3} {
+			if err := tx.PutApproval(a); err != nil {
+				return fmt.Errorf("PutApproval: %w", err)
+			}
+		}
+		return nil
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		got, err := tx.Approval("t", "ap-2")
+		if err != nil {
+			return fmt.Errorf("Approval: %w", err)
+		}
+		sameJSON(t, "Approval", got, a2)
+		cases := []struct {
+			status kernel.ApprovalStatus
+			want   []*kernel.Approval
+		}{
+			{"", []*kernel.Approval{a3, a2, a1}},
+			{kernel.ApprovalPending, []*kernel.Approval{a3, a1}},
+			{kernel.ApprovalGranted, []*kernel.Approval{a2}},
+			{kernel.ApprovalDenied, nil},
+		}
+		for _, c := range cases {
+			list, err := tx.ListApprovals("t", c.status)
+			if err != nil {
+				return fmt.Errorf("ListApprovals: %w", err)
+			}
+			if len(list) == 0 && len(c.want) == 0 {
+				continue
+			}
+			sameJSON(t, fmt.Sprintf("ListApprovals(%q)", c.status), list, c.want)
+		}
+		return nil
+	})
+}
+
+func testBundles(t *testing.T, s kernel.Store) {
+	mk := func(tenant, name, rev string) *kernel.BundleRecord {
+		return &kernel.BundleRecord{
+			Tenant: tenant, Name: name, Revision: rev, Digest: strings.Repeat("0", 64), Engine: "rego",
+			Archive: []byte{0x1f, 0x8b, 0, 1, 2, 255, 0, byte(len(name))}, UpdatedAt: t0,
+		}
+	}
+	update(t, s, func(tx kernel.Tx) error {
+		for _, b := range []*kernel.BundleRecord{mk("t", "zeta", "1"), mk("t", "alpha", "1"), mk("u", "alpha", "7"), mk("t", "gone", "1")} {
+			if err := tx.PutBundle(b); err != nil {
+				return fmt.Errorf("PutBundle: %w", err)
+			}
+		}
+		if err := tx.PutBundle(mk("t", "zeta", "2")); err != nil {
+			return fmt.Errorf("PutBundle new revision: %w", err)
+		}
+		return tx.DeleteBundle("t", "gone")
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		got, err := tx.Bundle("t", "zeta")
+		if err != nil {
+			return fmt.Errorf("Bundle: %w", err)
+		}
+		sameJSON(t, "Bundle", got, mk("t", "zeta", "2"))
+		_, err = tx.Bundle("t", "gone")
+		wantNotFound(t, "deleted bundle", err)
+		list, err := tx.ListBundles("t")
+		if err != nil {
+			return fmt.Errorf("ListBundles: %w", err)
+		}
+		sameJSON(t, "ListBundles(t)", list, []*kernel.BundleRecord{mk("t", "alpha", "1"), mk("t", "zeta", "2")})
+		all, err := tx.ListBundles("")
+		if err != nil {
+			return fmt.Errorf("ListBundles(\"\"): %w", err)
+		}
+		var names []string
+		for _, b := range all {
+			names = append(names, b.Tenant+"/"+b.Name)
+		}
+		slices.Sort(names)
+		sameStrings(t, "ListBundles(\"\")", names, []string{"t/alpha", "t/zeta", "u/alpha"})
+		return nil
+	})
+}
+
+func testCounters(t *testing.T, s kernel.Store) {
+	update(t, s, func(tx kernel.Tx) error {
+		v := []byte("state-1")
+		if err := tx.PutCounter("t", "rl|agent|x", v); err != nil {
+			return fmt.Errorf("PutCounter: %w", err)
+		}
+		v[0] = 'X' // the store must have copied it
+		if err := tx.PutCounter("t", "rl|agent|y", []byte{0, 1, 2, 0}); err != nil {
+			return fmt.Errorf("PutCounter: %w", err)
+		}
+		return nil
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		got, err := tx.Counter("t", "rl|agent|x")
+		if err != nil {
+			return fmt.Errorf("Counter: %w", err)
+		}
+		if string(got) != "state-1" {
+			t.Errorf("Counter = %q, want state-1", got)
+		}
+		got[0] = 'Y' // and returned a copy
+		again, err := tx.Counter("t", "rl|agent|x")
+		if err != nil {
+			return fmt.Errorf("Counter: %w", err)
+		}
+		if string(again) != "state-1" {
+			t.Errorf("changing a returned counter changed the store: %q", again)
+		}
+		bin, err := tx.Counter("t", "rl|agent|y")
+		if err != nil {
+			return fmt.Errorf("Counter: %w", err)
+		}
+		if string(bin) != "\x00\x01\x02\x00" {
+			t.Errorf("binary counter = %q", bin)
+		}
+		return nil
+	})
+	update(t, s, func(tx kernel.Tx) error { return tx.PutCounter("t", "rl|agent|x", []byte("state-2")) })
+	view(t, s, func(tx kernel.ReadTx) error {
+		got, err := tx.Counter("t", "rl|agent|x")
+		if err != nil {
+			return fmt.Errorf("Counter: %w", err)
+		}
+		if string(got) != "state-2" {
+			t.Errorf("Counter after overwrite = %q, want state-2", got)
+		}
+		return nil
+	})
+}
+
+func testTenantsAndKeys(t *testing.T, s kernel.Store) {
+	acme := &kernel.Tenant{ID: "acme", Guards: []string{"no-destructive"}, CreatedAt: t0}
+	beta := &kernel.Tenant{ID: "beta", CreatedAt: t0}
+	key := func(tenant, id, hash string) *kernel.APIKey {
+		return &kernel.APIKey{ID: id, Tenant: tenant, Role: kernel.RoleClient, Principal: "ci", Hash: hash, CreatedAt: t0}
+	}
+	k1, k2, k3 := key("acme", "k1", "h1"), key("acme", "k2", "h2"), key("beta", "k3", "h3")
+	update(t, s, func(tx kernel.Tx) error {
+		if err := tx.PutTenant(beta); err != nil {
+			return fmt.Errorf("PutTenant: %w", err)
+		}
+		if err := tx.PutTenant(acme); err != nil {
+			return fmt.Errorf("PutTenant: %w", err)
+		}
+		for _, k := range []*kernel.APIKey{k1, k2, k3} {
+			if err := tx.PutAPIKey(k); err != nil {
+				return fmt.Errorf("PutAPIKey: %w", err)
+			}
+		}
+		wantConflict(t, "PutAPIKey with another key's hash", tx.PutAPIKey(key("beta", "k4", "h1")))
+		return nil
+	})
+	rotated := key("acme", "k1", "h9")
+	update(t, s, func(tx kernel.Tx) error {
+		if err := tx.PutAPIKey(rotated); err != nil {
+			return fmt.Errorf("PutAPIKey (rotate): %w", err)
+		}
+		return tx.DeleteAPIKey("acme", "k2")
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		got, err := tx.Tenant("acme")
+		if err != nil {
+			return fmt.Errorf("Tenant: %w", err)
+		}
+		sameJSON(t, "Tenant", got, acme)
+		list, err := tx.ListTenants()
+		if err != nil {
+			return fmt.Errorf("ListTenants: %w", err)
+		}
+		sameJSON(t, "ListTenants", list, []*kernel.Tenant{acme, beta})
+
+		for _, c := range []struct {
+			hash string
+			want *kernel.APIKey
+		}{{"h9", rotated}, {"h3", k3}, {"h1", nil}, {"h2", nil}} {
+			got, err := tx.APIKeyByHash(c.hash)
+			if c.want == nil {
+				wantNotFound(t, "APIKeyByHash "+c.hash, err)
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("APIKeyByHash %s: %w", c.hash, err)
+			}
+			sameJSON(t, "APIKeyByHash "+c.hash, got, c.want)
+		}
+		keys, err := tx.ListAPIKeys("acme")
+		if err != nil {
+			return fmt.Errorf("ListAPIKeys: %w", err)
+		}
+		sameJSON(t, "ListAPIKeys(acme)", keys, []*kernel.APIKey{rotated})
+		return nil
+	})
+}
+
+// testTenantIsolation: everything written for tenant t is invisible
+// through tenants whose names are near t's.
+func testTenantIsolation(t *testing.T, s kernel.Store) {
+	e := newExecution("t", execID(1))
+	e.IdempotencyKey = "idem"
+	e.Dispatch = kernel.DispatchState{ID: "d", State: kernel.DispatchQueued, DueAt: t0}
+	update(t, s, func(tx kernel.Tx) error {
+		if err := create(tx, e); err != nil {
+			return fmt.Errorf("create: %w", err)
+		}
+		if err := appendEvents(tx, "t", e.ID, "s1", kernel.EvStepProposed); err != nil {
+			return fmt.Errorf("events: %w", err)
+		}
+		if err := tx.PutStep(&kernel.Step{ID: "s1", ExecutionID: e.ID, Tenant: "t", Kind: "local", Target: "x", Args: json.RawMessage(`{}`), Status: kernel.StepExecuting, Seq: 2, CreatedAt: t0}); err != nil {
+			return fmt.Errorf("PutStep: %w", err)
+		}
+		if err := tx.PutOccurrence("t", e.ID, "k", kernel.Occurrence{Count: 1}); err != nil {
+			return fmt.Errorf("PutOccurrence: %w", err)
+		}
+		if err := tx.PutAgent(&kernel.Agent{ID: "ag", Tenant: "t", WebhookURL: "http://t", Secret: "t-secret", CreatedAt: t0, UpdatedAt: t0}); err != nil {
+			return fmt.Errorf("PutAgent: %w", err)
+		}
+		if err := tx.PutApproval(approval("t", "ap", 0, kernel.ApprovalPending, time.Hour)); err != nil {
+			return fmt.Errorf("PutApproval: %w", err)
+		}
+		if err := tx.PutBundle(&kernel.BundleRecord{Tenant: "t", Name: "bu", Revision: "1", Engine: "rules", UpdatedAt: t0}); err != nil {
+			return fmt.Errorf("PutBundle: %w", err)
+		}
+		if err := tx.PutCounter("t", "c", []byte("1")); err != nil {
+			return fmt.Errorf("PutCounter: %w", err)
+		}
+		if err := tx.PutAPIKey(&kernel.APIKey{ID: "key", Tenant: "t", Role: kernel.RoleClient, Hash: "hash", CreatedAt: t0}); err != nil {
+			return fmt.Errorf("PutAPIKey: %w", err)
+		}
+		// The same agent id in a neighbouring tenant is a different agent.
+		return tx.PutAgent(&kernel.Agent{ID: "ag", Tenant: "tt", WebhookURL: "http://tt", Secret: "tt-secret", CreatedAt: t0, UpdatedAt: t0})
+	})
+	hidden := []struct {
+		name string
+		fn   func(tx kernel.ReadTx, tenant string) (visible bool, err error)
+	}{
+		{"Execution", func(tx kernel.ReadTx, tn string) (bool, error) { return found(tx.Execution(tn, e.ID)) }},
+		{"ExecutionByIdempotencyKey", func(tx kernel.ReadTx, tn string) (bool, error) {
+			return found(tx.ExecutionByIdempotencyKey(tn, "idem"))
+		}},
+		{"ListExecutions", func(tx kernel.ReadTx, tn string) (bool, error) {
+			return nonEmpty(tx.ListExecutions(tn, kernel.ExecutionFilter{}))
+		}},
+		{"Step", func(tx kernel.ReadTx, tn string) (bool, error) { return found(tx.Step(tn, e.ID, "s1")) }},
+		{"ListSteps", func(tx kernel.ReadTx, tn string) (bool, error) { return nonEmpty(tx.ListSteps(tn, e.ID)) }},
+		{"Occurrence", func(tx kernel.ReadTx, tn string) (bool, error) {
+			o, err := tx.Occurrence(tn, e.ID, "k")
+			return o.Count != 0, err
+		}},
+		{"Events", func(tx kernel.ReadTx, tn string) (bool, error) { return nonEmpty(tx.Events(tn, e.ID, 0, 0)) }},
+		{"Agent", func(tx kernel.ReadTx, tn string) (bool, error) {
+			a, err := tx.Agent(tn, "ag")
+			if err == nil && a.Secret == "t-secret" {
+				return true, nil
+			}
+			return false, nil
+		}},
+		{"ListAgents", func(tx kernel.ReadTx, tn string) (bool, error) {
+			l, err := tx.ListAgents(tn)
+			for _, a := range l {
+				if a.Tenant == "t" {
+					return true, err
+				}
+			}
+			return false, err
+		}},
+		{"Approval", func(tx kernel.ReadTx, tn string) (bool, error) { return found(tx.Approval(tn, "ap")) }},
+		{"ListApprovals", func(tx kernel.ReadTx, tn string) (bool, error) { return nonEmpty(tx.ListApprovals(tn, "")) }},
+		{"Bundle", func(tx kernel.ReadTx, tn string) (bool, error) { return found(tx.Bundle(tn, "bu")) }},
+		{"ListBundles", func(tx kernel.ReadTx, tn string) (bool, error) { return nonEmpty(tx.ListBundles(tn)) }},
+		{"Counter", func(tx kernel.ReadTx, tn string) (bool, error) {
+			v, err := tx.Counter(tn, "c")
+			return v != nil, err
+		}},
+		{"ListAPIKeys", func(tx kernel.ReadTx, tn string) (bool, error) { return nonEmpty(tx.ListAPIKeys(tn)) }},
+	}
+	view(t, s, func(tx kernel.ReadTx) error {
+		for _, h := range hidden {
+			if visible, err := h.fn(tx, "t"); !visible || err != nil {
+				t.Errorf("%s: tenant t does not see its own record (err %v)", h.name, err)
+			}
+			for _, other := range []string{"tt", "t2", "u", "T"} {
+				visible, err := h.fn(tx, other)
+				if visible {
+					t.Errorf("%s: tenant %s sees tenant t's record", h.name, other)
+				}
+				if err != nil && !errors.Is(err, kernel.ErrNotFound) {
+					t.Errorf("%s as tenant %s: %v", h.name, other, err)
+				}
+			}
+		}
+		a, err := tx.Agent("tt", "ag")
+		if err != nil {
+			return fmt.Errorf("Agent tt/ag: %w", err)
+		}
+		if a.Secret != "tt-secret" {
+			t.Errorf("tenant tt's agent ag has secret %q", a.Secret)
+		}
+		// The global lookups name the owner.
+		owner, err := tx.ExecutionTenant(e.ID)
+		if err != nil {
+			return fmt.Errorf("ExecutionTenant: %w", err)
+		}
+		k, err := tx.APIKeyByHash("hash")
+		if err != nil {
+			return fmt.Errorf("APIKeyByHash: %w", err)
+		}
+		due, err := tx.DueDispatches(t0, 0)
+		if err != nil {
+			return fmt.Errorf("DueDispatches: %w", err)
+		}
+		exp, err := tx.ExpiredApprovals(at(time.Hour), 0)
+		if err != nil {
+			return fmt.Errorf("ExpiredApprovals: %w", err)
+		}
+		if owner != "t" || k.Tenant != "t" || len(due) != 1 || due[0].Tenant != "t" || len(exp) != 1 || exp[0].Tenant != "t" {
+			t.Errorf("global lookups lost the tenant: owner %q, key %q, due %v, expired %v", owner, k.Tenant, due, exp)
+		}
+		return nil
+	})
+}
+
+// found turns a lookup into (visible, error), treating ErrNotFound as invisible.
+func found[T any](_ T, err error) (bool, error) {
+	if err == nil {
+		return true, nil
+	}
+	if errors.Is(err, kernel.ErrNotFound) {
+		return false, nil
+	}
+	return false, err
+}
+
+// nonEmpty turns a listing into (visible, error).
+func nonEmpty[T any](l []T, err error) (bool, error) { return len(l) > 0, err }

@@ -1,0 +1,96 @@
+package bundle
+
+import (
+	"bytes"
+	"testing"
+)
+
+// FuzzManifest loads a bundle whose bundle.yaml is fuzzed: loading must
+// never panic, and an accepted bundle must survive a tar.gz round trip with
+// the same digest.
+func FuzzManifest(f *testing.F) {
+	for _, s := range []string{
+		testManifest,
+		testManifest + "default_action: allow\n",
+		"name: w\nengine: wasm\nabi: opa\nentrypoint: x\nsandbox: {memory_pages: 2, timeout: 1s, grants: [clock]}\n",
+		"name: r\nengine: rego\nentrypoint: data.wicket.decision\nrate_limits:\n  - {id: a, targets: ['x*'], max_calls: 1, window: 1m, per: agent}\n",
+		"name: g\nengine: rules\nrate_limits: [{id: a, max_calls: 0}]\n",
+		"{name: [1, {a: *x}]}",
+		"name: &a g\nengine: *a\n",
+		"---\n...\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, manifest []byte) {
+		files := map[string][]byte{
+			"bundle.yaml":    manifest,
+			"rules.yaml":     []byte(testRules),
+			"policy.rego":    []byte("package wicket\n"),
+			"policy.wasm":    []byte("\x00asm\x01\x00\x00\x00"),
+			"tests/a.yaml":   []byte(testCases),
+			"data.json":      []byte(`{}`),
+			"docs/notes.txt": []byte("x"),
+		}
+		b, err := LoadFiles(files)
+		if err != nil {
+			if _, ok := err.(*Error); !ok {
+				t.Fatalf("error %v is a %T, want *Error", err, err)
+			}
+			return
+		}
+		_ = b.DefaultAction()
+		gz, err := b.TarGz()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b2, err := LoadTarGz(bytes.NewReader(gz))
+		if err != nil {
+			t.Fatalf("round trip: %v", err)
+		}
+		if b2.Digest != b.Digest {
+			t.Fatalf("round trip changed the digest")
+		}
+	})
+}
+
+// FuzzLoadTarGz feeds arbitrary bytes to the archive reader: it must never
+// panic and must only return *Error.
+func FuzzLoadTarGz(f *testing.F) {
+	b, err := LoadFiles(rulesFiles())
+	if err != nil {
+		f.Fatal(err)
+	}
+	gz, err := b.TarGz()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(gz)
+	f.Add(gz[:len(gz)/2])
+	f.Add([]byte{0x1f, 0x8b})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, err := LoadTarGz(bytes.NewReader(data))
+		if err != nil {
+			if _, ok := err.(*Error); !ok {
+				t.Fatalf("error %v is a %T, want *Error", err, err)
+			}
+		}
+	})
+}
+
+// FuzzTestFile parses fuzzed test files; every accepted case must build an
+// input.
+func FuzzTestFile(f *testing.F) {
+	f.Add([]byte(testCases))
+	f.Add([]byte("cases:\n  - {name: a, step: {kind: llm_call, target: m, args: [1, {a: 0x10}]}, expect: {decision: abort}}\n"))
+	f.Fuzz(func(t *testing.T, src []byte) {
+		cases, err := ParseTestFile("tests/f.yaml", src)
+		if err != nil {
+			return
+		}
+		for _, c := range cases {
+			if _, err := c.Input(); err != nil {
+				t.Fatalf("accepted case %q has no input: %v", c.Name, err)
+			}
+		}
+	})
+}

@@ -1,0 +1,54 @@
+// Package rego is the OPA Rego policy engine for Wicket (SPEC §5, engine
+// "rego"). It is the only package of the module that imports OPA.
+//
+// # Basics
+//
+//	eng := rego.New()
+//	ev, err := eng.Compile(ctx, b) // b is a *bundle.Bundle with engine: rego
+//	if err != nil { ... }          // refused whole: the running revision stays
+//	defer ev.Close()
+//	d, err := ev.Evaluate(ctx, in) // nil, nil: no rule matched
+//
+// [Engine.Compile] parses every *.rego file of the bundle (files under tests/
+// are skipped) as Rego v1, compiles them, loads data.json as data and prepares
+// the manifest's entrypoint (default data.wicket.decision) once. Evaluation
+// reuses the prepared query; nothing is parsed or compiled per step.
+//
+// # Input and output
+//
+// The policy sees the [policy.Input] document as input, built directly as an
+// OPA value with the same shape and values encoding/json would give it
+// (input.step.args is the step's JSON arguments, input.execution.created_at an
+// RFC 3339 string).
+//
+// The entrypoint must be undefined (no match) or an object:
+//
+//	{"decision": "allow" | "deny" | "require_approval" | "abort",
+//	 "reason": "...", "rule_id": "...",
+//	 "approval": {"approvers": [...], "timeout": "15m", "message": "..."},
+//	 "rate_limit": {"max_calls": 10, "window": "1m", "per": "execution",
+//	                "algorithm": "sliding", "on_limiter_error": "fail_closed"}}
+//
+// Only decision is required; a null field counts as absent; approvers may be
+// an array or a set of strings. Any other value (a string, a set, a field of
+// the wrong type, an unknown field, a decision [policy.Decision.Validate]
+// refuses, a conflict between rules) is an evaluation error, which the kernel
+// turns into a denial.
+//
+// # Determinism and sandboxing
+//
+// [policy.Evaluator] requires evaluation to be deterministic for a given input
+// and bundle revision, so a bundle that calls a builtin reaching the network,
+// the host environment, the wall clock or a random source is refused at
+// compile time, with the file and line of the call: http.send,
+// net.lookup_ip_addr, opa.runtime, time.now_ns, rand.intn, uuid.rfc4122,
+// io.jwt.decode_verify, io.jwt.encode_sign(_raw), json.match_schema,
+// json.verify_schema, crypto.x509.parse_and_verify_certificates(_with_options)
+// and any other builtin OPA marks nondeterministic. Time-based rules use
+// input.execution.created_at instead of the clock. The pure net.cidr_*
+// helpers stay available. print statements are compiled out.
+//
+// Builtin errors are strict: a builtin that fails at evaluation (a bad regex,
+// to_number("x")) makes the evaluation fail, hence the step denied, instead
+// of silently making a rule undefined, which could skip a deny rule.
+package rego

@@ -1,0 +1,648 @@
+package rules
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/wicket-run/wicket/kernel/policy"
+	"github.com/wicket-run/wicket/plugins/bundle"
+)
+
+// MaxRules caps the number of rules in one rule set.
+const MaxRules = 10000
+
+// reservedID is the rule_id policy.ApplyDefault gives its answers; no rule
+// may take it.
+const reservedID = "default_action"
+
+// parser holds the context of one parse for error messages.
+type parser struct {
+	file string
+	item string // `rule "id"` or `rules[i]` while a rule is parsed
+}
+
+func (p *parser) errf(n *yaml.Node, field, format string, args ...any) error {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	return &bundle.Error{File: p.file, Line: line, Item: p.item, Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+func (p *parser) wrap(n *yaml.Node, field string, err error) error {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	return &bundle.Error{File: p.file, Line: line, Item: p.item, Field: field, Err: err}
+}
+
+// kv is one key/value pair of a mapping.
+type kv struct {
+	key string
+	k   *yaml.Node
+	v   *yaml.Node
+}
+
+// fields returns the pairs of mapping n after checking that n is a mapping
+// (null counts as empty), that every key is one of allowed and appears once,
+// and that no value is an alias.
+func (p *parser) fields(n *yaml.Node, field string, allowed ...string) ([]kv, error) {
+	if isNull(n) {
+		return nil, nil
+	}
+	if n.Kind == yaml.AliasNode {
+		return nil, p.errf(n, field, "YAML aliases are not supported")
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, p.errf(n, field, "want a mapping, got %s", describe(n))
+	}
+	out := make([]kv, 0, len(n.Content)/2)
+	seen := make(map[string]int, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind != yaml.ScalarNode || k.ShortTag() == "!!merge" {
+			return nil, p.errf(k, field, "keys must be plain strings")
+		}
+		sub := join(field, k.Value)
+		if allowed != nil && !containsString(allowed, k.Value) {
+			return nil, p.errf(k, sub, "unknown field (want %s)", strings.Join(allowed, ", "))
+		}
+		if line, dup := seen[k.Value]; dup {
+			return nil, p.errf(k, sub, "defined twice (also line %d)", line)
+		}
+		seen[k.Value] = k.Line
+		if v.Kind == yaml.AliasNode {
+			return nil, p.errf(v, sub, "YAML aliases are not supported")
+		}
+		out = append(out, kv{key: k.Value, k: k, v: v})
+	}
+	return out, nil
+}
+
+func join(prefix, name string) string {
+	if prefix == "" {
+		return name
+	}
+	return prefix + "." + name
+}
+
+func isNull(n *yaml.Node) bool {
+	return n == nil || n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.ScalarNode:
+		if isNull(n) {
+			return "null"
+		}
+		return fmt.Sprintf("%q", n.Value)
+	}
+	return "a document"
+}
+
+// str reads a scalar as a string; null reads as "".
+func (p *parser) str(n *yaml.Node, field string) (string, error) {
+	if isNull(n) {
+		return "", nil
+	}
+	if n.Kind != yaml.ScalarNode {
+		return "", p.errf(n, field, "want a string, got %s", describe(n))
+	}
+	return n.Value, nil
+}
+
+// nonEmpty reads a scalar as a non-empty string.
+func (p *parser) nonEmpty(n *yaml.Node, field string) (string, error) {
+	s, err := p.str(n, field)
+	if err == nil && s == "" {
+		err = p.errf(n, field, "empty value")
+	}
+	return s, err
+}
+
+// strList reads a non-empty list of non-empty strings.
+func (p *parser) strList(n *yaml.Node, field string) ([]string, error) {
+	if n.Kind != yaml.SequenceNode {
+		return nil, p.errf(n, field, "want a list, got %s", describe(n))
+	}
+	if len(n.Content) == 0 {
+		return nil, p.errf(n, field, "empty list (remove the field to match everything)")
+	}
+	out := make([]string, len(n.Content))
+	for i, e := range n.Content {
+		s, err := p.nonEmpty(e, fmt.Sprintf("%s[%d]", field, i))
+		if err != nil {
+			return nil, err
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+// one reads the value of a field that has a singular and a plural form
+// (target/targets): the singular takes one string, the plural a list.
+func (p *parser) one(f kv, field string, plural bool) ([]string, error) {
+	if plural {
+		return p.strList(f.v, field)
+	}
+	s, err := p.nonEmpty(f.v, field)
+	if err != nil {
+		return nil, err
+	}
+	return []string{s}, nil
+}
+
+func (p *parser) integer(n *yaml.Node, field string) (int, error) {
+	if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!int" {
+		return 0, p.errf(n, field, "want an integer, got %s", describe(n))
+	}
+	var i int
+	if err := n.Decode(&i); err != nil {
+		return 0, p.errf(n, field, "%s", strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	return i, nil
+}
+
+// parse is Parse with a file name for errors.
+func parse(file string, src []byte) (rs *RuleSet, err error) {
+	p := &parser{file: file}
+	dec := yaml.NewDecoder(bytes.NewReader(src))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, p.errf(nil, "", "empty file (want a mapping with default_action and rules)")
+		}
+		line, msg := splitLine(strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, &bundle.Error{File: file, Line: line, Err: errors.New(msg)}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, p.errf(nil, "", "more than one YAML document")
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, p.errf(root, "", "want a mapping with default_action and rules, got %s", describe(root))
+	}
+	top, err := p.fields(root, "", "default_action", "rules")
+	if err != nil {
+		return nil, err
+	}
+	rs = &RuleSet{}
+	for _, f := range top {
+		switch f.key {
+		case "default_action":
+			s, err := p.str(f.v, "default_action")
+			if err != nil {
+				return nil, err
+			}
+			switch a := policy.Action(s); a {
+			case "", policy.Allow, policy.Deny:
+				rs.defaultAction = a
+			default:
+				return nil, p.errf(f.v, "default_action", "must be allow or deny, got %q", s)
+			}
+		case "rules":
+			if isNull(f.v) {
+				continue
+			}
+			if f.v.Kind != yaml.SequenceNode {
+				return nil, p.errf(f.v, "rules", "want a list of rules, got %s", describe(f.v))
+			}
+			if len(f.v.Content) > MaxRules {
+				return nil, p.errf(f.v, "rules", "more than %d rules", MaxRules)
+			}
+			ids := make(map[string]int, len(f.v.Content))
+			for i, n := range f.v.Content {
+				r, err := p.rule(i, n)
+				if err != nil {
+					return nil, err
+				}
+				if j, dup := ids[r.id]; dup {
+					return nil, p.errf(n, "id", "duplicate id (also rules[%d])", j)
+				}
+				ids[r.id] = i
+				rs.rules = append(rs.rules, r)
+			}
+			p.item = ""
+		}
+	}
+	sort.SliceStable(rs.rules, func(i, j int) bool { return rs.rules[i].priority < rs.rules[j].priority })
+	return rs, nil
+}
+
+func (p *parser) rule(i int, n *yaml.Node) (*rule, error) {
+	p.item = fmt.Sprintf("rules[%d]", i)
+	// Name the rule by its id as early as possible, so that every error,
+	// even about an unknown field, carries it.
+	if n.Kind == yaml.MappingNode {
+		for j := 0; j+1 < len(n.Content); j += 2 {
+			if k, v := n.Content[j], n.Content[j+1]; k.Value == "id" && v.Kind == yaml.ScalarNode && bundle.ValidID(v.Value) && v.Value != reservedID {
+				p.item = fmt.Sprintf("rule %q", v.Value)
+				break
+			}
+		}
+	}
+	fs, err := p.fields(n, "", "id", "priority", "description", "when", "then")
+	if err != nil {
+		return nil, err
+	}
+	if isNull(n) {
+		return nil, p.errf(n, "", "empty rule")
+	}
+	r := &rule{index: i}
+	for _, f := range fs {
+		if f.key != "id" {
+			continue
+		}
+		id, err := p.nonEmpty(f.v, "id")
+		if err != nil {
+			return nil, err
+		}
+		if !bundle.ValidID(id) {
+			return nil, p.errf(f.v, "id", "%q does not match ^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$", id)
+		}
+		if id == reservedID {
+			return nil, p.errf(f.v, "id", "%q is reserved for the default action", id)
+		}
+		r.id = id
+	}
+	if r.id == "" {
+		return nil, p.errf(n, "id", "required")
+	}
+	var then *yaml.Node
+	for _, f := range fs {
+		switch f.key {
+		case "priority":
+			if r.priority, err = p.integer(f.v, "priority"); err != nil {
+				return nil, err
+			}
+		case "description":
+			if _, err := p.str(f.v, "description"); err != nil {
+				return nil, err
+			}
+		case "when":
+			if err := p.when(r, f.v); err != nil {
+				return nil, err
+			}
+		case "then":
+			then = f.v
+		}
+	}
+	if then == nil || isNull(then) {
+		return nil, p.errf(n, "then", "required (at least then.decision)")
+	}
+	if err := p.then(r, then); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (p *parser) when(r *rule, n *yaml.Node) error {
+	fs, err := p.fields(n, "when",
+		"target", "targets", "agent_id", "agent_ids", "step_kind", "step_kinds", "effect", "effects", "arguments")
+	if err != nil {
+		return err
+	}
+	other := map[string]string{
+		"target": "targets", "targets": "target", "agent_id": "agent_ids", "agent_ids": "agent_id",
+		"step_kind": "step_kinds", "step_kinds": "step_kind", "effect": "effects", "effects": "effect",
+	}
+	has := make(map[string]bool, len(fs))
+	for _, f := range fs {
+		if o := other[f.key]; o != "" && has[o] {
+			return p.errf(f.k, "when."+f.key, "give %s or %s, not both", o, f.key)
+		}
+		has[f.key] = true
+	}
+	for _, f := range fs {
+		field := "when." + f.key
+		switch f.key {
+		case "target", "targets":
+			pats, err := p.one(f, field, f.key == "targets")
+			if err != nil {
+				return err
+			}
+			for j, pat := range pats {
+				g, err := bundle.CompileGlob(pat)
+				if err != nil {
+					sub := field
+					if f.key == "targets" {
+						sub = fmt.Sprintf("%s[%d]", field, j)
+					}
+					return p.errf(f.v, sub, "%q: %w", pat, err)
+				}
+				r.targets = append(r.targets, g)
+			}
+		case "agent_id", "agent_ids":
+			if r.agents, err = p.one(f, field, f.key == "agent_ids"); err != nil {
+				return err
+			}
+		case "step_kind", "step_kinds":
+			ks, err := p.one(f, field, f.key == "step_kinds")
+			if err != nil {
+				return err
+			}
+			for _, k := range ks {
+				b := kindBit(k)
+				if b == 0 {
+					return p.errf(f.v, field, "unknown step kind %q (want tool_call, llm_call or local)", k)
+				}
+				r.kinds |= b
+			}
+		case "effect", "effects":
+			es, err := p.one(f, field, f.key == "effects")
+			if err != nil {
+				return err
+			}
+			for _, e := range es {
+				b := effectBit(e)
+				if b == 0 {
+					return p.errf(f.v, field, "unknown effect %q (want read_only, local_mutation, remote_mutation or destructive)", e)
+				}
+				r.effects |= b
+			}
+		case "arguments":
+			if err := p.arguments(r, f.v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (p *parser) arguments(r *rule, n *yaml.Node) error {
+	const field = "when.arguments"
+	fs, err := p.fields(n, field) // keys are argument paths: any
+	if err != nil {
+		return err
+	}
+	if len(fs) == 0 {
+		return p.errf(n, field, "empty (give at least one argument predicate, or remove arguments)")
+	}
+	for _, f := range fs {
+		sub := field + "." + f.key
+		path, err := parsePath(f.key)
+		if err != nil {
+			return p.errf(f.k, sub, "%w", err)
+		}
+		if isNull(f.v) {
+			return p.errf(f.v, sub, "empty predicate: give equals, contains, one_of or regex")
+		}
+		if f.v.Kind != yaml.MappingNode {
+			return p.errf(f.v, sub, "want a predicate (equals, contains, one_of or regex), got %s", describe(f.v))
+		}
+		ops, err := p.fields(f.v, sub, "equals", "contains", "one_of", "regex")
+		if err != nil {
+			return err
+		}
+		if len(ops) == 0 {
+			return p.errf(f.v, sub, "empty predicate: give equals, contains, one_of or regex")
+		}
+		pred := argPred{path: path}
+		for _, o := range ops {
+			compiled, err := p.operator(o)
+			if err != nil {
+				return p.wrap(o.v, sub, fmt.Errorf("%s: %w", o.key, err))
+			}
+			pred.ops = append(pred.ops, compiled)
+		}
+		r.args = append(r.args, pred)
+	}
+	return nil
+}
+
+// operator compiles one operator; its errors are bare reasons that the
+// caller prefixes with the operator's name.
+func (p *parser) operator(o kv) (op, error) {
+	switch o.key {
+	case "regex":
+		if o.v.Kind != yaml.ScalarNode || isNull(o.v) {
+			return op{}, fmt.Errorf("want a string, got %s", describe(o.v))
+		}
+		re, err := regexp.Compile(o.v.Value)
+		if err != nil {
+			return op{}, err
+		}
+		return op{kind: opRegex, re: re}, nil
+	case "one_of":
+		if o.v.Kind != yaml.SequenceNode {
+			return op{}, fmt.Errorf("want a list, got %s", describe(o.v))
+		}
+		if len(o.v.Content) == 0 {
+			return op{}, errors.New("empty list matches nothing")
+		}
+		out := op{kind: opOneOf}
+		for _, e := range o.v.Content {
+			v, err := operand(e)
+			if err != nil {
+				return op{}, err
+			}
+			out.set = append(out.set, v)
+		}
+		return out, nil
+	default: // equals, contains
+		v, err := operand(o.v)
+		if err != nil {
+			return op{}, err
+		}
+		k := opEquals
+		if o.key == "contains" {
+			k = opContains
+		}
+		return op{kind: k, val: v}, nil
+	}
+}
+
+// operand converts a YAML operand to a value, as bundle.JSONFromYAML maps
+// YAML to JSON.
+func operand(n *yaml.Node) (*value, error) {
+	raw, err := bundle.JSONFromYAML(n)
+	if err != nil {
+		var be *bundle.Error
+		if errors.As(err, &be) {
+			return nil, fmt.Errorf("line %d: %w", be.Line, be.Err)
+		}
+		return nil, err
+	}
+	return parseValue(raw)
+}
+
+// parsePath splits a dotted argument path ("a.b.0.c").
+func parsePath(s string) ([]pathSeg, error) {
+	if s == "" {
+		return nil, errors.New("empty argument path")
+	}
+	parts := strings.Split(s, ".")
+	out := make([]pathSeg, len(parts))
+	for i, part := range parts {
+		if part == "" {
+			return nil, fmt.Errorf("empty element in argument path %q", s)
+		}
+		out[i] = pathSeg{key: part, idx: -1}
+		if len(part) <= 9 && (part == "0" || part[0] != '0') {
+			if n, err := strconv.Atoi(part); err == nil && n >= 0 && part[0] != '+' {
+				out[i].idx = n
+			}
+		}
+	}
+	return out, nil
+}
+
+func (p *parser) then(r *rule, n *yaml.Node) error {
+	fs, err := p.fields(n, "then", "decision", "reason", "approval_config", "rate_limit")
+	if err != nil {
+		return err
+	}
+	d := policy.Decision{RuleID: r.id}
+	var approval, limit *yaml.Node
+	for _, f := range fs {
+		switch f.key {
+		case "decision":
+			s, err := p.nonEmpty(f.v, "then.decision")
+			if err != nil {
+				return err
+			}
+			d.Decision = policy.Action(s)
+			if !d.Decision.Valid() {
+				return p.errf(f.v, "then.decision", "unknown decision %q (want allow, deny, require_approval or abort)", s)
+			}
+		case "reason":
+			if d.Reason, err = p.str(f.v, "then.reason"); err != nil {
+				return err
+			}
+		case "approval_config":
+			approval = f.k
+			if d.Approval, err = p.approval(f.v); err != nil {
+				return err
+			}
+		case "rate_limit":
+			limit = f.k
+			if d.RateLimit, err = p.rateLimit(f.v); err != nil {
+				return err
+			}
+		}
+	}
+	if d.Decision == "" {
+		return p.errf(n, "then.decision", "required (allow, deny, require_approval or abort)")
+	}
+	if approval != nil && d.Decision != policy.RequireApproval {
+		return p.errf(approval, "then.approval_config", "only applies to decision require_approval (decision is %s)", d.Decision)
+	}
+	if limit != nil && d.Decision != policy.Allow && d.Decision != policy.RequireApproval {
+		return p.errf(limit, "then.rate_limit", "only applies to decisions allow and require_approval (decision is %s)", d.Decision)
+	}
+	r.decision = d
+	return nil
+}
+
+func (p *parser) approval(n *yaml.Node) (*policy.Approval, error) {
+	const field = "then.approval_config"
+	fs, err := p.fields(n, field, "approvers", "timeout", "message")
+	if err != nil {
+		return nil, err
+	}
+	a := &policy.Approval{}
+	for _, f := range fs {
+		sub := field + "." + f.key
+		switch f.key {
+		case "approvers":
+			if a.Approvers, err = p.strList(f.v, sub); err != nil {
+				return nil, err
+			}
+		case "timeout":
+			if a.Timeout, err = p.nonEmpty(f.v, sub); err != nil {
+				return nil, err
+			}
+			if d, err := time.ParseDuration(a.Timeout); err != nil || d <= 0 {
+				return nil, p.errf(f.v, sub, "must be a positive Go duration (e.g. 30m), got %q", a.Timeout)
+			}
+		case "message":
+			if a.Message, err = p.str(f.v, sub); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return a, nil
+}
+
+func (p *parser) rateLimit(n *yaml.Node) (*policy.RateLimit, error) {
+	const field = "then.rate_limit"
+	if isNull(n) {
+		return nil, p.errf(n, field, "empty (give at least max_calls and window)")
+	}
+	fs, err := p.fields(n, field, "max_calls", "window", "per", "algorithm", "on_limiter_error")
+	if err != nil {
+		return nil, err
+	}
+	rl := &policy.RateLimit{}
+	lines := make(map[string]*yaml.Node, len(fs))
+	for _, f := range fs {
+		sub := field + "." + f.key
+		lines[f.key] = f.v
+		switch f.key {
+		case "max_calls":
+			rl.MaxCalls, err = p.integer(f.v, sub)
+		case "window":
+			rl.Window, err = p.str(f.v, sub)
+		case "per":
+			rl.Per, err = p.str(f.v, sub)
+		case "algorithm":
+			rl.Algorithm, err = p.str(f.v, sub)
+		case "on_limiter_error":
+			rl.OnLimiterError, err = p.str(f.v, sub)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	if err := bundle.ValidateRateLimit(*rl); err != nil {
+		var be *bundle.Error
+		if errors.As(err, &be) {
+			at := lines[be.Field]
+			if at == nil {
+				at = n
+			}
+			return nil, p.wrap(at, field+"."+be.Field, be.Err)
+		}
+		return nil, p.wrap(n, field, err)
+	}
+	return rl, nil
+}
+
+// splitLine splits yaml.v3's "line N: reason" into N and reason; it returns
+// 0 and s unchanged when s has no such prefix.
+func splitLine(s string) (int, string) {
+	rest, ok := strings.CutPrefix(s, "line ")
+	if !ok {
+		return 0, s
+	}
+	num, reason, ok := strings.Cut(rest, ": ")
+	if !ok {
+		return 0, s
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n <= 0 {
+		return 0, s
+	}
+	return n, reason
+}

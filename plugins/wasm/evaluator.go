@@ -1,0 +1,343 @@
+package wasm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/wicket-run/wicket/kernel/policy"
+)
+
+// driver implements one ABI on top of a compiled module.
+type driver interface {
+	// instantiate creates and initialises one instance.
+	instantiate(ctx context.Context, ev *evaluator, out *outputs) (instance, error)
+	// close releases what the driver holds beyond the compiled module.
+	close(ctx context.Context) error
+}
+
+// instance is one instantiated module, used by one evaluation at a time.
+type instance interface {
+	// evaluate runs the policy on the input JSON. It returns the raw output
+	// (nil or "null" for no match). Errors from the wasm call are returned
+	// as *callError so they can be classified.
+	evaluate(ctx context.Context, input []byte) ([]byte, error)
+	// module is the instance whose memory holds the state (for diagnostics).
+	module() api.Module
+	outputs() *outputs
+	close(ctx context.Context) error
+}
+
+// callError wraps an error returned by a wasm function call.
+type callError struct {
+	fn  string
+	err error
+}
+
+func (e *callError) Error() string { return e.fn + ": " + e.err.Error() }
+func (e *callError) Unwrap() error { return e.err }
+
+// evaluator is one compiled bundle revision with its instance pool.
+type evaluator struct {
+	engine *Engine
+	rt     *sandboxRuntime
+	cm     wazero.CompiledModule
+	sb     *sandbox
+	ref    policy.BundleRef
+	drv    driver
+
+	// slots holds one token per live-or-being-created instance in use; its
+	// capacity is the pool size. idle holds instances not in use.
+	slots chan struct{}
+	idle  chan instance
+
+	closeOnce sync.Once
+	closed    atomic.Bool
+	// instances counts instantiations, for tests and diagnostics.
+	instances atomic.Int64
+}
+
+var _ policy.Evaluator = (*evaluator)(nil)
+
+// Evaluate runs the module on in. It borrows an instance from the pool
+// (creating one if fewer than the pool size exist, waiting otherwise), runs
+// it under the bundle's deadline and validates the output.
+//
+// # Errors
+//
+// Every error means the step must be denied; its text is the reason:
+// "wasm: evaluation timed out after 100ms", "wasm: trap: unreachable",
+// "wasm: output is not valid JSON: …" and so on (policy-sdk/ABI.md §3). The
+// instance that failed is closed, never returned to the pool.
+func (ev *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Decision, error) {
+	if in == nil {
+		return nil, errors.New("wasm: nil input")
+	}
+	input, err := json.Marshal(in)
+	if err != nil {
+		return nil, fmt.Errorf("wasm: encode input: %w", err)
+	}
+	inst, err := ev.acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	inst.outputs().stderr.reset()
+	cctx, cancel := context.WithTimeout(ctx, ev.sb.timeout)
+	out, err := inst.evaluate(cctx, input)
+	cancel()
+	if err != nil {
+		err = ev.explain(ctx, inst, err)
+		ev.discard(inst)
+		return nil, err
+	}
+	d, err := decodeOutput(out)
+	if err != nil {
+		ev.discard(inst)
+		return nil, err
+	}
+	ev.release(inst)
+	return d, nil
+}
+
+// acquire borrows an instance, creating one when the pool has room.
+func (ev *evaluator) acquire(ctx context.Context) (instance, error) {
+	if ev.closed.Load() {
+		return nil, errors.New("wasm: evaluator closed")
+	}
+	select {
+	case ev.slots <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wasm: waiting for a free instance: %w", ctx.Err())
+	}
+	select {
+	case inst := <-ev.idle:
+		return inst, nil
+	default:
+	}
+	inst, err := ev.instantiate(ctx)
+	if err != nil {
+		<-ev.slots
+		return nil, err
+	}
+	return inst, nil
+}
+
+// release returns a healthy instance to the pool.
+func (ev *evaluator) release(inst instance) {
+	if ev.closed.Load() {
+		_ = inst.close(context.Background())
+	} else {
+		ev.idle <- inst // never blocks: idle instances ≤ pool size
+		// Close may have drained idle between the check and the send.
+		if ev.closed.Load() {
+			ev.drain()
+		}
+	}
+	<-ev.slots
+}
+
+// discard closes a failed instance; the next evaluation creates a fresh one.
+func (ev *evaluator) discard(inst instance) {
+	_ = inst.close(context.Background())
+	<-ev.slots
+}
+
+// instantiate creates one instance under the instantiation deadline.
+func (ev *evaluator) instantiate(ctx context.Context) (instance, error) {
+	timeout := ev.sb.instantiateTimeout()
+	ictx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	out := ev.engine.newOutputs(ev.sb, ev.ref.Name, ev.ref.Revision)
+	inst, err := ev.drv.instantiate(ictx, ev, out)
+	if err != nil {
+		var exit *sys.ExitError
+		if errors.As(err, &exit) && exit.ExitCode() == sys.ExitCodeDeadlineExceeded && ctx.Err() == nil {
+			return nil, fmt.Errorf("wasm: instantiate: timed out after %s", timeout)
+		}
+		if errors.As(err, &exit) && exit.ExitCode() != sys.ExitCodeDeadlineExceeded && exit.ExitCode() != sys.ExitCodeContextCanceled {
+			msg := fmt.Sprintf("wasm: instantiate: module exited with code %d", exit.ExitCode())
+			if l := out.stderr.lastLine(); l != "" {
+				msg += ": " + l
+			}
+			return nil, errors.New(msg)
+		}
+		var ce *callError
+		if errors.As(err, &ce) {
+			return nil, fmt.Errorf("wasm: instantiate: %s: %s", ce.fn, describeCallError(ce.err))
+		}
+		return nil, fmt.Errorf("wasm: instantiate: %w", err)
+	}
+	ev.instances.Add(1)
+	return inst, nil
+}
+
+// explain turns an error from a wasm call into the reason a step is denied.
+func (ev *evaluator) explain(parent context.Context, inst instance, err error) error {
+	var ce *callError
+	if !errors.As(err, &ce) {
+		return err // already a complete "wasm: …" error
+	}
+	var exit *sys.ExitError
+	if errors.As(ce.err, &exit) {
+		switch exit.ExitCode() {
+		case sys.ExitCodeDeadlineExceeded, sys.ExitCodeContextCanceled:
+			if perr := parent.Err(); perr != nil {
+				return fmt.Errorf("wasm: evaluation cancelled: %w", perr)
+			}
+			return &timeoutError{after: ev.sb.timeout}
+		}
+	}
+	reason := describeCallError(ce.err)
+	if exit != nil {
+		if l := inst.outputs().stderr.lastLine(); l != "" {
+			reason += ": " + l
+		}
+	}
+	if mem := inst.module().Memory(); mem != nil && uint64(mem.Size()) >= uint64(ev.rt.pages)*65536 {
+		return fmt.Errorf("wasm: memory limit of %s exhausted: %s", pagesString(ev.rt.pages), reason)
+	}
+	return errors.New("wasm: " + reason)
+}
+
+// describeCallError summarises a wazero call error in one line: "trap: …",
+// "module exited with code N", or the host function's error.
+func describeCallError(err error) string {
+	var exit *sys.ExitError
+	if errors.As(err, &exit) {
+		return fmt.Sprintf("module exited with code %d", exit.ExitCode())
+	}
+	var abort *opaAbortError
+	if errors.As(err, &abort) {
+		return abort.Error()
+	}
+	msg := err.Error()
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i] // drop wazero's stack trace
+	}
+	if rest, ok := strings.CutPrefix(msg, "wasm error: "); ok {
+		return "trap: " + rest
+	}
+	return msg
+}
+
+// timeoutError reports that the per-evaluation deadline passed. It matches
+// context.DeadlineExceeded with errors.Is.
+type timeoutError struct{ after time.Duration }
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("wasm: evaluation timed out after %s", e.after)
+}
+
+func (e *timeoutError) Is(target error) bool { return target == context.DeadlineExceeded }
+
+func pagesString(pages uint32) string {
+	bytes := uint64(pages) * 65536
+	switch {
+	case bytes%(1<<20) == 0:
+		return fmt.Sprintf("%d pages (%d MiB)", pages, bytes>>20)
+	default:
+		return fmt.Sprintf("%d pages (%d KiB)", pages, bytes>>10)
+	}
+}
+
+// Close closes the idle instances and the compiled module; instances in use
+// are closed when their evaluation ends. Evaluate fails after Close.
+func (ev *evaluator) Close() error {
+	var err error
+	ev.closeOnce.Do(func() {
+		ev.closed.Store(true)
+		ev.drain()
+		ctx := context.Background()
+		err = errors.Join(ev.drv.close(ctx), ev.cm.Close(ctx))
+		if err != nil {
+			err = fmt.Errorf("wasm: close %s@%s: %w", ev.ref.Name, ev.ref.Revision, err)
+		}
+	})
+	return err
+}
+
+// drain closes every idle instance.
+func (ev *evaluator) drain() {
+	for {
+		select {
+		case inst := <-ev.idle:
+			_ = inst.close(context.Background())
+		default:
+			return
+		}
+	}
+}
+
+// decodeOutput validates a module's output as SPEC §5 output.
+func decodeOutput(out []byte) (*policy.Decision, error) {
+	trimmed := strings.TrimSpace(string(out))
+	if trimmed == "" || trimmed == "null" {
+		return nil, nil
+	}
+	if !json.Valid([]byte(trimmed)) {
+		return nil, fmt.Errorf("wasm: output is not valid JSON: %s", snippet(trimmed))
+	}
+	if trimmed[0] != '{' {
+		return nil, fmt.Errorf("wasm: output is not a decision: want a JSON object or null, got %s", snippet(trimmed))
+	}
+	var probe struct {
+		Error    *string         `json:"error"`
+		Decision json.RawMessage `json:"decision"`
+	}
+	if err := json.Unmarshal([]byte(trimmed), &probe); err != nil {
+		return nil, fmt.Errorf("wasm: output is not a decision: %w", err)
+	}
+	if probe.Error != nil {
+		if probe.Decision != nil {
+			return nil, fmt.Errorf("wasm: output is not a decision: has both error and decision")
+		}
+		return nil, fmt.Errorf("wasm: policy error: %s", clip(*probe.Error))
+	}
+	if probe.Decision == nil {
+		return nil, fmt.Errorf("wasm: output is not a decision: no decision field in %s", snippet(trimmed))
+	}
+	dec := json.NewDecoder(strings.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	var d policy.Decision
+	if err := dec.Decode(&d); err != nil {
+		return nil, fmt.Errorf("wasm: output is not a decision: %w", err)
+	}
+	if err := d.Validate(); err != nil {
+		return nil, fmt.Errorf("wasm: invalid decision: %w", err)
+	}
+	return &d, nil
+}
+
+// clip shortens untrusted text for an error message and drops control
+// characters.
+func clip(s string) string {
+	const max = 300
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > max {
+		s = s[:max] + "…"
+	}
+	return s
+}
+
+// snippet shortens untrusted text for an error message and quotes it.
+func snippet(s string) string {
+	const max = 120
+	if len(s) > max {
+		s = s[:max] + "…"
+	}
+	return fmt.Sprintf("%q", s)
+}

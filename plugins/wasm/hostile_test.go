@@ -1,0 +1,182 @@
+package wasm
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel/policy"
+	"github.com/wicket-run/wicket/plugins/bundle"
+)
+
+const goodAnswer = `{"decision":"allow","rule_id":"ok"}`
+
+// conditional is a module that misbehaves (runs bad as wicket_evaluate's
+// body) only when the input is longer than 1000 bytes, and otherwise answers
+// goodAnswer. A good evaluation after a bad one on the same evaluator shows
+// that the failed instance was replaced.
+func conditional(bad []byte) []byte {
+	const (
+		opIf   = 0x04
+		opEnd  = 0x0b
+		opI32G = 0x4b // i32.gt_u
+	)
+	body := cat(
+		[]byte{opLocalGet, 1}, i32Const(1000), []byte{opI32G, opIf, blockEmpty},
+		bad,
+		[]byte{opEnd},
+		outputAt(2048, uint32(len(goodAnswer))),
+	)
+	return rawModule(rawSpec{evaluate: body, data: []wasmData{{offset: 2048, bytes: []byte(goodAnswer)}}})
+}
+
+// bigInput is longer than conditional's threshold.
+func bigInput() *policy.Input {
+	return input("tool_call", "bad", "", map[string]any{"pad": strings.Repeat("x", 2000)})
+}
+
+func smallInput() *policy.Input { return input("tool_call", "good", "", nil) }
+
+// Bodies of misbehaving evaluations. Each leaves a value-polymorphic stack
+// (ends in unreachable or an unconditional branch) so it type-checks inside
+// the if.
+var (
+	infiniteLoop = []byte{opLoop, blockEmpty, opBr, 0, 0x0b, opUnreachable}
+	// memoryBomb grows memory a page at a time until memory.grow fails, then traps.
+	memoryBomb = cat(
+		[]byte{opBlock, blockEmpty, opLoop, blockEmpty},
+		i32Const(1), []byte{opMemoryGrow, 0}, i32Const(-1), []byte{opI32Eq, opBrIf, 1, opBr, 0, 0x0b, 0x0b},
+		[]byte{opUnreachable},
+	)
+	trap = []byte{opUnreachable}
+	// recurse calls wicket_evaluate (function 1) forever.
+	recurse = []byte{opLocalGet, 0, opLocalGet, 1, opCall, 1, 0x0f /* return */}
+	// answerAt returns output at ptr/len.
+	answerAt = func(ptr, n uint32) []byte { return cat(outputAt(ptr, n), []byte{0x0f}) }
+)
+
+func TestHostileModules(t *testing.T) {
+	garbage := func(s string) ([]byte, []wasmData) {
+		return answerAt(4096, uint32(len(s))), []wasmData{{offset: 4096, bytes: []byte(s)}}
+	}
+	type hostile struct {
+		name string
+		bad  []byte
+		data []wasmData
+		sb   bundle.Sandbox
+		want string
+	}
+	cases := []hostile{
+		{name: "infinite loop", bad: infiniteLoop, want: "wasm: evaluation timed out after 100ms"},
+		{name: "memory bomb", bad: memoryBomb, sb: bundle.Sandbox{MemoryPages: 32},
+			want: "wasm: memory limit of 32 pages (2 MiB) exhausted: trap: unreachable"},
+		{name: "trap", bad: trap, want: "wasm: trap: unreachable"},
+		{name: "stack overflow", bad: recurse, want: "wasm: trap: stack overflow"},
+		{name: "output out of bounds", bad: answerAt(0xffff0000, 100), want: "wasm: output out of bounds: ptr=4294901760 len=100 memory=65536 bytes"},
+		{name: "output too large", bad: answerAt(0, 2<<20), want: "wasm: output too large: 2097152 bytes"},
+	}
+	for _, g := range []struct{ name, out, want string }{
+		{"not json", "not json", `wasm: output is not valid JSON: "not json"`},
+		{"truncated json", `{"decision":"allow"`, `wasm: output is not valid JSON`},
+		{"unknown decision", `{"decision":"maybe"}`, `wasm: invalid decision: unknown decision "maybe"`},
+		{"array", `[1,2]`, `wasm: output is not a decision: want a JSON object or null, got "[1,2]"`},
+		{"no decision", `{"reason":"x"}`, `wasm: output is not a decision: no decision field`},
+		{"misspelt field", `{"decision":"allow","reson":"x"}`, `wasm: output is not a decision: json: unknown field "reson"`},
+		{"wrong type", `{"decision":7}`, `wasm: output is not a decision: json: cannot unmarshal number`},
+		{"bad rate limit", `{"decision":"allow","rate_limit":{"max_calls":0,"window":"1m"}}`, `wasm: invalid decision: rate_limit.max_calls must be > 0`},
+		{"policy error", `{"error":"cannot read\nconfig"}`, `wasm: policy error: cannot read config`},
+	} {
+		bad, data := garbage(g.out)
+		cases = append(cases, hostile{name: g.name, bad: bad, data: data, want: g.want})
+	}
+
+	e := newEngine(t, Config{PoolSize: 2})
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			mod := conditional(c.bad)
+			if c.data != nil {
+				mod = rawModule(rawSpec{
+					evaluate: cat([]byte{opLocalGet, 1}, i32Const(1000), []byte{0x4b, 0x04, blockEmpty}, c.bad, []byte{0x0b},
+						outputAt(2048, uint32(len(goodAnswer)))),
+					data: append([]wasmData{{offset: 2048, bytes: []byte(goodAnswer)}}, c.data...),
+				})
+			}
+			ev := compile(t, e, newBundle("hostile", mod, c.sb))
+			wantDecision(t, ev, smallInput(), policy.Allow, "ok")
+			before := ev.instances.Load()
+			wantError(t, ev, bigInput(), c.want)
+			// The failed instance is gone: the next evaluation works, on a new instance.
+			wantDecision(t, ev, smallInput(), policy.Allow, "ok")
+			if got := ev.instances.Load(); got != before+1 {
+				t.Errorf("instances after failure = %d, want %d (a fresh one)", got, before+1)
+			}
+			// And the engine serves other bundles.
+			other := compile(t, e, newBundle("c", cPolicy(t), bundle.Sandbox{}))
+			wantDecision(t, other, sdkCases[0].in, sdkCases[0].action, sdkCases[0].rule)
+		})
+	}
+}
+
+func TestTimeoutIsDeadlineExceeded(t *testing.T) {
+	ev := compile(t, newEngine(t, Config{DefaultTimeout: 50 * time.Millisecond}), newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{}))
+	err := wantError(t, ev, bigInput(), "wasm: evaluation timed out after 50ms")
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("errors.Is(%v, context.DeadlineExceeded) = false", err)
+	}
+	// A caller's own deadline is reported as cancellation, not as the module's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	ev2 := compile(t, newEngine(t, Config{DefaultTimeout: 10 * time.Second}), newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{}))
+	if _, err := ev2.Evaluate(ctx, bigInput()); err == nil || !strings.Contains(err.Error(), "wasm: evaluation cancelled: context deadline exceeded") {
+		t.Fatalf("caller deadline: %v", err)
+	}
+}
+
+func TestAllocFailures(t *testing.T) {
+	e := newEngine(t, Config{})
+	for _, c := range []struct {
+		name  string
+		alloc []byte
+		want  string
+	}{
+		{"alloc returns 0", i32Const(0), "wasm: wicket_alloc("},
+		{"alloc out of bounds", i32Const(0x7fffff00), "returned out-of-bounds pointer 2147483392 (memory is 65536 bytes)"},
+		{"alloc traps", []byte{opUnreachable}, "wasm: trap: unreachable"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ev := compile(t, e, newBundle("alloc", rawModule(rawSpec{alloc: c.alloc, evaluate: outputAt(0, 0)}), bundle.Sandbox{}))
+			wantError(t, ev, smallInput(), c.want)
+		})
+	}
+}
+
+// TestMemoryCapPerBundle runs the same module under two caps in one engine:
+// each bundle gets its own limit.
+func TestMemoryCapPerBundle(t *testing.T) {
+	e := newEngine(t, Config{})
+	mod := conditional(memoryBomb)
+	small := compile(t, e, newBundle("small", mod, bundle.Sandbox{MemoryPages: 8}))
+	large := compile(t, e, newBundle("large", mod, bundle.Sandbox{MemoryPages: 64}))
+	def := compile(t, e, newBundle("default", mod, bundle.Sandbox{}))
+	wantError(t, small, bigInput(), "memory limit of 8 pages (512 KiB) exhausted")
+	wantError(t, large, bigInput(), "memory limit of 64 pages (4 MiB) exhausted")
+	wantError(t, def, bigInput(), "memory limit of 256 pages (16 MiB) exhausted")
+	wantError(t, small, bigInput(), "memory limit of 8 pages (512 KiB) exhausted")
+}
+
+func TestGoHostile(t *testing.T) {
+	e := newEngine(t, Config{})
+	ev := compile(t, e, newBundle("go", goPolicy(t), bundle.Sandbox{Timeout: "500ms", MemoryPages: 128}))
+	good := func() { wantDecision(t, ev, sdkCases[0].in, sdkCases[0].action, sdkCases[0].rule) }
+	good()
+	wantError(t, ev, input("tool_call", "test.loop", "", nil), "wasm: evaluation timed out after 500ms")
+	good()
+	err := wantError(t, ev, input("tool_call", "test.bomb", "", nil), "wasm: ")
+	t.Logf("Go memory bomb: %v", err)
+	if !strings.Contains(err.Error(), "memory") {
+		t.Errorf("Go memory bomb: %q does not mention memory", err)
+	}
+	good()
+}

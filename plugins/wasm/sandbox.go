@@ -1,0 +1,220 @@
+package wasm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+
+	"github.com/wicket-run/wicket/plugins/bundle"
+)
+
+// Grants a manifest may list under sandbox.grants.
+const (
+	// GrantClock gives the module the host's wall clock, monotonic clock and sleep.
+	GrantClock = "clock"
+	// GrantRandom makes random_get read crypto/rand instead of a fixed seed.
+	GrantRandom = "random"
+	// GrantEnv exposes Config.Env as environment variables.
+	GrantEnv = "env"
+	// GrantStdout sends module stdout and stderr to Config.Logger.
+	GrantStdout = "stdout"
+)
+
+// wasiModule is the only host module a Wicket-ABI module may import from.
+const wasiModule = "wasi_snapshot_preview1"
+
+// sandbox is a bundle's effective sandbox: manifest values with engine
+// defaults applied.
+type sandbox struct {
+	abi     string
+	pages   uint32
+	timeout time.Duration
+	grants  map[string]bool
+}
+
+func (s *sandbox) granted(g string) bool { return s.grants[g] }
+
+// instantiateTimeout bounds instantiation, including _initialize.
+func (s *sandbox) instantiateTimeout() time.Duration {
+	return max(10*s.timeout, minInstantiateTimeout)
+}
+
+// sandboxFor validates the manifest's ABI and sandbox section.
+func (e *Engine) sandboxFor(m *bundle.Manifest) (*sandbox, error) {
+	s := &sandbox{abi: m.ABI, pages: e.cfg.DefaultMemoryPages, timeout: e.cfg.DefaultTimeout, grants: map[string]bool{}}
+	switch s.abi {
+	case "":
+		s.abi = bundle.ABIWicket
+	case bundle.ABIWicket, bundle.ABIOPA:
+	default:
+		return nil, fmt.Errorf("wasm: unknown abi %q (want %q or %q)", m.ABI, bundle.ABIWicket, bundle.ABIOPA)
+	}
+	if p := m.Sandbox.MemoryPages; p != 0 {
+		if p > MaxMemoryPages {
+			return nil, fmt.Errorf("wasm: sandbox.memory_pages %d exceeds %d (4 GiB)", p, MaxMemoryPages)
+		}
+		s.pages = p
+	}
+	if t := m.Sandbox.Timeout; t != "" {
+		d, err := time.ParseDuration(t)
+		if err != nil {
+			return nil, fmt.Errorf("wasm: sandbox.timeout: %w", err)
+		}
+		if d <= 0 {
+			return nil, fmt.Errorf("wasm: sandbox.timeout must be positive, got %q", t)
+		}
+		s.timeout = d
+	}
+	for _, g := range m.Sandbox.Grants {
+		switch g {
+		case GrantClock, GrantRandom, GrantEnv, GrantStdout:
+			s.grants[g] = true
+		default:
+			return nil, fmt.Errorf("wasm: unknown sandbox grant %q (known: clock, random, env, stdout)", g)
+		}
+	}
+	return s, nil
+}
+
+// moduleConfig returns the WASI configuration for one instance. stdout and
+// stderr are the instance's writers.
+func (e *Engine) moduleConfig(s *sandbox, stdout, stderr io.Writer) wazero.ModuleConfig {
+	// wazero's defaults already grant nothing: no args, env or preopens, an
+	// empty stdin, a fake clock that advances 1ms per read, no-op sleep and a
+	// fixed-seed random source. Spell out what the grants change.
+	mc := wazero.NewModuleConfig().
+		WithName(""). // anonymous: many instances of one module may coexist
+		WithStartFunctions("_initialize").
+		WithStdout(stdout).
+		WithStderr(stderr)
+	if s.granted(GrantClock) {
+		mc = mc.WithSysWalltime().WithSysNanotime().WithSysNanosleep()
+	}
+	if s.granted(GrantRandom) {
+		mc = mc.WithRandSource(rand.Reader)
+	}
+	if s.granted(GrantEnv) {
+		keys := make([]string, 0, len(e.cfg.Env))
+		for k := range e.cfg.Env {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			mc = mc.WithEnv(k, e.cfg.Env[k])
+		}
+	}
+	return mc
+}
+
+// outputs are one instance's stdout and stderr writers. stderr always keeps
+// a short tail for error reasons; both reach the log only with the stdout
+// grant.
+type outputs struct {
+	stdout io.Writer
+	stderr *tailWriter
+}
+
+func (e *Engine) newOutputs(s *sandbox, name, revision string) *outputs {
+	o := &outputs{stdout: io.Discard, stderr: &tailWriter{}}
+	if s.granted(GrantStdout) {
+		log := e.cfg.Logger.With("bundle", name, "revision", revision)
+		o.stdout = &lineLogger{log: log, stream: "stdout"}
+		o.stderr.next = &lineLogger{log: log, stream: "stderr"}
+	}
+	return o
+}
+
+// tailWriter keeps the last bytes written to it (for error reasons) and
+// forwards everything to next, if set.
+type tailWriter struct {
+	mu   sync.Mutex
+	buf  []byte
+	next io.Writer
+}
+
+const tailKeep = 4096
+
+func (w *tailWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	w.buf = append(w.buf, p...)
+	if len(w.buf) > tailKeep {
+		w.buf = append(w.buf[:0], w.buf[len(w.buf)-tailKeep:]...)
+	}
+	w.mu.Unlock()
+	if w.next != nil {
+		_, _ = w.next.Write(p)
+	}
+	return len(p), nil
+}
+
+// reset forgets what was written.
+func (w *tailWriter) reset() {
+	w.mu.Lock()
+	w.buf = w.buf[:0]
+	w.mu.Unlock()
+}
+
+// lastLine returns the last non-empty line written, at most 200 bytes,
+// with control characters removed.
+func (w *tailWriter) lastLine() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	lines := strings.Split(strings.TrimSpace(string(w.buf)), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.Map(func(r rune) rune {
+			if r < 0x20 || r == 0x7f {
+				return -1
+			}
+			return r
+		}, lines[i])
+		l = strings.TrimSpace(l)
+		if l == "" {
+			continue
+		}
+		if len(l) > 200 {
+			l = l[:200] + "…"
+		}
+		return l
+	}
+	return ""
+}
+
+// lineLogger writes each complete line as one log record.
+type lineLogger struct {
+	log    *slog.Logger
+	stream string
+	buf    []byte
+}
+
+const maxLogLine = 4096
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.buf = append(l.buf, p...)
+	for {
+		i := bytes.IndexByte(l.buf, '\n')
+		if i < 0 {
+			if len(l.buf) >= maxLogLine {
+				l.emit(l.buf[:maxLogLine])
+				l.buf = append(l.buf[:0], l.buf[maxLogLine:]...)
+				continue
+			}
+			return len(p), nil
+		}
+		l.emit(l.buf[:i])
+		l.buf = append(l.buf[:0], l.buf[i+1:]...)
+	}
+}
+
+func (l *lineLogger) emit(line []byte) {
+	l.log.LogAttrs(context.Background(), slog.LevelInfo, "wasm policy output",
+		slog.String("stream", l.stream), slog.String("line", string(line)))
+}

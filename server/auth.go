@@ -1,0 +1,204 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/gorilla/mux"
+
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/server/wire"
+)
+
+// PrincipalKind is who a request acts as.
+type PrincipalKind string
+
+// Principal kinds. The first three are the roles of bearer keys.
+const (
+	// PrincipalAdmin administers the whole kernel and may name ?tenant=.
+	PrincipalAdmin PrincipalKind = kernel.RoleAdmin
+	// PrincipalTenantAdmin administers one tenant.
+	PrincipalTenantAdmin PrincipalKind = kernel.RoleTenantAdmin
+	// PrincipalClient runs and reads executions of one tenant.
+	PrincipalClient PrincipalKind = kernel.RoleClient
+	// PrincipalAgent is an agent that signed its request; it may touch only
+	// its own executions.
+	PrincipalAgent PrincipalKind = "agent"
+)
+
+// Principal is the authenticated caller of a request.
+type Principal struct {
+	Kind PrincipalKind
+	// Tenant is the key's tenant, or for an agent the execution's.
+	Tenant string
+	// AgentID is set for agents.
+	AgentID string
+	// KeyID is the id of the bearer key ("admin-key" for Config.AdminKey,
+	// "auth-disabled" when authentication is off).
+	KeyID string
+	// Name is the key's principal (who holds it), or the agent id.
+	Name string
+}
+
+// String names the principal in logs.
+func (p Principal) String() string {
+	if p.Kind == PrincipalAgent {
+		return "agent:" + p.Tenant + "/" + p.AgentID
+	}
+	return string(p.Kind) + ":" + p.Tenant + "/" + p.KeyID
+}
+
+func (p Principal) bearer() bool { return p.Kind != PrincipalAgent }
+
+func sha256Sum(s string) [32]byte { return sha256.Sum256([]byte(s)) }
+
+// authenticate establishes c.p and c.tenant from the request's credentials.
+// It is the only place credentials are read.
+//
+// Agent credentials (Rebuno-Agent-Id) are used on routes that admit agents;
+// otherwise a bearer key; otherwise, with Config.AuthDisabled and on a route
+// that admits bearer principals, the request acts as admin.
+func (s *Server) authenticate(c *call, cl class) error {
+	r := c.r
+	agentID := r.Header.Get(wire.HeaderAgentID)
+	authz := r.Header.Get("Authorization")
+	switch {
+	case agentID != "" && (cl == classAgent || cl == classExecRead) && authz == "":
+		return s.authenticateAgent(c, agentID)
+	case authz != "":
+		if err := s.authenticateBearer(c, authz); err != nil {
+			return err
+		}
+	case s.cfg.AuthDisabled && cl != classAgent:
+		c.p = Principal{Kind: PrincipalAdmin, Tenant: kernel.DefaultTenant, KeyID: "auth-disabled", Name: "admin"}
+	case cl == classAgent:
+		return errorf(kernel.CodeUnauthenticated, "this route needs an agent signature (%s and %s)", wire.HeaderAgentID, wire.HeaderSignature)
+	default:
+		return errorf(kernel.CodeUnauthenticated, "missing credentials: send Authorization: Bearer <api key>")
+	}
+	// A bearer principal acts in its key's tenant; admins may name another.
+	c.tenant = c.p.Tenant
+	if t := r.URL.Query().Get("tenant"); t != "" && t != c.p.Tenant {
+		if c.p.Kind != PrincipalAdmin {
+			return errorf(kernel.CodeForbidden, "only admin keys may name ?tenant=")
+		}
+		if !kernel.ValidID(t) {
+			return errorf(kernel.CodeValidation, "tenant %q is invalid", t)
+		}
+		c.tenant = t
+	}
+	return nil
+}
+
+// authenticateBearer checks a bearer key: the configured admin key, then
+// the kernel's stored keys.
+func (s *Server) authenticateBearer(c *call, authz string) error {
+	scheme, token, ok := strings.Cut(authz, " ")
+	token = strings.TrimSpace(token)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
+		return errorf(kernel.CodeUnauthenticated, `the Authorization header must be "Bearer <api key>"`)
+	}
+	if s.cfg.AdminKey != "" {
+		h := sha256Sum(token)
+		if subtle.ConstantTimeCompare(h[:], s.adminHash[:]) == 1 {
+			c.p = Principal{Kind: PrincipalAdmin, Tenant: kernel.DefaultTenant, KeyID: "admin-key", Name: "admin"}
+			return nil
+		}
+	}
+	key, err := s.k.AuthenticateKey(c.ctx, token)
+	if err != nil {
+		if kernel.CodeOf(err) == kernel.CodeUnauthenticated {
+			return errorf(kernel.CodeUnauthenticated, "invalid API key")
+		}
+		return err
+	}
+	switch key.Role {
+	case kernel.RoleAdmin, kernel.RoleTenantAdmin, kernel.RoleClient:
+	default:
+		return errorf(kernel.CodeForbidden, "API key %s has unknown role %q", key.ID, key.Role)
+	}
+	c.p = Principal{Kind: PrincipalKind(key.Role), Tenant: key.Tenant, KeyID: key.ID, Name: key.Principal}
+	return nil
+}
+
+// authenticateAgent checks an agent's signature over the raw body. The
+// execution in the path fixes the tenant; an agent that is not the
+// execution's own gets not_found, like an unknown execution.
+func (s *Server) authenticateAgent(c *call, agentID string) error {
+	sig := c.r.Header.Get(wire.HeaderSignature)
+	if sig == "" {
+		return errorf(kernel.CodeUnauthenticated, "missing %s", wire.HeaderSignature)
+	}
+	id := mux.Vars(c.r)["id"]
+	tenant, owner, err := s.k.ExecutionOwner(c.ctx, id)
+	if err != nil {
+		return err
+	}
+	if owner != agentID {
+		return errorf(kernel.CodeNotFound, "execution %s not found", id)
+	}
+	a, err := s.k.Agent(c.ctx, tenant, agentID)
+	if err != nil {
+		if kernel.CodeOf(err) == kernel.CodeNotFound {
+			return errorf(kernel.CodeUnauthenticated, "agent %s is not registered", agentID)
+		}
+		return err
+	}
+	if !wire.Verify([]byte(a.Secret), c.body, sig) {
+		return errorf(kernel.CodeUnauthenticated, "%s does not match the request body", wire.HeaderSignature)
+	}
+	c.p = Principal{Kind: PrincipalAgent, Tenant: tenant, AgentID: agentID, Name: agentID}
+	c.tenant = tenant
+	return nil
+}
+
+// authorize checks c.p against the route's class. It is the only place
+// roles are checked.
+func (s *Server) authorize(c *call, cl class) error {
+	p := c.p
+	switch cl {
+	case classOpen, classExecRead:
+		return nil
+	case classClient:
+		if p.bearer() {
+			return nil
+		}
+	case classAdmin:
+		if p.Kind == PrincipalAdmin || p.Kind == PrincipalTenantAdmin {
+			return nil
+		}
+		if p.bearer() {
+			return errorf(kernel.CodeForbidden, "this route needs a tenant-admin or admin key; this key is %s", p.Kind)
+		}
+	case classTenants:
+		if p.Kind == PrincipalAdmin {
+			return nil
+		}
+		if p.bearer() {
+			return errorf(kernel.CodeForbidden, "this route needs an admin key; this key is %s", p.Kind)
+		}
+	case classAgent:
+		if p.Kind == PrincipalAgent {
+			return nil
+		}
+		return errorf(kernel.CodeForbidden, "this route is for the execution's agent (%s and %s)", wire.HeaderAgentID, wire.HeaderSignature)
+	}
+	return errorf(kernel.CodeForbidden, "agents may not call this route")
+}
+
+// leaseOf reads the caller's lease from the dispatch headers.
+func leaseOf(r *http.Request) (kernel.Lease, error) {
+	id := r.Header.Get(wire.HeaderDispatchID)
+	at := r.Header.Get(wire.HeaderDispatchAttempt)
+	if id == "" || at == "" {
+		return kernel.Lease{}, errorf(kernel.CodeValidation, "%s and %s are required on agent mutations", wire.HeaderDispatchID, wire.HeaderDispatchAttempt)
+	}
+	n, err := strconv.Atoi(at)
+	if err != nil || n < 1 {
+		return kernel.Lease{}, errorf(kernel.CodeValidation, "%s must be a positive integer, got %q", wire.HeaderDispatchAttempt, at)
+	}
+	return kernel.Lease{DispatchID: id, Attempt: n}, nil
+}

@@ -1,0 +1,157 @@
+package server
+
+import (
+	"bytes"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/wicket-run/wicket/server/wire"
+)
+
+func TestDecode(t *testing.T) {
+	type inner struct {
+		B int `json:"b"`
+	}
+	type req struct {
+		A string          `json:"a"`
+		N int             `json:"n"`
+		I inner           `json:"i"`
+		L []int           `json:"l"`
+		M map[string]bool `json:"m"`
+	}
+	tests := []struct {
+		name    string
+		body    string
+		wantErr string // "" = ok; otherwise a substring of the message
+	}{
+		{"object", `{"a":"x","n":1}`, ""},
+		{"empty body is {}", ``, ""},
+		{"whitespace body is {}", " \n ", ""},
+		{"unknown fields ignored", `{"a":"x","future":{"z":[1,2]}}`, ""},
+		{"escaped duplicate keys", `{"a":"x","\u0062":1,"b":2}`, `duplicate key "b"`},
+		{"trailing whitespace", "{\"a\":\"x\"}\n\t ", ""},
+		{"array", `[1,2]`, "must be a JSON object, got an array"},
+		{"string", `"x"`, "must be a JSON object, got a string"},
+		{"number", `12`, "must be a JSON object, got a number"},
+		{"null", `null`, "must be a JSON object, got null"},
+		{"malformed", `{"a":}`, "malformed JSON at byte offset"},
+		{"truncated", `{"a":"x"`, "unexpected end"},
+		{"trailing data", `{"a":"x"} {"a":"y"}`, "unexpected data after the top-level object"},
+		{"trailing garbage", `{"a":"x"}x`, "unexpected data after the top-level object"},
+		{"duplicate top-level key", `{"a":"x","a":"y"}`, `duplicate key "a" in the top-level object`},
+		{"duplicate via escape", `{"a":"x","\u0061":"y"}`, `duplicate key "a"`},
+		{"duplicate nested", `{"i":{"b":1,"b":2}}`, `duplicate key "b" in i`},
+		{"duplicate in array", `{"l":[1],"m":{},"x":[{"k":1},{"k":1,"k":2}]}`, `duplicate key "k" in x[1]`},
+		{"wrong type", `{"n":"one"}`, "field n: expected an integer, got JSON string"},
+		{"wrong nested type", `{"i":{"b":true}}`, "field i.b: expected an integer, got JSON bool"},
+		{"invalid utf-8", "{\"a\":\"\xff\"}", "not valid UTF-8"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var r req
+			err := decode([]byte(tc.body), &r)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("decode: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestDuplicateKeysManyKeys(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := 0; i < 100; i++ {
+		b.WriteString(`"k` + string(rune('a'+i%26)) + string(rune('a'+i/26)) + `":1,`)
+	}
+	b.WriteString(`"ka":2}`) // "ka" alone is new; "kaa" exists
+	if err := checkDuplicateKeys([]byte(b.String())); err != nil {
+		t.Fatalf("no duplicate expected: %v", err)
+	}
+	dup := strings.TrimSuffix(b.String(), `"ka":2}`) + `"kza":2}`
+	if err := checkDuplicateKeys([]byte(dup)); err == nil {
+		t.Fatal("duplicate among many keys not found")
+	}
+}
+
+// TestMalformedBodies drives the strict decoding through the HTTP routes.
+func TestMalformedBodies(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("bot")
+	steps := "/v0/executions/" + r.id + "/steps"
+	deep := `{"kind":"tool_call","target":"t","args":` + strings.Repeat("[", 300) + strings.Repeat("]", 300) + `}`
+	tests := []struct {
+		name string
+		body string
+		want string
+	}{
+		{"malformed JSON", `{"kind":"tool_call",`, "malformed JSON"},
+		{"not an object", `["tool_call"]`, "must be a JSON object"},
+		{"trailing data", `{"kind":"local","target":"t"}{}`, "unexpected data after"},
+		{"duplicate top-level key", `{"kind":"local","kind":"tool_call","target":"t"}`, `duplicate key "kind"`},
+		{"duplicate key in args", `{"kind":"tool_call","target":"t","args":{"to":"alice","to":"mallory"}}`, `duplicate key "to" in args`},
+		{"deep nesting in args", deep, "nesting too deep"},
+		{"args not JSON", `{"kind":"tool_call","target":"t","args":NaN}`, "malformed JSON"},
+		{"lone surrogate in args", `{"kind":"tool_call","target":"t","args":"\ud800"}`, "surrogate"},
+		{"huge number literal in args", `{"kind":"tool_call","target":"t","args":` + strings.Repeat("9", 300) + `}`, "number literal too long"},
+		{"kind wrong type", `{"kind":1,"target":"t"}`, "field kind: expected a string"},
+		{"bad kind", `{"kind":"shell","target":"t"}`, `kind "shell" is invalid`},
+		{"no target", `{"kind":"local"}`, "target is required"},
+		{"bad effect", `{"kind":"local","target":"t","effect":"nuclear"}`, "effect"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			body := e.agent(r.as, "POST", steps, rawBody(tc.body)).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+			if !strings.Contains(body.Message, tc.want) {
+				t.Fatalf("message %q does not say %q", body.Message, tc.want)
+			}
+		})
+	}
+	// None of them recorded a step.
+	var l wire.StepList
+	e.admin("GET", steps, nil).want(t, http.StatusOK).decode(t, &l)
+	if len(l.Steps) != 0 {
+		t.Fatalf("steps recorded: %+v", l)
+	}
+	// Client routes decode the same way.
+	e.admin("POST", "/v0/executions", rawBody(`{"agent_id":"bot"`)).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	e.admin("POST", "/v0/executions", rawBody(`"bot"`)).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+}
+
+func TestBodyTooLarge(t *testing.T) {
+	e := newEnv(t, func(o *envOpts) { o.scfg.MaxBodyBytes = 4096 })
+	r := e.start("bot")
+	big := `{"kind":"tool_call","target":"t","args":"` + strings.Repeat("x", 5000) + `"}`
+	// Agent route: the body is read (and refused) before the signature is checked.
+	e.agent(r.as, "POST", "/v0/executions/"+r.id+"/steps", rawBody(big)).wantErr(t, http.StatusRequestEntityTooLarge, wire.CodeTooLarge)
+	e.admin("POST", "/v0/executions", rawBody(big)).wantErr(t, http.StatusRequestEntityTooLarge, wire.CodeTooLarge)
+	// Without a Content-Length (chunked), MaxBytesReader catches it.
+	req, _ := http.NewRequest("POST", e.ts.URL+"/v0/executions", struct{ *bytes.Reader }{bytes.NewReader([]byte(big))})
+	req.Header.Set("Authorization", "Bearer "+testAdminKey)
+	res, err := e.ts.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("chunked: status %d", res.StatusCode)
+	}
+	// Exactly at the limit is fine (and then merely a bad request).
+	atLimit := `{"agent_id":"ghost","input":"` + strings.Repeat("x", 4096-len(`{"agent_id":"ghost","input":""}`)) + `"}`
+	if len(atLimit) != 4096 {
+		t.Fatalf("len %d", len(atLimit))
+	}
+	e.admin("POST", "/v0/executions", rawBody(atLimit)).wantErr(t, http.StatusNotFound, wire.CodeNotFound)
+}
+
+func TestDefaultBodyLimit(t *testing.T) {
+	e := newEnv(t)
+	big := `{"agent_id":"bot","input":"` + strings.Repeat("x", 1<<20) + `"}`
+	e.admin("POST", "/v0/executions", rawBody(big)).wantErr(t, http.StatusRequestEntityTooLarge, wire.CodeTooLarge)
+}

@@ -1,0 +1,110 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/server/wire"
+)
+
+// statuses maps every error code to its HTTP status: the one table of the
+// server (SPEC §3). A code missing here is answered as internal.
+var statuses = map[string]int{
+	kernel.CodeValidation:      http.StatusBadRequest,
+	kernel.CodeUnauthenticated: http.StatusUnauthorized,
+	kernel.CodeForbidden:       http.StatusForbidden,
+	kernel.CodeNotFound:        http.StatusNotFound,
+	kernel.CodeConflict:        http.StatusConflict,
+	kernel.CodeLeaseSuperseded: http.StatusConflict,
+	kernel.CodeTooLarge:        http.StatusRequestEntityTooLarge,
+	kernel.CodeRateLimited:     http.StatusTooManyRequests,
+	kernel.CodeInternal:        http.StatusInternalServerError,
+	kernel.CodeUnavailable:     http.StatusServiceUnavailable,
+}
+
+// statusOf returns the HTTP status of an error code (500 for unknown codes).
+func statusOf(code string) int {
+	if st, ok := statuses[code]; ok {
+		return st
+	}
+	return http.StatusInternalServerError
+}
+
+// errorBody turns err into the envelope it is answered with. Internal errors
+// (and codes the table does not know) are answered "internal error"; their
+// text is only logged.
+func errorBody(err error) (int, wire.ErrorBody, bool) {
+	var ke *kernel.Error
+	if !errors.As(err, &ke) {
+		return http.StatusInternalServerError, wire.ErrorBody{Code: wire.CodeInternal, Message: "internal error"}, true
+	}
+	st, known := statuses[ke.Code]
+	if !known || ke.Code == kernel.CodeInternal {
+		return http.StatusInternalServerError, wire.ErrorBody{Code: wire.CodeInternal, Message: "internal error"}, true
+	}
+	return st, wire.ErrorBody{Code: ke.Code, Message: ke.Message, Details: ke.Details}, false
+}
+
+// writeError answers err as an error envelope; internal errors are logged.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	st, body, internal := errorBody(err)
+	if internal {
+		if r.Context().Err() != nil {
+			s.log.Debug("request ended by the client", "method", r.Method, "path", r.URL.Path, "err", err)
+		} else {
+			s.log.Error("internal error", "method", r.Method, "path", r.URL.Path, "err", err)
+		}
+	}
+	if st == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="wicket"`)
+	}
+	s.writeJSON(w, st, body)
+}
+
+// writeJSON answers v as JSON with status st.
+func (s *Server) writeJSON(w http.ResponseWriter, st int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		s.log.Error("encode response", "err", err)
+		st = http.StatusInternalServerError
+		b = []byte(`{"code":"internal","message":"internal error"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(st)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// errorf is a shorthand for a *kernel.Error with a formatted message.
+func errorf(code, format string, args ...any) error {
+	return &kernel.Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// readBody reads the whole body, at most limit bytes; more is too_large.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge(limit)
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge(limit)
+		}
+		return nil, errorf(kernel.CodeValidation, "cannot read request body: %v", err)
+	}
+	return b, nil
+}
+
+func tooLarge(limit int64) error {
+	return (&kernel.Error{Code: kernel.CodeTooLarge, Message: fmt.Sprintf("request body is larger than %d bytes", limit)}).
+		WithDetails(map[string]any{"limit_bytes": limit})
+}

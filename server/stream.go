@@ -1,0 +1,191 @@
+package server
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/server/wire"
+)
+
+// hub fans step deltas out to the SSE subscribers of each execution, in
+// memory. Publishing never blocks: a subscriber whose buffer is full loses
+// the delta (deltas are ephemeral; the step's result is the record).
+type hub struct {
+	mu   sync.Mutex // guards subs
+	subs map[string]map[chan wire.StepDeltaEvent]struct{}
+	n    int // subscribers in total
+}
+
+// deltaBuffer is how many deltas a slow subscriber may fall behind.
+const deltaBuffer = 256
+
+func newHub() *hub { return &hub{subs: map[string]map[chan wire.StepDeltaEvent]struct{}{}} }
+
+// subscribe registers a subscriber of an execution's deltas; call the
+// returned function to unregister.
+func (h *hub) subscribe(executionID string) (<-chan wire.StepDeltaEvent, func()) {
+	ch := make(chan wire.StepDeltaEvent, deltaBuffer)
+	h.mu.Lock()
+	m := h.subs[executionID]
+	if m == nil {
+		m = map[chan wire.StepDeltaEvent]struct{}{}
+		h.subs[executionID] = m
+	}
+	m[ch] = struct{}{}
+	h.n++
+	h.mu.Unlock()
+	return ch, func() {
+		h.mu.Lock()
+		if _, ok := h.subs[executionID][ch]; ok {
+			delete(h.subs[executionID], ch)
+			h.n--
+			if len(h.subs[executionID]) == 0 {
+				delete(h.subs, executionID)
+			}
+		}
+		h.mu.Unlock()
+	}
+}
+
+// publish hands d to the execution's subscribers and returns how many took it.
+func (h *hub) publish(executionID string, d wire.StepDeltaEvent) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for ch := range h.subs[executionID] {
+		select {
+		case ch <- d:
+			n++
+		default:
+		}
+	}
+	return n
+}
+
+// count returns the number of subscribers (open event streams).
+func (h *hub) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n
+}
+
+// stream serves GET /v0/executions/{id}/stream as Server-Sent Events: the
+// stored events after after_seq (or Last-Event-ID) first, then new ones as
+// they are committed, and step deltas as "step.delta" events (no id: they
+// are not stored and cannot be resumed). Each stored event has id = seq,
+// event = type and data = the event JSON. The stream ends after the
+// execution's terminal event; an idle stream gets a comment every 15s.
+func (s *Server) stream(c *call) (int, any, error) {
+	id := c.vars("id")
+	after, err := seqParam(c.r.URL.Query().Get("after_seq"), "after_seq")
+	if err != nil {
+		return 0, nil, err
+	}
+	if lei := c.r.Header.Get("Last-Event-ID"); lei != "" {
+		if after, err = seqParam(lei, "Last-Event-ID"); err != nil {
+			return 0, nil, err
+		}
+	}
+	e, err := s.k.GetExecution(c.ctx, c.tenant, id)
+	if err != nil {
+		return 0, nil, err
+	}
+	// Subscribe before reading, so nothing committed in between is missed.
+	wake, stopWatch := s.k.Watch(id)
+	defer stopWatch()
+	deltas, stopDeltas := s.deltas.subscribe(id)
+	defer stopDeltas()
+
+	rc := http.NewResponseController(c.w)
+	_ = rc.SetWriteDeadline(time.Time{}) // a stream outlives any write timeout
+	h := c.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	c.w.WriteHeader(http.StatusOK)
+	bw := bufio.NewWriter(c.w)
+	flush := func() bool {
+		return bw.Flush() == nil && rc.Flush() == nil
+	}
+	if !flush() {
+		return 0, nil, nil
+	}
+
+	last := after
+	// send writes the stored events after last; it reports whether the
+	// terminal event was sent, and false in ok when the client is gone.
+	send := func() (done, ok bool) {
+		for {
+			evs, err := s.k.Events(c.ctx, c.tenant, id, last, 1000)
+			if err != nil {
+				if c.ctx.Err() == nil {
+					s.log.Error("event stream: read events", "execution_id", id, "err", err)
+				}
+				return false, false
+			}
+			for _, ev := range evs {
+				b, err := json.Marshal(eventView(ev))
+				if err != nil {
+					return false, false
+				}
+				bw.WriteString("id: " + strconv.FormatUint(ev.Seq, 10) + "\nevent: " + ev.Type + "\ndata: ")
+				bw.Write(b)
+				bw.WriteString("\n\n")
+				last = ev.Seq
+				if terminalEvent(ev.Type) {
+					return true, flush()
+				}
+			}
+			if len(evs) < 1000 {
+				return false, flush()
+			}
+		}
+	}
+	done, ok := send()
+	if done || !ok {
+		return 0, nil, nil
+	}
+	// A terminal execution whose events the client already has: nothing
+	// more will come.
+	if e.Status.Terminal() && last >= e.LastSeq {
+		return 0, nil, nil
+	}
+	tick := time.NewTicker(s.heartbeat)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.ctx.Done():
+			return 0, nil, nil
+		case <-wake:
+			if done, ok := send(); done || !ok {
+				return 0, nil, nil
+			}
+		case d := <-deltas:
+			b, err := json.Marshal(d)
+			if err != nil {
+				return 0, nil, nil
+			}
+			bw.WriteString("event: step.delta\ndata: ")
+			bw.Write(b)
+			bw.WriteString("\n\n")
+			if !flush() {
+				return 0, nil, nil
+			}
+		case <-tick.C:
+			bw.WriteString(": heartbeat\n\n")
+			if !flush() {
+				return 0, nil, nil
+			}
+		}
+	}
+}
+
+func terminalEvent(typ string) bool {
+	return typ == kernel.EvExecutionCompleted || typ == kernel.EvExecutionFailed || typ == kernel.EvExecutionCancelled
+}

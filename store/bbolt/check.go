@@ -1,0 +1,266 @@
+package bbolt
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/wicket-run/wicket/kernel"
+)
+
+// maxProblems bounds how many problems Check reports in detail.
+const maxProblems = 50
+
+// checker collects the problems Check finds.
+type checker struct {
+	problems []error
+	n        int
+}
+
+func (c *checker) addf(format string, args ...any) {
+	c.n++
+	if len(c.problems) < maxProblems {
+		c.problems = append(c.problems, fmt.Errorf(format, args...))
+	}
+}
+
+// Check verifies the store's invariants in one read transaction and returns
+// an error describing every violation found (nil when there is none):
+//
+//   - bbolt's own page-level consistency;
+//   - per execution, events have seq 1..LastSeq without gaps, the first is
+//     execution.created, nothing follows a terminal execution event, and
+//     each step_id has at most one terminal step event;
+//   - no event belongs to a missing execution;
+//   - the indexes (exec_tenant, idem, due, leases, approval_exp,
+//     apikey_hash) hold exactly the entries their records imply.
+//
+// It reads the whole file: it is meant for tests and offline checks.
+func (s *Store) Check() error {
+	c := &checker{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		for err := range tx.Check() {
+			c.addf("bbolt: %w", err)
+		}
+		checkExecutions(tx, c)
+		checkApprovals(tx, c)
+		checkAPIKeys(tx, c)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("bbolt: check %s: %w", s.path, err)
+	}
+	if c.n == 0 {
+		return nil
+	}
+	more := ""
+	if c.n > len(c.problems) {
+		more = fmt.Sprintf(" (first %d shown)", len(c.problems))
+	}
+	return fmt.Errorf("bbolt: check %s: %d problem(s)%s:\n%w", s.path, c.n, more, errors.Join(c.problems...))
+}
+
+// expected is the set of index keys the records imply.
+type expected map[string]bool
+
+// compareIndex reports entries of b not in want and entries of want not in b.
+func compareIndex(tx *bolt.Tx, name []byte, want expected, c *checker) {
+	seen := 0
+	_ = tx.Bucket(name).ForEach(func(k, _ []byte) error {
+		if want[string(k)] {
+			seen++
+			return nil
+		}
+		c.addf("index %s: stale entry %q", name, k)
+		return nil
+	})
+	if seen == len(want) {
+		return
+	}
+	b := tx.Bucket(name)
+	for k := range want {
+		if b.Get([]byte(k)) == nil {
+			c.addf("index %s: missing entry %q", name, k)
+		}
+	}
+}
+
+func checkExecutions(tx *bolt.Tx, c *checker) {
+	execs, owners, idem := tx.Bucket(bExecutions), tx.Bucket(bExecTenant), tx.Bucket(bIdem)
+	due, leases := expected{}, expected{}
+	owned, idemWant := expected{}, expected{}
+	_ = execs.ForEach(func(k, v []byte) error {
+		e, err := decode[kernel.Execution](v)
+		if err != nil {
+			c.addf("execution %q: undecodable: %v", k, err)
+			return nil
+		}
+		where := e.Tenant + "/" + e.ID
+		if !bytes.Equal(k, key(e.Tenant, e.ID)) {
+			c.addf("execution %s: stored under key %q", where, k)
+		}
+		owned[e.ID] = true
+		if t := owners.Get([]byte(e.ID)); string(t) != e.Tenant {
+			c.addf("execution %s: exec_tenant says %q", where, t)
+		}
+		if e.IdempotencyKey != "" {
+			ik := key(e.Tenant, e.IdempotencyKey)
+			idemWant[string(ik)] = true
+			if id := idem.Get(ik); string(id) != e.ID {
+				c.addf("execution %s: idempotency key %q names %q", where, e.IdempotencyKey, id)
+			}
+		}
+		if dk := dueKey(e); dk != nil {
+			due[string(dk)] = true
+		}
+		if lk := leaseKey(e); lk != nil {
+			leases[string(lk)] = true
+		}
+		checkEvents(tx, e, c)
+		return nil
+	})
+	compareIndex(tx, bDue, due, c)
+	compareIndex(tx, bLeases, leases, c)
+	_ = owners.ForEach(func(k, v []byte) error {
+		if !owned[string(k)] {
+			c.addf("index exec_tenant: entry %q → %q names no execution", k, v)
+		}
+		return nil
+	})
+	_ = idem.ForEach(func(k, v []byte) error {
+		if !idemWant[string(k)] {
+			c.addf("index idem: entry %q → %q names no execution with that key", k, v)
+		}
+		return nil
+	})
+	// Events of missing executions.
+	_ = tx.Bucket(bEvents).ForEach(func(k, _ []byte) error {
+		if len(k) < 10 {
+			c.addf("events: malformed key %q", k)
+			return nil
+		}
+		ek := k[:len(k)-9] // drop ␀seq(8)
+		if execs.Get(ek) == nil {
+			c.addf("events: seq %d of %q: no such execution", binary.BigEndian.Uint64(k[len(k)-8:]), ek)
+		}
+		return nil
+	})
+}
+
+// terminalExecEvents and terminalStepEvents end an execution and a step.
+var (
+	terminalExecEvents = map[string]bool{
+		kernel.EvExecutionCompleted: true, kernel.EvExecutionFailed: true, kernel.EvExecutionCancelled: true,
+	}
+	terminalStepEvents = map[string]bool{
+		kernel.EvStepSucceeded: true, kernel.EvStepFailed: true, kernel.EvStepCancelled: true,
+	}
+)
+
+// checkEvents verifies the event log invariants of e (SPEC §4).
+func checkEvents(tx *bolt.Tx, e *kernel.Execution, c *checker) {
+	where := e.Tenant + "/" + e.ID
+	pfx := prefix(e.Tenant, e.ID)
+	var next uint64 = 1
+	terminal := ""
+	stepDone := map[string]uint64{}
+	cur := tx.Bucket(bEvents).Cursor()
+	for k, v := cur.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = cur.Next() {
+		if len(k) != len(pfx)+8 {
+			c.addf("execution %s: malformed event key %q", where, k)
+			continue
+		}
+		seq := binary.BigEndian.Uint64(k[len(pfx):])
+		ev, err := decode[kernel.Event](v)
+		if err != nil {
+			c.addf("execution %s: event %d undecodable: %v", where, seq, err)
+			next = seq + 1
+			continue
+		}
+		if ev.Seq != seq || ev.ExecutionID != e.ID {
+			c.addf("execution %s: event stored as seq %d says %s seq %d", where, seq, ev.ExecutionID, ev.Seq)
+		}
+		if seq != next {
+			c.addf("execution %s: event seq %d follows %d (gap)", where, seq, next-1)
+		}
+		next = seq + 1
+		if seq == 1 && ev.Type != kernel.EvExecutionCreated {
+			c.addf("execution %s: first event is %s, not %s", where, ev.Type, kernel.EvExecutionCreated)
+		}
+		if terminal != "" {
+			c.addf("execution %s: event %d (%s) after terminal %s", where, seq, ev.Type, terminal)
+		}
+		if terminalExecEvents[ev.Type] && terminal == "" {
+			terminal = ev.Type
+		}
+		if terminalStepEvents[ev.Type] {
+			var p struct {
+				StepID string `json:"step_id"`
+			}
+			if err := json.Unmarshal(ev.Payload, &p); err != nil || p.StepID == "" {
+				c.addf("execution %s: event %d (%s) names no step_id", where, seq, ev.Type)
+			} else if prev, dup := stepDone[p.StepID]; dup {
+				c.addf("execution %s: step %s has a second terminal event %d (%s) after %d", where, p.StepID, seq, ev.Type, prev)
+			} else {
+				stepDone[p.StepID] = seq
+			}
+		}
+	}
+	if last := next - 1; last != e.LastSeq {
+		c.addf("execution %s: last event seq is %d, LastSeq is %d", where, last, e.LastSeq)
+	}
+}
+
+func checkApprovals(tx *bolt.Tx, c *checker) {
+	want := expected{}
+	_ = tx.Bucket(bApprovals).ForEach(func(k, v []byte) error {
+		a, err := decode[kernel.Approval](v)
+		if err != nil {
+			c.addf("approval %q: undecodable: %v", k, err)
+			return nil
+		}
+		if !bytes.Equal(k, key(a.Tenant, a.ID)) {
+			c.addf("approval %s/%s: stored under key %q", a.Tenant, a.ID, k)
+		}
+		if ek := approvalExpKey(a); ek != nil {
+			want[string(ek)] = true
+		}
+		return nil
+	})
+	compareIndex(tx, bApprovalExp, want, c)
+}
+
+func checkAPIKeys(tx *bolt.Tx, c *checker) {
+	want := map[string]string{} // hash → tenant␀id
+	_ = tx.Bucket(bAPIKeys).ForEach(func(k, v []byte) error {
+		ak, err := decode[kernel.APIKey](v)
+		if err != nil {
+			c.addf("api key %q: undecodable: %v", k, err)
+			return nil
+		}
+		if !bytes.Equal(k, key(ak.Tenant, ak.ID)) {
+			c.addf("api key %s/%s: stored under key %q", ak.Tenant, ak.ID, k)
+		}
+		if other, dup := want[ak.Hash]; dup {
+			c.addf("api key %s/%s: hash shared with %q", ak.Tenant, ak.ID, other)
+		}
+		want[ak.Hash] = string(k)
+		return nil
+	})
+	hashes := tx.Bucket(bAPIKeyHash)
+	_ = hashes.ForEach(func(h, ref []byte) error {
+		if want[string(h)] != string(ref) {
+			c.addf("index apikey_hash: entry names key %q, whose hash differs (or which is missing)", ref)
+		}
+		return nil
+	})
+	for h, ref := range want {
+		if hashes.Get([]byte(h)) == nil {
+			c.addf("index apikey_hash: missing entry for %q", ref)
+		}
+	}
+}

@@ -1,0 +1,50 @@
+// Package bbolt implements kernel.Store on one bbolt file.
+//
+// # Basics
+//
+// [Open] opens (or creates, mode 0600) the file, takes its lock, applies the
+// forward-only schema migrations and starts the group-commit writer. The
+// returned [*Store] implements kernel.Store; kernel/storetest is its
+// conformance suite.
+//
+// # Layout
+//
+// Every record key starts with its tenant; parts of a key are joined with a
+// NUL byte, which is why no identifier may contain one. Records are JSON
+// (see codec.go, the only place that knows the encoding). The buckets are:
+//
+//	meta          schema_version → 8-byte big-endian version
+//	executions    tenant␀execID → Execution
+//	exec_tenant   execID → tenant (global: agent routes name only the id)
+//	idem          tenant␀idempotencyKey → execID
+//	steps         tenant␀execID␀stepID → Step
+//	occ           tenant␀execID␀key → Occurrence
+//	events        tenant␀execID␀seq(8-byte BE) → Event
+//	agents        tenant␀agentID → Agent
+//	approvals     tenant␀approvalID → Approval
+//	bundles       tenant␀name → BundleRecord
+//	counters      tenant␀key → opaque bytes
+//	tenants       tenantID → Tenant
+//	apikeys       tenant␀keyID → APIKey
+//	apikey_hash   hash → tenant␀keyID
+//	due           time(8) tenant␀execID → ∅   (Dispatch.State queued, by DueAt)
+//	leases        time(8) tenant␀execID → ∅   (delivering or acked, by LeaseUntil)
+//	approval_exp  time(8) tenant␀approvalID → ∅ (pending approvals, by ExpiresAt)
+//
+// time(8) is the Unix time in nanoseconds as a big-endian integer with its
+// sign bit flipped, so that byte order is time order (the zero time sorts
+// first). The index buckets are maintained by PutExecution and PutApproval,
+// which read the previous version of the record in the same transaction and
+// replace its index entries; [Store.Check] verifies that they match.
+//
+// # Group commit
+//
+// A bbolt commit costs two fsyncs. [Store.Update] hands its function to a
+// single writer goroutine, which runs every function waiting at that moment
+// (up to Options.MaxBatch) in one bbolt transaction and commits once. A
+// function that fails or panics rolls the batch back; it gets its error and
+// the others are run again, without it, in a new transaction. A lone Update
+// does not wait for company: it is committed as soon as the writer is free.
+// [Store.View] uses bbolt read transactions directly and runs concurrently
+// with the writer.
+package bbolt

@@ -1,0 +1,247 @@
+package bbolt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/wicket-run/wicket/kernel"
+)
+
+// Defaults of Options.
+const (
+	DefaultTimeout  = 2 * time.Second
+	DefaultMaxBatch = 128
+)
+
+// FileMode is the mode of a store file Open creates.
+const FileMode fs.FileMode = 0o600
+
+// DirMode is the mode of a parent directory Open creates.
+const DirMode fs.FileMode = 0o700
+
+var (
+	// ErrLocked is returned by Open when another process (or another Store
+	// in this one) holds the file's lock for longer than Options.Timeout.
+	ErrLocked = errors.New("store is locked by another process")
+	// ErrInsecureFile is returned by Open for an existing file that group or
+	// others may write.
+	ErrInsecureFile = errors.New("store file is writable by group or others")
+)
+
+// Options configure Open. The zero value is usable: fsync on, DefaultTimeout
+// and DefaultMaxBatch.
+type Options struct {
+	// NoSync skips fsync on commit. Faster, and a crash may lose or corrupt
+	// recent commits: for tests and benchmarks only.
+	NoSync bool
+	// Timeout bounds the wait for the file lock (zero: DefaultTimeout;
+	// negative: wait forever).
+	Timeout time.Duration
+	// MaxBatch caps how many Update functions share one commit (zero:
+	// DefaultMaxBatch; 1 disables group commit).
+	MaxBatch int
+}
+
+func (o Options) withDefaults() Options {
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	return o
+}
+
+// Store is a kernel.Store on one bbolt file. It is safe for concurrent use.
+type Store struct {
+	db       *bolt.DB
+	path     string
+	maxBatch int
+
+	reqs      chan *request // unbuffered: a sender blocks until the writer takes it
+	closing   chan struct{} // closed by Close
+	stopped   chan struct{} // closed when the writer returns
+	closeOnce sync.Once
+	closeErr  error
+
+	waiting atomic.Int64  // Updates waiting for the writer to take them
+	commits atomic.Uint64 // committed write transactions
+	updates atomic.Uint64 // Update functions committed
+	retries atomic.Uint64 // batches rolled back because one function failed
+}
+
+var _ kernel.Store = (*Store)(nil)
+
+// Open opens the store at path, creating the file (mode 0600) and its parent
+// directory (mode 0700) when missing, and migrates it to SchemaVersion.
+//
+// # Errors
+//
+// Open refuses an existing file writable by group or others
+// (ErrInsecureFile), a file with a newer schema (ErrNewerSchema), and a file
+// whose lock is held beyond opts.Timeout (ErrLocked). Every error names path.
+func Open(path string, opts Options) (*Store, error) {
+	opts = opts.withDefaults()
+	if err := os.MkdirAll(filepath.Dir(path), DirMode); err != nil {
+		return nil, fmt.Errorf("bbolt: open %s: create directory: %w", path, err)
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err == nil:
+		if fi.IsDir() {
+			return nil, fmt.Errorf("bbolt: open %s: is a directory", path)
+		}
+		if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+			return nil, fmt.Errorf("bbolt: open %s: mode %04o: %w (chmod 600 it)", path, perm, ErrInsecureFile)
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
+	}
+	bopts := &bolt.Options{
+		Timeout:      opts.Timeout,
+		NoSync:       opts.NoSync,
+		FreelistType: bolt.FreelistMapType,
+	}
+	if opts.Timeout < 0 {
+		bopts.Timeout = 0 // bbolt: zero waits forever
+	}
+	db, err := bolt.Open(path, FileMode, bopts)
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("bbolt: open %s: %w (gave up after %s)", path, ErrLocked, opts.Timeout)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
+	}
+	if err := migrate(db); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
+	}
+	s := &Store{
+		db:       db,
+		path:     path,
+		maxBatch: opts.MaxBatch,
+		reqs:     make(chan *request),
+		closing:  make(chan struct{}),
+		stopped:  make(chan struct{}),
+	}
+	go s.run()
+	return s, nil
+}
+
+// Path returns the file's path.
+func (s *Store) Path() string { return s.path }
+
+// Close stops the writer once it has committed every Update already handed
+// to it, then closes the file. Updates and Views after Close fail with an
+// error matching kernel.ErrUnavailable. Close is idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closing)
+		<-s.stopped
+		if err := s.db.Close(); err != nil {
+			s.closeErr = fmt.Errorf("bbolt: close %s: %w", s.path, err)
+		}
+	})
+	return s.closeErr
+}
+
+func (s *Store) closed() bool {
+	select {
+	case <-s.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+func errClosed(op string) error {
+	return fmt.Errorf("bbolt: %s: store closed: %w", op, kernel.ErrUnavailable)
+}
+
+// View runs fn in a read-only snapshot, concurrently with other Views and
+// with the writer. tx must not be used after fn returns; the records it
+// returns are copies and may be kept. A panic in fn propagates. fn must not
+// call Update: a read transaction held while waiting for the writer can
+// deadlock bbolt's remapping of a growing file.
+func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("bbolt: view: %w", err)
+	}
+	if s.closed() {
+		return errClosed("view")
+	}
+	err := s.db.View(func(btx *bolt.Tx) error { return fn(&readTx{tx: btx}) })
+	if errors.Is(err, bolt.ErrDatabaseNotOpen) {
+		return errClosed("view")
+	}
+	return err
+}
+
+// Update runs fn in a read-write transaction and returns once it is
+// committed (and fsync'd unless Options.NoSync). It hands fn to the writer
+// goroutine, which may commit it together with other Updates (see the
+// package doc); fn may therefore run more than once and must have no effect
+// outside tx. fn's error is returned unchanged; a panic in fn is returned as
+// a *PanicError. Either rolls back everything fn wrote.
+//
+// ctx is honoured until the writer takes fn (and checked once more just
+// before fn runs); after that Update waits for the commit, so that its
+// answer is always the truth. tx must not be used after fn returns; fn
+// must read through tx (a View would not see tx's writes) and must not call
+// Update (it would wait for itself). A slow fn delays every writer.
+func (s *Store) Update(ctx context.Context, fn func(tx kernel.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("bbolt: update: %w", err)
+	}
+	if s.closed() {
+		return errClosed("update")
+	}
+	r := &request{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	s.waiting.Add(1)
+	select {
+	case s.reqs <- r:
+		s.waiting.Add(-1)
+	case <-ctx.Done():
+		s.waiting.Add(-1)
+		return fmt.Errorf("bbolt: update: %w", ctx.Err())
+	case <-s.closing:
+		s.waiting.Add(-1)
+		return errClosed("update")
+	}
+	return <-r.done
+}
+
+// Stats are counters of a Store's activity.
+type Stats struct {
+	// Commits counts write transactions committed by the writer.
+	Commits uint64
+	// Updates counts Update functions committed; Updates/Commits is the
+	// group-commit factor.
+	Updates uint64
+	// Retries counts batches rolled back because one function failed.
+	Retries uint64
+	// Waiting is the number of Updates now waiting for the writer.
+	Waiting int64
+	// DB are bbolt's own statistics.
+	DB bolt.Stats
+}
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	return Stats{
+		Commits: s.commits.Load(),
+		Updates: s.updates.Load(),
+		Retries: s.retries.Load(),
+		Waiting: s.waiting.Load(),
+		DB:      s.db.Stats(),
+	}
+}

@@ -1,0 +1,745 @@
+package bbolt
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/wicket-run/wicket/kernel"
+)
+
+// readTx implements kernel.ReadTx on a bbolt transaction. Every record it
+// returns is a fresh copy that may outlive the transaction.
+//
+// A limit <= 0 given to Events, DueDispatches, ExpiredLeases or
+// ExpiredApprovals, and ExecutionFilter.Limit <= 0, mean "no limit".
+type readTx struct{ tx *bolt.Tx }
+
+// writeTx implements kernel.Tx. Writes are visible to later reads in the
+// same transaction.
+type writeTx struct{ readTx }
+
+var (
+	_ kernel.ReadTx = (*readTx)(nil)
+	_ kernel.Tx     = (*writeTx)(nil)
+)
+
+func (r *readTx) bucket(name []byte) *bolt.Bucket { return r.tx.Bucket(name) }
+
+// get decodes the record stored under k; ok is false when there is none.
+func get[T any](b *bolt.Bucket, k []byte) (v *T, ok bool, err error) {
+	raw := b.Get(k)
+	if raw == nil {
+		return nil, false, nil
+	}
+	v, err = decode[T](raw)
+	if err != nil {
+		return nil, false, err
+	}
+	return v, true, nil
+}
+
+// scan decodes every record whose key starts with pfx, in key order, and
+// keeps those keep accepts (all when keep is nil).
+func scan[T any](b *bolt.Bucket, pfx []byte, keep func(*T) bool) ([]*T, error) {
+	var out []*T
+	c := b.Cursor()
+	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+		x, err := decode[T](v)
+		if err != nil {
+			return nil, fmt.Errorf("key %q: %w", k, err)
+		}
+		if keep == nil || keep(x) {
+			out = append(out, x)
+		}
+	}
+	return out, nil
+}
+
+func notFound(format string, args ...any) error {
+	return fmt.Errorf("bbolt: "+format+": %w", append(args, kernel.ErrNotFound)...)
+}
+
+// Execution implements kernel.ReadTx.
+func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
+	if !readable(tenant, id) {
+		return nil, notFound("execution %s/%s", tenant, id)
+	}
+	e, ok, err := get[kernel.Execution](r.bucket(bExecutions), key(tenant, id))
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: execution %s/%s: %w", tenant, id, err)
+	}
+	if !ok {
+		return nil, notFound("execution %s/%s", tenant, id)
+	}
+	return e, nil
+}
+
+// ExecutionTenant implements kernel.ReadTx.
+func (r *readTx) ExecutionTenant(id string) (string, error) {
+	if !readable(id) {
+		return "", notFound("execution %s", id)
+	}
+	t := r.bucket(bExecTenant).Get([]byte(id))
+	if t == nil {
+		return "", notFound("execution %s", id)
+	}
+	return string(t), nil
+}
+
+// ExecutionByIdempotencyKey implements kernel.ReadTx.
+func (r *readTx) ExecutionByIdempotencyKey(tenant, k string) (string, error) {
+	if !readable(tenant) || k == "" {
+		return "", notFound("idempotency key %q in tenant %s", k, tenant)
+	}
+	id := r.bucket(bIdem).Get(key(tenant, k))
+	if id == nil {
+		return "", notFound("idempotency key %q in tenant %s", k, tenant)
+	}
+	return string(id), nil
+}
+
+// ListExecutions implements kernel.ReadTx: a reverse scan of the tenant's
+// executions (ids are UUIDv7, so key order is creation order), from just
+// before f.Before, filtered as it goes.
+func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*kernel.Execution, error) {
+	if !readable(tenant) || (f.Before != "" && !readable(f.Before)) {
+		return nil, nil
+	}
+	pfx := prefix(tenant)
+	c := r.bucket(bExecutions).Cursor()
+	var k, v []byte
+	if f.Before != "" {
+		k, v = c.Seek(key(tenant, f.Before))
+	} else {
+		// tenant␁ sorts after every tenant␀… key.
+		k, v = c.Seek(append(key(tenant), sep+1))
+	}
+	if k == nil {
+		k, v = c.Last()
+	} else {
+		k, v = c.Prev()
+	}
+	var out []*kernel.Execution
+	for ; k != nil && bytes.HasPrefix(k, pfx); k, v = c.Prev() {
+		e, err := decode[kernel.Execution](v)
+		if err != nil {
+			return nil, fmt.Errorf("bbolt: list executions of %s: key %q: %w", tenant, k, err)
+		}
+		if (f.AgentID != "" && e.AgentID != f.AgentID) || (f.Status != "" && e.Status != f.Status) {
+			continue
+		}
+		out = append(out, e)
+		if f.Limit > 0 && len(out) >= f.Limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+// Step implements kernel.ReadTx.
+func (r *readTx) Step(tenant, executionID, stepID string) (*kernel.Step, error) {
+	if !readable(tenant, executionID, stepID) {
+		return nil, notFound("step %s/%s/%s", tenant, executionID, stepID)
+	}
+	s, ok, err := get[kernel.Step](r.bucket(bSteps), key(tenant, executionID, stepID))
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: step %s/%s/%s: %w", tenant, executionID, stepID, err)
+	}
+	if !ok {
+		return nil, notFound("step %s/%s/%s", tenant, executionID, stepID)
+	}
+	return s, nil
+}
+
+// ListSteps implements kernel.ReadTx.
+func (r *readTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) {
+	if !readable(tenant, executionID) {
+		return nil, nil
+	}
+	steps, err := scan[kernel.Step](r.bucket(bSteps), prefix(tenant, executionID), nil)
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: list steps of %s/%s: %w", tenant, executionID, err)
+	}
+	slices.SortStableFunc(steps, func(a, b *kernel.Step) int { return cmp.Compare(a.Seq, b.Seq) })
+	return steps, nil
+}
+
+// Occurrence implements kernel.ReadTx.
+func (r *readTx) Occurrence(tenant, executionID, k string) (kernel.Occurrence, error) {
+	if !readable(tenant, executionID) {
+		return kernel.Occurrence{}, nil
+	}
+	o, ok, err := get[kernel.Occurrence](r.bucket(bOcc), key(tenant, executionID, k))
+	if err != nil {
+		return kernel.Occurrence{}, fmt.Errorf("bbolt: occurrence %s/%s/%q: %w", tenant, executionID, k, err)
+	}
+	if !ok {
+		return kernel.Occurrence{}, nil
+	}
+	return *o, nil
+}
+
+// Events implements kernel.ReadTx: a range scan from afterSeq+1.
+func (r *readTx) Events(tenant, executionID string, afterSeq uint64, limit int) ([]kernel.Event, error) {
+	if !readable(tenant, executionID) || afterSeq == math.MaxUint64 {
+		return nil, nil
+	}
+	pfx := prefix(tenant, executionID)
+	var out []kernel.Event
+	c := r.bucket(bEvents).Cursor()
+	for k, v := c.Seek(eventKey(tenant, executionID, afterSeq+1)); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+		if len(k) != len(pfx)+8 {
+			continue // not possible with NUL-free ids; be strict anyway
+		}
+		ev, err := decode[kernel.Event](v)
+		if err != nil {
+			return nil, fmt.Errorf("bbolt: events of %s/%s: seq %d: %w", tenant, executionID, binary.BigEndian.Uint64(k[len(pfx):]), err)
+		}
+		out = append(out, *ev)
+		if limit > 0 && len(out) >= limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+// Agent implements kernel.ReadTx.
+func (r *readTx) Agent(tenant, id string) (*kernel.Agent, error) {
+	if !readable(tenant, id) {
+		return nil, notFound("agent %s/%s", tenant, id)
+	}
+	a, ok, err := get[kernel.Agent](r.bucket(bAgents), key(tenant, id))
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: agent %s/%s: %w", tenant, id, err)
+	}
+	if !ok {
+		return nil, notFound("agent %s/%s", tenant, id)
+	}
+	return a, nil
+}
+
+// ListAgents implements kernel.ReadTx.
+func (r *readTx) ListAgents(tenant string) ([]*kernel.Agent, error) {
+	if !readable(tenant) {
+		return nil, nil
+	}
+	agents, err := scan[kernel.Agent](r.bucket(bAgents), prefix(tenant), nil)
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: list agents of %s: %w", tenant, err)
+	}
+	return agents, nil
+}
+
+// DueDispatches implements kernel.ReadTx.
+func (r *readTx) DueDispatches(now time.Time, limit int) ([]kernel.DispatchRef, error) {
+	var out []kernel.DispatchRef
+	err := scanTimeIndex(r.bucket(bDue), now, limit, func(at time.Time, tenant, id string) {
+		out = append(out, kernel.DispatchRef{Tenant: tenant, ExecutionID: id, At: at})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: due dispatches: %w", err)
+	}
+	return out, nil
+}
+
+// NextDue implements kernel.ReadTx.
+func (r *readTx) NextDue() (time.Time, bool, error) {
+	k, _ := r.bucket(bDue).Cursor().First()
+	if k == nil {
+		return time.Time{}, false, nil
+	}
+	at, _, _, ok := parseTimeKey(k)
+	if !ok {
+		return time.Time{}, false, fmt.Errorf("bbolt: next due: malformed index key %q", k)
+	}
+	return at, true, nil
+}
+
+// ExpiredLeases implements kernel.ReadTx.
+func (r *readTx) ExpiredLeases(now time.Time, limit int) ([]kernel.DispatchRef, error) {
+	var out []kernel.DispatchRef
+	err := scanTimeIndex(r.bucket(bLeases), now, limit, func(at time.Time, tenant, id string) {
+		out = append(out, kernel.DispatchRef{Tenant: tenant, ExecutionID: id, At: at})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: expired leases: %w", err)
+	}
+	return out, nil
+}
+
+// scanTimeIndex calls fn for each entry of a time index with time <= now,
+// oldest first, at most limit times (limit <= 0: no limit).
+func scanTimeIndex(b *bolt.Bucket, now time.Time, limit int, fn func(at time.Time, tenant, id string)) error {
+	end := putTime(nil, now)
+	n := 0
+	c := b.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		if len(k) < 8 || bytes.Compare(k[:8], end) > 0 {
+			break
+		}
+		at, tenant, id, ok := parseTimeKey(k)
+		if !ok {
+			return fmt.Errorf("malformed index key %q", k)
+		}
+		fn(at, tenant, id)
+		if n++; limit > 0 && n >= limit {
+			break
+		}
+	}
+	return nil
+}
+
+// Approval implements kernel.ReadTx.
+func (r *readTx) Approval(tenant, id string) (*kernel.Approval, error) {
+	if !readable(tenant, id) {
+		return nil, notFound("approval %s/%s", tenant, id)
+	}
+	a, ok, err := get[kernel.Approval](r.bucket(bApprovals), key(tenant, id))
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: approval %s/%s: %w", tenant, id, err)
+	}
+	if !ok {
+		return nil, notFound("approval %s/%s", tenant, id)
+	}
+	return a, nil
+}
+
+// ListApprovals implements kernel.ReadTx: newest (CreatedAt, then id)
+// first.
+func (r *readTx) ListApprovals(tenant string, status kernel.ApprovalStatus) ([]*kernel.Approval, error) {
+	if !readable(tenant) {
+		return nil, nil
+	}
+	list, err := scan(r.bucket(bApprovals), prefix(tenant), func(a *kernel.Approval) bool {
+		return status == "" || a.Status == status
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: list approvals of %s: %w", tenant, err)
+	}
+	slices.SortStableFunc(list, func(a, b *kernel.Approval) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.ID, a.ID)
+	})
+	return list, nil
+}
+
+// ExpiredApprovals implements kernel.ReadTx.
+func (r *readTx) ExpiredApprovals(now time.Time, limit int) ([]kernel.ApprovalRef, error) {
+	var out []kernel.ApprovalRef
+	err := scanTimeIndex(r.bucket(bApprovalExp), now, limit, func(at time.Time, tenant, id string) {
+		out = append(out, kernel.ApprovalRef{Tenant: tenant, ApprovalID: id, At: at})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: expired approvals: %w", err)
+	}
+	return out, nil
+}
+
+// Bundle implements kernel.ReadTx.
+func (r *readTx) Bundle(tenant, name string) (*kernel.BundleRecord, error) {
+	if !readable(tenant, name) {
+		return nil, notFound("bundle %s/%s", tenant, name)
+	}
+	b, ok, err := get[kernel.BundleRecord](r.bucket(bBundles), key(tenant, name))
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: bundle %s/%s: %w", tenant, name, err)
+	}
+	if !ok {
+		return nil, notFound("bundle %s/%s", tenant, name)
+	}
+	return b, nil
+}
+
+// ListBundles implements kernel.ReadTx: ordered by (tenant, name).
+func (r *readTx) ListBundles(tenant string) ([]*kernel.BundleRecord, error) {
+	var pfx []byte // tenant "": every tenant's
+	if tenant != "" {
+		if !readable(tenant) {
+			return nil, nil
+		}
+		pfx = prefix(tenant)
+	}
+	list, err := scan[kernel.BundleRecord](r.bucket(bBundles), pfx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: list bundles of %q: %w", tenant, err)
+	}
+	return list, nil
+}
+
+// Counter implements kernel.ReadTx.
+func (r *readTx) Counter(tenant, k string) ([]byte, error) {
+	if !readable(tenant) {
+		return nil, nil
+	}
+	v := r.bucket(bCounters).Get(key(tenant, k))
+	if v == nil {
+		return nil, nil
+	}
+	return bytes.Clone(v), nil
+}
+
+// Tenant implements kernel.ReadTx.
+func (r *readTx) Tenant(id string) (*kernel.Tenant, error) {
+	if !readable(id) {
+		return nil, notFound("tenant %s", id)
+	}
+	t, ok, err := get[kernel.Tenant](r.bucket(bTenants), []byte(id))
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: tenant %s: %w", id, err)
+	}
+	if !ok {
+		return nil, notFound("tenant %s", id)
+	}
+	return t, nil
+}
+
+// ListTenants implements kernel.ReadTx: ordered by id.
+func (r *readTx) ListTenants() ([]*kernel.Tenant, error) {
+	list, err := scan[kernel.Tenant](r.bucket(bTenants), nil, nil)
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: list tenants: %w", err)
+	}
+	return list, nil
+}
+
+// APIKeyByHash implements kernel.ReadTx.
+func (r *readTx) APIKeyByHash(hash string) (*kernel.APIKey, error) {
+	if hash == "" {
+		return nil, notFound("api key by hash")
+	}
+	ref := r.bucket(bAPIKeyHash).Get([]byte(hash))
+	if ref == nil {
+		return nil, notFound("api key by hash")
+	}
+	k, ok, err := get[kernel.APIKey](r.bucket(bAPIKeys), ref)
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: api key %q: %w", ref, err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("bbolt: api key %q: hash index names a missing key: %w", ref, kernel.ErrNotFound)
+	}
+	return k, nil
+}
+
+// ListAPIKeys implements kernel.ReadTx: ordered by key id.
+func (r *readTx) ListAPIKeys(tenant string) ([]*kernel.APIKey, error) {
+	if !readable(tenant) {
+		return nil, nil
+	}
+	list, err := scan[kernel.APIKey](r.bucket(bAPIKeys), prefix(tenant), nil)
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: list api keys of %s: %w", tenant, err)
+	}
+	return list, nil
+}
+
+// put encodes v and stores it under k.
+func put(b *bolt.Bucket, k []byte, v any) error {
+	raw, err := encode(v)
+	if err != nil {
+		return fmt.Errorf("encode: %w", err)
+	}
+	return b.Put(k, raw)
+}
+
+// PutExecution implements kernel.Tx. It refuses (ErrConflict) an id owned by
+// another tenant and an idempotency key that names another execution.
+// Conflicts are found before anything is written.
+func (w *writeTx) PutExecution(e *kernel.Execution) error {
+	if e == nil {
+		return fmt.Errorf("bbolt: put execution: nil: %w", kernel.ErrValidation)
+	}
+	if err := checkIDs("put execution", e.Tenant, e.ID); err != nil {
+		return err
+	}
+	execs, owners, idem := w.bucket(bExecutions), w.bucket(bExecTenant), w.bucket(bIdem)
+	if owner := owners.Get([]byte(e.ID)); owner != nil && string(owner) != e.Tenant {
+		return fmt.Errorf("bbolt: put execution %s/%s: id belongs to another tenant: %w", e.Tenant, e.ID, kernel.ErrConflict)
+	}
+	var ik []byte
+	if e.IdempotencyKey != "" {
+		ik = key(e.Tenant, e.IdempotencyKey)
+		if cur := idem.Get(ik); cur != nil && string(cur) != e.ID {
+			return fmt.Errorf("bbolt: put execution %s/%s: idempotency key %q names execution %s: %w",
+				e.Tenant, e.ID, e.IdempotencyKey, cur, kernel.ErrConflict)
+		}
+	}
+	k := key(e.Tenant, e.ID)
+	old, ok, err := get[kernel.Execution](execs, k)
+	if err != nil {
+		return fmt.Errorf("bbolt: put execution %s/%s: read previous: %w", e.Tenant, e.ID, err)
+	}
+	if ok {
+		if err := w.unindexExecution(old); err != nil {
+			return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
+		}
+	}
+	if err := put(execs, k, e); err != nil {
+		return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
+	}
+	if err := owners.Put([]byte(e.ID), []byte(e.Tenant)); err != nil {
+		return fmt.Errorf("bbolt: put execution %s/%s: tenant index: %w", e.Tenant, e.ID, err)
+	}
+	if ik != nil {
+		if err := idem.Put(ik, []byte(e.ID)); err != nil {
+			return fmt.Errorf("bbolt: put execution %s/%s: idempotency index: %w", e.Tenant, e.ID, err)
+		}
+	}
+	if dk := dueKey(e); dk != nil {
+		if err := w.bucket(bDue).Put(dk, nil); err != nil {
+			return fmt.Errorf("bbolt: put execution %s/%s: due index: %w", e.Tenant, e.ID, err)
+		}
+	}
+	if lk := leaseKey(e); lk != nil {
+		if err := w.bucket(bLeases).Put(lk, nil); err != nil {
+			return fmt.Errorf("bbolt: put execution %s/%s: lease index: %w", e.Tenant, e.ID, err)
+		}
+	}
+	return nil
+}
+
+// unindexExecution removes the index entries derived from old.
+func (w *writeTx) unindexExecution(old *kernel.Execution) error {
+	if dk := dueKey(old); dk != nil {
+		if err := w.bucket(bDue).Delete(dk); err != nil {
+			return fmt.Errorf("due index: %w", err)
+		}
+	}
+	if lk := leaseKey(old); lk != nil {
+		if err := w.bucket(bLeases).Delete(lk); err != nil {
+			return fmt.Errorf("lease index: %w", err)
+		}
+	}
+	if old.IdempotencyKey != "" {
+		idem := w.bucket(bIdem)
+		ik := key(old.Tenant, old.IdempotencyKey)
+		if cur := idem.Get(ik); cur != nil && string(cur) == old.ID {
+			if err := idem.Delete(ik); err != nil {
+				return fmt.Errorf("idempotency index: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// PutStep implements kernel.Tx.
+func (w *writeTx) PutStep(s *kernel.Step) error {
+	if s == nil {
+		return fmt.Errorf("bbolt: put step: nil: %w", kernel.ErrValidation)
+	}
+	if err := checkIDs("put step", s.Tenant, s.ExecutionID, s.ID); err != nil {
+		return err
+	}
+	if err := put(w.bucket(bSteps), key(s.Tenant, s.ExecutionID, s.ID), s); err != nil {
+		return fmt.Errorf("bbolt: put step %s/%s/%s: %w", s.Tenant, s.ExecutionID, s.ID, err)
+	}
+	return nil
+}
+
+// PutOccurrence implements kernel.Tx.
+func (w *writeTx) PutOccurrence(tenant, executionID, k string, o kernel.Occurrence) error {
+	if err := checkIDs("put occurrence", tenant, executionID); err != nil {
+		return err
+	}
+	if err := put(w.bucket(bOcc), key(tenant, executionID, k), o); err != nil {
+		return fmt.Errorf("bbolt: put occurrence %s/%s/%q: %w", tenant, executionID, k, err)
+	}
+	return nil
+}
+
+// AppendEvent implements kernel.Tx. Seq 0 is refused (seqs start at 1).
+func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
+	if err := checkIDs("append event", tenant, ev.ExecutionID); err != nil {
+		return err
+	}
+	if ev.Seq == 0 {
+		return fmt.Errorf("bbolt: append event %s/%s: seq 0: %w", tenant, ev.ExecutionID, kernel.ErrValidation)
+	}
+	b := w.bucket(bEvents)
+	k := eventKey(tenant, ev.ExecutionID, ev.Seq)
+	if b.Get(k) != nil {
+		return fmt.Errorf("bbolt: append event %s/%s seq %d (%s): already recorded: %w",
+			tenant, ev.ExecutionID, ev.Seq, ev.Type, kernel.ErrConflict)
+	}
+	if err := put(b, k, ev); err != nil {
+		return fmt.Errorf("bbolt: append event %s/%s seq %d: %w", tenant, ev.ExecutionID, ev.Seq, err)
+	}
+	return nil
+}
+
+// PutAgent implements kernel.Tx.
+func (w *writeTx) PutAgent(a *kernel.Agent) error {
+	if a == nil {
+		return fmt.Errorf("bbolt: put agent: nil: %w", kernel.ErrValidation)
+	}
+	if err := checkIDs("put agent", a.Tenant, a.ID); err != nil {
+		return err
+	}
+	if err := put(w.bucket(bAgents), key(a.Tenant, a.ID), a); err != nil {
+		return fmt.Errorf("bbolt: put agent %s/%s: %w", a.Tenant, a.ID, err)
+	}
+	return nil
+}
+
+// DeleteAgent implements kernel.Tx; a missing agent is ErrNotFound.
+func (w *writeTx) DeleteAgent(tenant, id string) error {
+	return deleteKey(w.bucket(bAgents), "agent", tenant, id)
+}
+
+// deleteKey deletes tenant␀id from b, or returns ErrNotFound.
+func deleteKey(b *bolt.Bucket, what, tenant, id string) error {
+	if !readable(tenant, id) {
+		return notFound("delete %s %s/%s", what, tenant, id)
+	}
+	k := key(tenant, id)
+	if b.Get(k) == nil {
+		return notFound("delete %s %s/%s", what, tenant, id)
+	}
+	if err := b.Delete(k); err != nil {
+		return fmt.Errorf("bbolt: delete %s %s/%s: %w", what, tenant, id, err)
+	}
+	return nil
+}
+
+// PutApproval implements kernel.Tx.
+func (w *writeTx) PutApproval(a *kernel.Approval) error {
+	if a == nil {
+		return fmt.Errorf("bbolt: put approval: nil: %w", kernel.ErrValidation)
+	}
+	if err := checkIDs("put approval", a.Tenant, a.ID); err != nil {
+		return err
+	}
+	b, exp := w.bucket(bApprovals), w.bucket(bApprovalExp)
+	k := key(a.Tenant, a.ID)
+	old, ok, err := get[kernel.Approval](b, k)
+	if err != nil {
+		return fmt.Errorf("bbolt: put approval %s/%s: read previous: %w", a.Tenant, a.ID, err)
+	}
+	if ok {
+		if ek := approvalExpKey(old); ek != nil {
+			if err := exp.Delete(ek); err != nil {
+				return fmt.Errorf("bbolt: put approval %s/%s: expiry index: %w", a.Tenant, a.ID, err)
+			}
+		}
+	}
+	if err := put(b, k, a); err != nil {
+		return fmt.Errorf("bbolt: put approval %s/%s: %w", a.Tenant, a.ID, err)
+	}
+	if ek := approvalExpKey(a); ek != nil {
+		if err := exp.Put(ek, nil); err != nil {
+			return fmt.Errorf("bbolt: put approval %s/%s: expiry index: %w", a.Tenant, a.ID, err)
+		}
+	}
+	return nil
+}
+
+// PutBundle implements kernel.Tx.
+func (w *writeTx) PutBundle(b *kernel.BundleRecord) error {
+	if b == nil {
+		return fmt.Errorf("bbolt: put bundle: nil: %w", kernel.ErrValidation)
+	}
+	if err := checkIDs("put bundle", b.Tenant, b.Name); err != nil {
+		return err
+	}
+	if err := put(w.bucket(bBundles), key(b.Tenant, b.Name), b); err != nil {
+		return fmt.Errorf("bbolt: put bundle %s/%s: %w", b.Tenant, b.Name, err)
+	}
+	return nil
+}
+
+// DeleteBundle implements kernel.Tx; a missing bundle is ErrNotFound.
+func (w *writeTx) DeleteBundle(tenant, name string) error {
+	return deleteKey(w.bucket(bBundles), "bundle", tenant, name)
+}
+
+// PutCounter implements kernel.Tx. value is copied.
+func (w *writeTx) PutCounter(tenant, k string, value []byte) error {
+	if err := checkIDs("put counter", tenant); err != nil {
+		return err
+	}
+	if value == nil {
+		value = []byte{}
+	}
+	if err := w.bucket(bCounters).Put(key(tenant, k), bytes.Clone(value)); err != nil {
+		return fmt.Errorf("bbolt: put counter %s/%q: %w", tenant, k, err)
+	}
+	return nil
+}
+
+// PutTenant implements kernel.Tx.
+func (w *writeTx) PutTenant(t *kernel.Tenant) error {
+	if t == nil {
+		return fmt.Errorf("bbolt: put tenant: nil: %w", kernel.ErrValidation)
+	}
+	if err := checkIDs("put tenant", t.ID); err != nil {
+		return err
+	}
+	if err := put(w.bucket(bTenants), []byte(t.ID), t); err != nil {
+		return fmt.Errorf("bbolt: put tenant %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+// PutAPIKey implements kernel.Tx and keeps the hash index. A hash already
+// used by another key is ErrConflict.
+func (w *writeTx) PutAPIKey(ak *kernel.APIKey) error {
+	if ak == nil {
+		return fmt.Errorf("bbolt: put api key: nil: %w", kernel.ErrValidation)
+	}
+	if err := checkIDs("put api key", ak.Tenant, ak.ID, ak.Hash); err != nil {
+		return err
+	}
+	keys, hashes := w.bucket(bAPIKeys), w.bucket(bAPIKeyHash)
+	k := key(ak.Tenant, ak.ID)
+	if cur := hashes.Get([]byte(ak.Hash)); cur != nil && !bytes.Equal(cur, k) {
+		return fmt.Errorf("bbolt: put api key %s/%s: hash already used by another key: %w", ak.Tenant, ak.ID, kernel.ErrConflict)
+	}
+	old, ok, err := get[kernel.APIKey](keys, k)
+	if err != nil {
+		return fmt.Errorf("bbolt: put api key %s/%s: read previous: %w", ak.Tenant, ak.ID, err)
+	}
+	if ok && old.Hash != ak.Hash {
+		if err := hashes.Delete([]byte(old.Hash)); err != nil {
+			return fmt.Errorf("bbolt: put api key %s/%s: hash index: %w", ak.Tenant, ak.ID, err)
+		}
+	}
+	if err := put(keys, k, ak); err != nil {
+		return fmt.Errorf("bbolt: put api key %s/%s: %w", ak.Tenant, ak.ID, err)
+	}
+	if err := hashes.Put([]byte(ak.Hash), k); err != nil {
+		return fmt.Errorf("bbolt: put api key %s/%s: hash index: %w", ak.Tenant, ak.ID, err)
+	}
+	return nil
+}
+
+// DeleteAPIKey implements kernel.Tx; a missing key is ErrNotFound.
+func (w *writeTx) DeleteAPIKey(tenant, id string) error {
+	if !readable(tenant, id) {
+		return notFound("delete api key %s/%s", tenant, id)
+	}
+	keys := w.bucket(bAPIKeys)
+	k := key(tenant, id)
+	old, ok, err := get[kernel.APIKey](keys, k)
+	if err != nil {
+		return fmt.Errorf("bbolt: delete api key %s/%s: %w", tenant, id, err)
+	}
+	if !ok {
+		return notFound("delete api key %s/%s", tenant, id)
+	}
+	if err := w.bucket(bAPIKeyHash).Delete([]byte(old.Hash)); err != nil {
+		return fmt.Errorf("bbolt: delete api key %s/%s: hash index: %w", tenant, id, err)
+	}
+	if err := keys.Delete(k); err != nil {
+		return fmt.Errorf("bbolt: delete api key %s/%s: %w", tenant, id, err)
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+package bbolt
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+
+	"github.com/wicket-run/wicket/kernel"
+)
+
+// request is one Update waiting for the writer.
+type request struct {
+	ctx  context.Context
+	fn   func(kernel.Tx) error
+	done chan error // buffered (1): the writer never blocks answering
+}
+
+// PanicError is what Update returns when its function panicked.
+type PanicError struct {
+	// Value is the value passed to panic.
+	Value any
+	// Stack is the goroutine stack at the panic.
+	Stack []byte
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("bbolt: update function panicked: %v", e.Value)
+}
+
+// run is the writer goroutine: it owns every write transaction. It returns
+// when Close is called, after committing the requests already waiting.
+func (s *Store) run() {
+	defer close(s.stopped)
+	batch := make([]*request, 0, s.maxBatch)
+	for {
+		select {
+		case r := <-s.reqs:
+			s.commit(s.collect(append(batch[:0], r)))
+		case <-s.closing:
+			for {
+				select {
+				case r := <-s.reqs:
+					s.commit(s.collect(append(batch[:0], r)))
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// collect adds to batch every request already waiting, up to maxBatch. It
+// never waits: a lone request is committed at once.
+func (s *Store) collect(batch []*request) []*request {
+	for len(batch) < s.maxBatch {
+		select {
+		case r := <-s.reqs:
+			batch = append(batch, r)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// commit runs batch in one transaction and answers every request. A request
+// whose function fails is answered with its error and removed, and the
+// rest are run again in a fresh transaction, so each caller observes a
+// serial order of the committed functions.
+func (s *Store) commit(batch []*request) {
+	live := batch[:0]
+	for _, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			r.done <- fmt.Errorf("bbolt: update: %w", err)
+			continue
+		}
+		live = append(live, r)
+	}
+	for len(live) > 0 {
+		failed, ferr, err := s.try(live)
+		if failed >= 0 {
+			s.retries.Add(1)
+			live[failed].done <- ferr
+			live = append(live[:failed], live[failed+1:]...)
+			continue
+		}
+		if err == nil {
+			s.commits.Add(1)
+			s.updates.Add(uint64(len(live)))
+		}
+		for _, r := range live {
+			r.done <- err
+		}
+		return
+	}
+}
+
+// try runs the functions of batch in order in one transaction and commits
+// it. It returns the index and error of the first function that failed (the
+// transaction is then rolled back), or -1 and the commit's error.
+func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
+	btx, err := s.db.Begin(true)
+	if err != nil {
+		return -1, nil, fmt.Errorf("bbolt: update %s: begin: %w", s.path, err)
+	}
+	tx := &writeTx{readTx{tx: btx}}
+	for i, r := range batch {
+		if err := call(r.fn, tx); err != nil {
+			_ = btx.Rollback()
+			return i, err, nil
+		}
+	}
+	if err := btx.Commit(); err != nil {
+		return -1, nil, fmt.Errorf("bbolt: update %s: commit: %w", s.path, err)
+	}
+	return -1, nil, nil
+}
+
+// call runs fn, turning a panic into a *PanicError.
+func call(fn func(kernel.Tx) error, tx *writeTx) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Value: p, Stack: debug.Stack()}
+		}
+	}()
+	return fn(tx)
+}
