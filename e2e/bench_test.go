@@ -1,0 +1,160 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/internal/testkit"
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/server/wire"
+)
+
+// leaseAgent is an agent that acknowledges webhooks and hands the leases to
+// the benchmark, which then drives the protocol itself.
+func leaseAgent(b *testing.B, env *testkit.Env, id string) (*testkit.Agent, chan wire.WebhookPayload) {
+	leases := make(chan wire.WebhookPayload, 1024)
+	a := testkit.NewAgent(id, secret, env.URL, nil)
+	a.Fail = func(p wire.WebhookPayload) int { leases <- p; return http.StatusAccepted }
+	a.Client.HTTP = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	env.RegisterAgent(a, "")
+	b.Cleanup(a.Close)
+	return a, leases
+}
+
+// benchSubmitComplete measures submit + complete over HTTP with `conc`
+// executions driven concurrently, fsync on.
+func benchSubmitComplete(b *testing.B, conc int, engines ...plugins.Engine) {
+	env := testkit.Start(b, testkit.Options{Engines: engines})
+	agent, leases := leaseAgent(b, env, "bench")
+	type ex struct {
+		id    string
+		lease kernel.Lease
+	}
+	exs := make([]ex, conc)
+	for i := range conc {
+		env.CreateExecution("bench", i)
+	}
+	for i := range conc {
+		p := <-leases
+		exs[i] = ex{p.ExecutionID, kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}}
+	}
+	var next atomic.Int64
+	var idx atomic.Int64
+	lat := make([][]time.Duration, conc)
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e := exs[idx.Add(1)-1]
+			ctx := context.Background()
+			for {
+				n := next.Add(1)
+				if n > int64(b.N) {
+					return
+				}
+				var d kernel.StepDecision
+				t0 := time.Now()
+				if err := agent.Client.Do(ctx, "POST", "/v0/executions/"+e.id+"/steps", &e.lease,
+					map[string]any{"kind": "tool_call", "target": "search", "args": map[string]any{"q": "benchmark", "n": n}}, &d); err != nil {
+					b.Error(err)
+					return
+				}
+				lat[w] = append(lat[w], time.Since(t0))
+				if d.Decision != kernel.DecisionProceed {
+					b.Errorf("decision %+v", d)
+					return
+				}
+				if err := agent.Client.Do(ctx, "POST", "/v0/executions/"+e.id+"/steps/"+d.StepID+"/complete", &e.lease,
+					map[string]any{"result": map[string]any{"hits": n}}, nil); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	b.StopTimer()
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	b.ReportMetric(float64(b.N)/el.Seconds(), "steps/s")
+	if p := percentile(all, 0.99); p > 0 {
+		b.ReportMetric(float64(p.Microseconds()), "submit-p99-µs")
+		b.ReportMetric(float64(percentile(all, 0.5).Microseconds()), "submit-p50-µs")
+	}
+}
+
+func percentile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[int(float64(len(s)-1)*q)]
+}
+
+// BenchmarkStepSubmitComplete: one op = one step submitted and completed
+// over HTTP (two signed requests, two fsynced commits shared by group commit).
+func BenchmarkStepSubmitComplete(b *testing.B) {
+	for _, conc := range []int{1, 10, 32} {
+		b.Run(fmt.Sprintf("executions=%d", conc), func(b *testing.B) { benchSubmitComplete(b, conc) })
+	}
+}
+
+// BenchmarkReplay measures replaying one recorded step (the lookup plus the
+// occurrence counter's commit) in executions whose history holds 100, 1000
+// and 10000 steps: the cost must not grow with history length.
+func BenchmarkReplay(b *testing.B) {
+	for _, hist := range []int{100, 1000, 10000} {
+		b.Run(fmt.Sprintf("history=%d", hist), func(b *testing.B) {
+			env := testkit.Start(b, testkit.Options{Config: kernel.Config{LeaseTimeout: 200 * time.Millisecond, DispatchTimeout: 100 * time.Millisecond, ReapInterval: 10 * time.Millisecond, DispatchMaxAttempts: 1 << 30}})
+			_, leases := leaseAgent(b, env, "replayer")
+			id := env.CreateExecution("replayer", nil)
+			p := <-leases
+			k := env.Kernel
+			ctx := context.Background()
+			call := kernel.AgentCall{Tenant: "default", ExecutionID: id, AgentID: "replayer", Lease: kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}}
+			// Record the history (every mutation renews the lease).
+			for i := range hist {
+				d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: call, Kind: "tool_call", Target: "t", Args: []byte(fmt.Sprintf(`{"i":%d}`, i))})
+				if err != nil || d.Decision != kernel.DecisionProceed {
+					b.Fatalf("record %d: %+v %v", i, d, err)
+				}
+				if _, err := k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: call, StepID: d.StepID, Result: []byte(`{"ok":true}`)}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			// Let the lease lapse: the next attempt replays.
+			p = <-leases
+			call.Lease = kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: call, Kind: "tool_call", Target: "t", Args: []byte(fmt.Sprintf(`{"i":%d}`, i%hist))})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if d.Decision != kernel.DecisionReplay {
+					b.Fatalf("op %d: %+v", i, d)
+				}
+				if i%hist == hist-1 {
+					b.StopTimer() // a full pass replayed; the next needs a new attempt
+					p = <-leases
+					call.Lease = kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}
+					b.StartTimer()
+				}
+			}
+		})
+	}
+}
