@@ -8,7 +8,14 @@ import (
 	"regexp"
 )
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
+var (
+	idPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$`)
+	bundlePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+)
+
+// ValidBundleName reports whether s is a valid bundle name (the rule of
+// plugins/bundle, repeated here because the kernel imports no engine).
+func ValidBundleName(s string) bool { return bundlePattern.MatchString(s) }
 
 // ValidID reports whether s is a valid agent, tenant or bundle id.
 func ValidID(s string) bool { return idPattern.MatchString(s) }
@@ -29,8 +36,8 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	if len(a.Secret) < 16 {
 		return nil, Errorf(CodeValidation, "agent %s: secret must be at least 16 bytes", a.ID)
 	}
-	if a.Bundle != "" && !ValidID(a.Bundle) {
-		return nil, Errorf(CodeValidation, "agent %s: bundle name %q is invalid", a.ID, a.Bundle)
+	if a.Bundle != "" && !ValidBundleName(a.Bundle) {
+		return nil, Errorf(CodeValidation, "agent %s: bundle name %q is invalid (want [a-z0-9][a-z0-9_.-]{0,62})", a.ID, a.Bundle)
 	}
 	var out *Agent
 	_, err = k.update(ctx, func(r *rec) error {

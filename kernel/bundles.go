@@ -2,6 +2,8 @@ package kernel
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -139,8 +141,34 @@ func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string) error {
 	return err
 }
 
-// AgentPolicyBundle is the name of the bundle POST /v0/policies/{agent} makes.
-func AgentPolicyBundle(agentID string) string { return "agent-" + agentID }
+// AgentPolicyBundle is the name of the bundle POST /v0/policies/{agent}
+// makes: "agent-<id>", lowercased, with characters a bundle name cannot hold
+// replaced and a short hash of the id appended when anything was changed.
+func AgentPolicyBundle(agentID string) string {
+	b := []byte("agent-")
+	changed := false
+	for _, c := range []byte(agentID) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '_', c == '.', c == '-':
+			b = append(b, c)
+		case c >= 'A' && c <= 'Z':
+			b = append(b, c+'a'-'A')
+			changed = true
+		default:
+			b = append(b, '-')
+			changed = true
+		}
+	}
+	if len(b) > 54 {
+		b, changed = b[:54], true
+	}
+	if changed {
+		sum := sha256.Sum256([]byte(agentID))
+		b = append(b, '-')
+		b = append(b, hex.EncodeToString(sum[:4])...)
+	}
+	return string(b)
+}
 
 // SetAgentPolicy stores native YAML rules as the agent's own bundle and binds
 // the agent to it.

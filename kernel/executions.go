@@ -231,7 +231,7 @@ func (k *Kernel) finish(r *rec, e *Execution, st ExecStatus, reason string, outp
 		}
 		e.BlockedOn = ""
 	}
-	if e.Dispatch.State != DispatchNone {
+	if e.Dispatch.State == DispatchQueued { // a delivery that will never happen
 		if err := r.event(e, EvDispatchDiscarded, map[string]any{"dispatch_id": e.Dispatch.ID, "dispatch_attempt": e.Dispatch.Attempt, "reason": reason}); err != nil {
 			return err
 		}

@@ -50,8 +50,8 @@ type PolicyResult struct {
 
 // RateLimitRule is a rate limit with the id its counter is kept under.
 type RateLimitRule struct {
-	ID string
-	policy.RateLimit
+	ID               string `json:"id"`
+	policy.RateLimit `json:",inline"`
 }
 
 // Policy decides steps (plugins.Host implements it). Decide must not return

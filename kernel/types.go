@@ -127,7 +127,7 @@ type Execution struct {
 	BlockedOn string `json:"blocked_on,omitempty"`
 }
 
-// StepOutcome is the decision record of a step.
+// StepDecisionInfo is the decision record of a step.
 type StepDecisionInfo struct {
 	Action   policy.Action    `json:"action"`
 	Reason   string           `json:"reason,omitempty"`

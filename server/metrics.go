@@ -42,6 +42,11 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) observe(route, method string, status int, d time.Duration) {
+	switch method {
+	case "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS":
+	default:
+		method = "OTHER" // clients choose methods freely: bound the label's values
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.requests[reqKey{route, method, status}]++

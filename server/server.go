@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -52,6 +53,9 @@ type Server struct {
 	deltas    *hub
 	// heartbeat is the SSE heartbeat interval (SSEHeartbeat; tests shorten it).
 	heartbeat time.Duration
+	// closing is closed by CloseStreams; event streams end when it is.
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // New builds a server for k.
@@ -72,6 +76,7 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 		metrics:   newMetrics(),
 		deltas:    newHub(),
 		heartbeat: SSEHeartbeat,
+		closing:   make(chan struct{}),
 	}
 	if cfg.AdminKey != "" {
 		s.adminHash = sha256Sum(cfg.AdminKey)
@@ -88,6 +93,12 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // SetReady sets what GET /v0/ready answers: 200 when true, 503 when false
 // (the command sets it false while shutting down).
 func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+
+// CloseStreams ends every open event stream (clients resume with
+// Last-Event-ID) and makes new ones end at once. Register it with
+// http.Server.RegisterOnShutdown: Shutdown waits for requests in flight, and
+// an event stream otherwise lasts until its execution ends.
+func (s *Server) CloseStreams() { s.closeOnce.Do(func() { close(s.closing) }) }
 
 // route classes: who may call a route (see authorize).
 type class int

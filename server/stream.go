@@ -79,7 +79,8 @@ func (h *hub) count() int {
 // they are committed, and step deltas as "step.delta" events (no id: they
 // are not stored and cannot be resumed). Each stored event has id = seq,
 // event = type and data = the event JSON. The stream ends after the
-// execution's terminal event; an idle stream gets a comment every 15s.
+// execution's terminal event, or at CloseStreams; an idle stream gets a
+// comment every 15s.
 func (s *Server) stream(c *call) (int, any, error) {
 	id := c.vars("id")
 	after, err := seqParam(c.r.URL.Query().Get("after_seq"), "after_seq")
@@ -161,6 +162,8 @@ func (s *Server) stream(c *call) (int, any, error) {
 	for {
 		select {
 		case <-c.ctx.Done():
+			return 0, nil, nil
+		case <-s.closing:
 			return 0, nil, nil
 		case <-wake:
 			if done, ok := send(); done || !ok {

@@ -189,3 +189,17 @@ func TestStreamHeartbeatAndCancel(t *testing.T) {
 		t.Fatal("the stream must end after execution.cancelled")
 	}
 }
+
+func TestCloseStreams(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("bot")
+	ch, _ := e.sse(t, "/v0/executions/"+r.id+"/stream", bearer(testAdminKey))
+	until(t, ch, kernel.EvDispatchAcked)
+	e.srv.CloseStreams()
+	for {
+		if _, ok := next(t, ch); !ok {
+			break
+		}
+	}
+	e.srv.CloseStreams() // idempotent
+}

@@ -189,6 +189,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+	hs.RegisterOnShutdown(srv.CloseStreams) // SSE clients reconnect with Last-Event-ID
 	if err := k.Start(ctx); err != nil {
 		return err
 	}

@@ -2,6 +2,8 @@ package bundle
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -9,6 +11,14 @@ import (
 // never panic, and an accepted bundle must survive a tar.gz round trip with
 // the same digest.
 func FuzzManifest(f *testing.F) {
+	// The manifests of the repository's bundles seed the corpus.
+	seeds, _ := filepath.Glob("../rules/testdata/*/bundle.yaml")
+	stock, _ := filepath.Glob("../../bundles/*/*/bundle.yaml")
+	for _, p := range append(seeds, stock...) {
+		if b, err := os.ReadFile(p); err == nil {
+			f.Add(b)
+		}
+	}
 	for _, s := range []string{
 		testManifest,
 		testManifest + "default_action: allow\n",

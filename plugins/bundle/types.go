@@ -65,6 +65,7 @@ type Sandbox struct {
 
 // Bundle is a loaded, validated bundle.
 type Bundle struct {
+	// Manifest is the validated bundle.yaml.
 	Manifest Manifest
 	// Files maps slash-separated relative paths to content (manifest, policy
 	// files, data.json and tests included).

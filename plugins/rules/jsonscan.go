@@ -19,39 +19,36 @@ type pathSeg struct {
 	idx int // -1 when key is not an index
 }
 
-// lookup returns the raw JSON value at path within doc.
-func lookup(doc []byte, path []pathSeg) ([]byte, bool) {
-	v := doc
+// lookup returns the bounds of the raw JSON value at path within doc.
+func lookup(doc []byte, path []pathSeg) (start, end int, found bool) {
+	lo, hi := 0, len(doc) // the current value is doc[lo:hi], maybe padded with spaces
 	for _, s := range path {
-		i := skipWS(v, 0)
-		if i >= len(v) {
-			return nil, false
+		i := skipWS(doc[:hi], lo)
+		if i >= hi {
+			return 0, 0, false
 		}
-		var start, end int
 		var ok bool
-		switch v[i] {
+		switch doc[i] {
 		case '{':
-			start, end, ok = objectGet(v, i, s.key)
+			lo, hi, ok = objectGet(doc[:hi], i, s.key)
 		case '[':
-			if s.idx < 0 {
-				return nil, false
+			if s.idx >= 0 {
+				lo, hi, ok = arrayGet(doc[:hi], i, s.idx)
 			}
-			start, end, ok = arrayGet(v, i, s.idx)
 		}
 		if !ok {
-			return nil, false
+			return 0, 0, false
 		}
-		v = v[start:end]
 	}
-	i := skipWS(v, 0)
-	if i >= len(v) {
-		return nil, false
+	i := skipWS(doc[:hi], lo)
+	if i >= hi {
+		return 0, 0, false
 	}
-	end, ok := valueEnd(v, i)
+	e, ok := valueEnd(doc[:hi], i)
 	if !ok {
-		return nil, false
+		return 0, 0, false
 	}
-	return v[i:end], true
+	return i, e, true
 }
 
 func skipWS(b []byte, i int) int {
@@ -69,14 +66,20 @@ func skipWS(b []byte, i int) int {
 // stringEnd returns the index of the closing quote of the string whose
 // opening quote is at b[i], and whether the string contains escapes.
 func stringEnd(b []byte, i int) (end int, escaped, ok bool) {
-	for j := i + 1; j < len(b); j++ {
-		switch b[j] {
-		case '\\':
-			escaped = true
-			j++
-		case '"':
-			return j, escaped, true
+	for j := i + 1; j < len(b); {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return 0, false, false
 		}
+		q := j + k
+		n := 0 // backslashes right before the quote
+		for p := q - 1; p > i && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q, bytes.IndexByte(b[i+1:q], '\\') >= 0, true
+		}
+		j = q + 1
 	}
 	return 0, false, false
 }
@@ -95,14 +98,20 @@ func valueEnd(b []byte, i int) (int, bool) {
 		return e + 1, true
 	case '{', '[':
 		depth := 0
-		for j := i; j < len(b); j++ {
+		for j := i; j < len(b); {
+			k := bytes.IndexAny(b[j:], `"{}[]`)
+			if k < 0 {
+				return 0, false
+			}
+			j += k
 			switch b[j] {
 			case '"':
 				e, _, ok := stringEnd(b, j)
 				if !ok {
 					return 0, false
 				}
-				j = e
+				j = e + 1
+				continue
 			case '{', '[':
 				depth++
 			case '}', ']':
@@ -111,6 +120,7 @@ func valueEnd(b []byte, i int) (int, bool) {
 					return j + 1, true
 				}
 			}
+			j++
 		}
 		return 0, false
 	case '}', ']', ',', ':':

@@ -247,6 +247,23 @@ func parse(file string, src []byte) (rs *RuleSet, err error) {
 		}
 	}
 	sort.SliceStable(rs.rules, func(i, j int) bool { return rs.rules[i].priority < rs.rules[j].priority })
+	// Give the first maxMemo distinct argument paths a memo slot.
+	slots := make(map[string]int)
+	for _, r := range rs.rules {
+		for i := range r.args {
+			a := &r.args[i]
+			key := pathKey(a.path)
+			slot, ok := slots[key]
+			if !ok && len(slots) < maxMemo {
+				slot, ok = len(slots), true
+				slots[key] = slot
+			}
+			a.slot = -1
+			if ok {
+				a.slot = slot
+			}
+		}
+	}
 	return rs, nil
 }
 
@@ -485,6 +502,17 @@ func operand(n *yaml.Node) (*value, error) {
 		return nil, err
 	}
 	return parseValue(raw)
+}
+
+// pathKey identifies a parsed path.
+func pathKey(p []pathSeg) string {
+	var b strings.Builder
+	for _, s := range p {
+		b.WriteString(strconv.Itoa(len(s.key)))
+		b.WriteByte(':')
+		b.WriteString(s.key)
+	}
+	return b.String()
 }
 
 // parsePath splits a dotted argument path ("a.b.0.c").

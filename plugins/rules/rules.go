@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 
 	"github.com/wicket-run/wicket/kernel/policy"
@@ -60,6 +61,16 @@ type RuleSet struct {
 	rules         []*rule
 }
 
+// maxMemo is how many distinct argument paths an evaluation remembers the
+// lookup of, so that rules testing the same argument scan the args once.
+const maxMemo = 16
+
+// memo holds the lookups of one evaluation, by argPred.slot.
+type memo struct {
+	start, end [maxMemo]int32
+	state      [maxMemo]uint8 // 0 not looked up, 1 found, 2 missing
+}
+
 // Parse parses and validates src in the rules.yaml format (see the package
 // documentation). It is the inline-policy form of the engine; errors name
 // the file as rules.yaml.
@@ -109,8 +120,9 @@ func (rs *RuleSet) Evaluator() policy.Evaluator { return &evaluator{rs: rs} }
 // point to values shared by every evaluation: do not modify them.
 func (rs *RuleSet) Evaluate(in *policy.Input) *policy.Decision {
 	km, em := kindBit(in.Step.Kind), effectBit(in.Step.Effect)
+	var m memo
 	for _, r := range rs.rules {
-		if r.match(in, km, em) {
+		if r.match(in, km, em, &m) {
 			d := r.decision
 			return &d
 		}
@@ -155,7 +167,30 @@ type rule struct {
 // the value at path.
 type argPred struct {
 	path []pathSeg
+	slot int // memo slot, or -1
 	ops  []op
+}
+
+// value returns the raw value at the predicate's path, using and filling
+// the evaluation's memo.
+func (p *argPred) value(args []byte, m *memo) ([]byte, bool) {
+	if p.slot < 0 || len(args) > math.MaxInt32 {
+		s, e, ok := lookup(args, p.path)
+		return args[s:e], ok
+	}
+	switch m.state[p.slot] {
+	case 1:
+		return args[m.start[p.slot]:m.end[p.slot]], true
+	case 2:
+		return nil, false
+	}
+	s, e, ok := lookup(args, p.path)
+	if !ok {
+		m.state[p.slot] = 2
+		return nil, false
+	}
+	m.state[p.slot], m.start[p.slot], m.end[p.slot] = 1, int32(s), int32(e)
+	return args[s:e], true
 }
 
 type opKind uint8
@@ -200,7 +235,7 @@ func effectBit(e string) uint8 {
 	return 0
 }
 
-func (r *rule) match(in *policy.Input, km, em uint8) bool {
+func (r *rule) match(in *policy.Input, km, em uint8, m *memo) bool {
 	if r.kinds != 0 && r.kinds&km == 0 {
 		return false
 	}
@@ -224,7 +259,7 @@ func (r *rule) match(in *policy.Input, km, em uint8) bool {
 	}
 	for i := range r.args {
 		p := &r.args[i]
-		raw, ok := lookup(in.Step.Args, p.path)
+		raw, ok := p.value(in.Step.Args, m)
 		if !ok {
 			return false
 		}

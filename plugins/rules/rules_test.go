@@ -416,7 +416,8 @@ func TestLookup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, ok := lookup(doc, p)
+		s, e, ok := lookup(doc, p)
+		got := doc[s:e]
 		if !ok {
 			got = []byte("<missing>")
 		}
@@ -424,8 +425,8 @@ func TestLookup(t *testing.T) {
 			t.Errorf("lookup(%s) = %s, want %s", path, got, want)
 		}
 	}
-	if v, ok := lookup(doc, nil); !ok || v[0] != '{' {
-		t.Errorf("empty path: %s", v)
+	if s, e, ok := lookup(doc, nil); !ok || doc[s] != '{' || doc[e-1] != '}' {
+		t.Errorf("empty path: %s", doc[s:e])
 	}
 }
 
@@ -502,4 +503,37 @@ rules:
 	// Output:
 	// allow allow-reads
 	// deny default_action
+}
+
+// TestConcurrentEvaluate hammers one evaluator from several goroutines; run
+// under -race it checks that evaluation shares no mutable state.
+func TestConcurrentEvaluate(t *testing.T) {
+	rs := benchRuleSet(t)
+	ev := rs.Evaluator()
+	targets := map[string]string{"github.create_issue": "last", "email.send": "<none>", "github.delete_repo": "<none>"}
+	inputs := make(map[string]*policy.Input)
+	for target := range targets {
+		inputs[target] = benchInput(t, target)
+	}
+	const goroutines, iterations = 8, 500
+	errs := make(chan error, goroutines)
+	for g := 0; g < goroutines; g++ {
+		go func() {
+			for i := 0; i < iterations; i++ {
+				for target, want := range targets {
+					d, err := ev.Evaluate(context.Background(), inputs[target])
+					if err != nil || ruleID(d) != want {
+						errs <- fmt.Errorf("%s: got %s, %v; want %s", target, ruleID(d), err, want)
+						return
+					}
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for g := 0; g < goroutines; g++ {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
 }

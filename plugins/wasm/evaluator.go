@@ -165,7 +165,7 @@ func (ev *evaluator) instantiate(ctx context.Context) (instance, error) {
 		}
 		if errors.As(err, &exit) && exit.ExitCode() != sys.ExitCodeDeadlineExceeded && exit.ExitCode() != sys.ExitCodeContextCanceled {
 			msg := fmt.Sprintf("wasm: instantiate: module exited with code %d", exit.ExitCode())
-			if l := out.stderr.lastLine(); l != "" {
+			if l := out.stderr.summary(); l != "" {
 				msg += ": " + l
 			}
 			return nil, errors.New(msg)
@@ -197,15 +197,20 @@ func (ev *evaluator) explain(parent context.Context, inst instance, err error) e
 		}
 	}
 	reason := describeCallError(ce.err)
-	if exit != nil {
-		if l := inst.outputs().stderr.lastLine(); l != "" {
-			reason += ": " + l
-		}
+	stderr := inst.outputs().stderr.summary()
+	if stderr != "" {
+		reason += ": " + stderr
 	}
-	if mem := inst.module().Memory(); mem != nil && uint64(mem.Size()) >= uint64(ev.rt.pages)*65536 {
+	if strings.Contains(stderr, "out of memory") || memoryFull(inst.module(), ev.rt.pages) {
 		return fmt.Errorf("wasm: memory limit of %s exhausted: %s", pagesString(ev.rt.pages), reason)
 	}
 	return errors.New("wasm: " + reason)
+}
+
+// memoryFull reports whether mod's memory has reached the cap.
+func memoryFull(mod api.Module, pages uint32) bool {
+	mem := mod.Memory()
+	return mem != nil && uint64(mem.Size()) >= uint64(pages)*65536
 }
 
 // describeCallError summarises a wazero call error in one line: "trap: …",
@@ -219,14 +224,13 @@ func describeCallError(err error) string {
 	if errors.As(err, &abort) {
 		return abort.Error()
 	}
+	// Anything else is a trap ("wasm error: unreachable", "stack
+	// overflow", …). Drop wazero's stack trace.
 	msg := err.Error()
 	if i := strings.IndexByte(msg, '\n'); i >= 0 {
-		msg = msg[:i] // drop wazero's stack trace
+		msg = msg[:i]
 	}
-	if rest, ok := strings.CutPrefix(msg, "wasm error: "); ok {
-		return "trap: " + rest
-	}
-	return msg
+	return "trap: " + strings.TrimPrefix(msg, "wasm error: ")
 }
 
 // timeoutError reports that the per-evaluation deadline passed. It matches

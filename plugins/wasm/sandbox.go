@@ -133,21 +133,25 @@ func (e *Engine) newOutputs(s *sandbox, name, revision string) *outputs {
 	return o
 }
 
-// tailWriter keeps the last bytes written to it (for error reasons) and
-// forwards everything to next, if set.
+// tailWriter captures the start and the end of what a module writes to
+// stderr during one evaluation (for error reasons) and forwards everything
+// to next, if set.
 type tailWriter struct {
-	mu   sync.Mutex
-	buf  []byte
-	next io.Writer
+	mu         sync.Mutex
+	head, tail []byte
+	next       io.Writer
 }
 
-const tailKeep = 4096
+const captureKeep = 2048
 
 func (w *tailWriter) Write(p []byte) (int, error) {
 	w.mu.Lock()
-	w.buf = append(w.buf, p...)
-	if len(w.buf) > tailKeep {
-		w.buf = append(w.buf[:0], w.buf[len(w.buf)-tailKeep:]...)
+	if n := captureKeep - len(w.head); n > 0 {
+		w.head = append(w.head, p[:min(n, len(p))]...)
+	}
+	w.tail = append(w.tail, p...)
+	if len(w.tail) > captureKeep {
+		w.tail = append(w.tail[:0], w.tail[len(w.tail)-captureKeep:]...)
 	}
 	w.mu.Unlock()
 	if w.next != nil {
@@ -159,33 +163,42 @@ func (w *tailWriter) Write(p []byte) (int, error) {
 // reset forgets what was written.
 func (w *tailWriter) reset() {
 	w.mu.Lock()
-	w.buf = w.buf[:0]
+	w.head, w.tail = w.head[:0], w.tail[:0]
 	w.mu.Unlock()
 }
 
-// lastLine returns the last non-empty line written, at most 200 bytes,
-// with control characters removed.
-func (w *tailWriter) lastLine() string {
+// summary returns the line of stderr that best explains a crash, at most
+// 200 bytes with control characters removed: the first "fatal error:" or
+// "panic:" line (Go's runtime prints a stack trace after it), else the last
+// non-empty line.
+func (w *tailWriter) summary() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	lines := strings.Split(strings.TrimSpace(string(w.buf)), "\n")
+	for _, l := range strings.Split(string(w.head), "\n") {
+		if strings.HasPrefix(l, "fatal error:") || strings.HasPrefix(l, "panic:") {
+			return cleanLine(l)
+		}
+	}
+	lines := strings.Split(string(w.tail), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
-		l := strings.Map(func(r rune) rune {
-			if r < 0x20 || r == 0x7f {
-				return -1
-			}
-			return r
-		}, lines[i])
-		l = strings.TrimSpace(l)
-		if l == "" {
-			continue
+		if l := cleanLine(lines[i]); l != "" {
+			return l
 		}
-		if len(l) > 200 {
-			l = l[:200] + "…"
-		}
-		return l
 	}
 	return ""
+}
+
+func cleanLine(l string) string {
+	l = strings.TrimSpace(strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return -1
+		}
+		return r
+	}, l))
+	if len(l) > 200 {
+		l = l[:200] + "…"
+	}
+	return l
 }
 
 // lineLogger writes each complete line as one log record.

@@ -185,7 +185,11 @@ func TestCompileRefuses(t *testing.T) {
 		b    *bundle.Bundle
 		want string
 	}{
-		{"not wasm engine", func() *bundle.Bundle { b := newBundle("x", good, bundle.Sandbox{}); b.Manifest.Engine = "rego"; return b }(),
+		{"not wasm engine", func() *bundle.Bundle {
+			b := newBundle("x", good, bundle.Sandbox{})
+			b.Manifest.Engine = "rego"
+			return b
+		}(),
 			`wasm: bundle engine is "rego", not "wasm"`},
 		{"no policy.wasm", &bundle.Bundle{Manifest: bundle.Manifest{Name: "x", Engine: "wasm"}}, "wasm: bundle has no policy.wasm"},
 		{"unknown abi", func() *bundle.Bundle { b := newBundle("x", good, bundle.Sandbox{}); b.Manifest.ABI = "wasi"; return b }(),
