@@ -3,6 +3,10 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -11,8 +15,10 @@ import (
 	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
+	"github.com/wicket-run/wicket/plugins/wasm"
 )
 
 // decisionRules is the test policy in the native format: one target per
@@ -74,12 +80,61 @@ type engineCase struct {
 	engine string
 	files  map[string]string
 	eng    func() plugins.Engine
+	// archive, when set, is uploaded as a .tar.gz instead of the JSON form.
+	archive func(t *testing.T) []byte
+}
+
+var (
+	wasmOnce  sync.Once
+	wasmBytes []byte
+	wasmErr   error
+	wasmCache string
+)
+
+// decisionsWasm builds the Go SDK version of the test policy once.
+func decisionsWasm(t *testing.T) []byte {
+	t.Helper()
+	wasmOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "wicket-e2e-wasm-")
+		if err != nil {
+			wasmErr = err
+			return
+		}
+		wasmCache = filepath.Join(dir, "cache")
+		out := filepath.Join(dir, "policy.wasm")
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, ".")
+		cmd.Dir = "testdata/decisions-wasm"
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "GOWORK=off")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			wasmErr = fmt.Errorf("build wasm policy: %v\n%s", err, b)
+			return
+		}
+		wasmBytes, wasmErr = os.ReadFile(out)
+	})
+	if wasmErr != nil {
+		t.Fatal(wasmErr)
+	}
+	return wasmBytes
 }
 
 func policyEngines() []engineCase {
 	return []engineCase{
-		{"rules", map[string]string{"bundle.yaml": "name: decisions\nrevision: \"1\"\nengine: rules\n", "rules.yaml": decisionRules}, func() plugins.Engine { return rules.New() }},
-		{"rego", map[string]string{"bundle.yaml": "name: decisions\nrevision: \"1\"\nengine: rego\nentrypoint: data.wicket.decision\ndefault_action: deny\n", "policy.rego": decisionRego}, func() plugins.Engine { return rego.New() }},
+		{engine: "wasm", eng: func() plugins.Engine { return wasm.New(wasm.Config{CacheDir: wasmCache}) },
+			archive: func(t *testing.T) []byte {
+				b, err := bundle.LoadFiles(map[string][]byte{
+					"bundle.yaml": []byte("name: decisions\nrevision: \"1\"\nengine: wasm\nabi: wicket\ndefault_action: deny\n"),
+					"policy.wasm": decisionsWasm(t)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ar, err := b.TarGz()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ar
+			}},
+		{engine: "rules", files: map[string]string{"bundle.yaml": "name: decisions\nrevision: \"1\"\nengine: rules\n", "rules.yaml": decisionRules}, eng: func() plugins.Engine { return rules.New() }},
+		{engine: "rego", files: map[string]string{"bundle.yaml": "name: decisions\nrevision: \"1\"\nengine: rego\nentrypoint: data.wicket.decision\ndefault_action: deny\n", "policy.rego": decisionRego}, eng: func() plugins.Engine { return rego.New() }},
 	}
 }
 
@@ -168,9 +223,19 @@ func TestPolicyDecisionsPerEngine(t *testing.T) {
 			cfg := fast()
 			cfg.LeaseTimeout = 5 * time.Second
 			cfg.DispatchTimeout = time.Second
+			var archive []byte
+			if ec.archive != nil {
+				archive = ec.archive(t)
+			}
 			env := testkit.Start(t, testkit.Options{Config: cfg, Engines: []plugins.Engine{ec.eng()}})
 			var rec kernel.BundleRecord
-			if _, err := env.Admin("PUT", "/v0/bundles/decisions", map[string]any{"engine": ec.engine, "files": ec.files}, &rec); err != nil {
+			var err error
+			if archive != nil {
+				_, err = testkit.BearerWithHeaders(env.URL, testkit.AdminKey, "PUT", "/v0/bundles/decisions", map[string]string{"Content-Type": "application/gzip"}, archive, &rec)
+			} else {
+				_, err = env.Admin("PUT", "/v0/bundles/decisions", map[string]any{"engine": ec.engine, "files": ec.files}, &rec)
+			}
+			if err != nil {
 				t.Fatalf("upload bundle: %v", err)
 			}
 			if rec.Engine != ec.engine || len(rec.Digest) != 64 {
