@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func runCmd(t *testing.T, ctx context.Context, args ...string) (string, string, error) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	err := run(ctx, args, &out, &errb)
+	return out.String(), errb.String(), err
+}
+
+func TestVersionAndUsage(t *testing.T) {
+	out, _, err := runCmd(t, context.Background(), "version")
+	if err != nil || !strings.HasPrefix(out, "wicket ") {
+		t.Fatalf("version: %q %v", out, err)
+	}
+	if _, _, err := runCmd(t, context.Background(), "frobnicate"); err == nil {
+		t.Fatal("unknown command accepted")
+	} else if _, ok := err.(usageError); !ok {
+		t.Fatalf("unknown command: %T %v, want a usage error", err, err)
+	}
+}
+
+func TestServeRefusesNonLoopbackWithoutKey(t *testing.T) {
+	_, _, err := runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "0.0.0.0:0")
+	if err == nil || !strings.Contains(err.Error(), "without an API key") {
+		t.Fatalf("got %v", err)
+	}
+	if _, _, err := runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "0.0.0.0:0", "--admin-key", "short"); err == nil {
+		t.Fatal("a short admin key was accepted")
+	}
+}
+
+func TestServeRefusesWritableStore(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "wicket.db")
+	if err := os.WriteFile(db, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(db, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := runCmd(t, context.Background(), "serve", "--data", dir, "--addr", "127.0.0.1:0")
+	if err == nil || !strings.Contains(err.Error(), "0666") {
+		t.Fatalf("a world-writable store was opened: %v", err)
+	}
+}
+
+// TestServeLifecycle starts serve in-process, checks health and the store's
+// mode, and shuts it down gracefully by cancelling the context (what
+// SIGTERM/SIGINT do).
+func TestServeLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var out, errb bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{"serve", "--data", filepath.Join(dir, "data"), "--addr", "127.0.0.1:0", "--ready-file", ready}, &out, &errb)
+	}()
+	var addr []byte
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var err error
+		if addr, err = os.ReadFile(ready); err == nil && len(addr) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready: %s", errb.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + string(addr) + "/v0/ready")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("ready: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	st, err := os.Stat(filepath.Join(dir, "data", "wicket.db"))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("store mode: %v %v", st.Mode(), err)
+	}
+	if !strings.Contains(errb.String(), "authentication is DISABLED") {
+		t.Errorf("no warning about disabled auth in %q", errb.String())
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve returned %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not shut down")
+	}
+}
+
+func TestPolicyInspectBuildEval(t *testing.T) {
+	dir := t.TempDir()
+	b := filepath.Join(dir, "b")
+	_ = os.MkdirAll(filepath.Join(b, "tests"), 0o700)
+	_ = os.WriteFile(filepath.Join(b, "bundle.yaml"), []byte("name: b\nrevision: \"3\"\nengine: rules\n"), 0o600)
+	_ = os.WriteFile(filepath.Join(b, "rules.yaml"), []byte("default_action: deny\nrules:\n  - id: ok\n    priority: 1\n    when: {target: ok}\n    then: {decision: allow}\n"), 0o600)
+	_ = os.WriteFile(filepath.Join(b, "tests", "cases.yaml"), []byte("cases:\n  - name: ok\n    step: {kind: tool_call, target: ok}\n    expect: {decision: allow, rule_id: ok}\n  - name: other\n    step: {kind: tool_call, target: other}\n    expect: {decision: deny}\n"), 0o600)
+	ctx := context.Background()
+	out, _, err := runCmd(t, ctx, "policy", "test", b)
+	if err != nil || !strings.Contains(out, "2 passed, 0 failed") {
+		t.Fatalf("policy test: %q %v", out, err)
+	}
+	out, _, err = runCmd(t, ctx, "policy", "inspect", b)
+	if err != nil || !strings.Contains(out, "revision:       3") || !strings.Contains(out, "tests:          2 cases") {
+		t.Fatalf("inspect: %q %v", out, err)
+	}
+	tgz := filepath.Join(dir, "b.tar.gz")
+	if out, _, err = runCmd(t, ctx, "policy", "build", b, "-o", tgz); err != nil || !strings.Contains(out, "sha256:") {
+		t.Fatalf("build: %q %v", out, err)
+	}
+	if out, _, err = runCmd(t, ctx, "policy", "test", tgz); err != nil || !strings.Contains(out, "2 passed") {
+		t.Fatalf("policy test of the archive: %q %v", out, err)
+	}
+	in := filepath.Join(dir, "in.json")
+	_ = os.WriteFile(in, []byte(`{"tenant":"default","agent_id":"a","execution_id":"e","step":{"kind":"tool_call","target":"ok","args":{}}}`), 0o600)
+	if out, _, err = runCmd(t, ctx, "policy", "eval", "--bundle", b, "--input", in); err != nil || !strings.Contains(out, `"decision": "allow"`) {
+		t.Fatalf("eval: %q %v", out, err)
+	}
+	// A failing case fails the command and says which.
+	_ = os.WriteFile(filepath.Join(b, "tests", "cases.yaml"), []byte("cases:\n  - name: wrong\n    step: {kind: tool_call, target: other}\n    expect: {decision: allow}\n"), 0o600)
+	out, _, err = runCmd(t, ctx, "policy", "test", b)
+	if err == nil || !strings.Contains(out, "FAIL b/wrong") || !strings.Contains(out, "0 passed, 1 failed") {
+		t.Fatalf("failing case: %q %v", out, err)
+	}
+}

@@ -1,0 +1,136 @@
+package manifest_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/wicket-run/wicket/internal/manifest"
+	"github.com/wicket-run/wicket/internal/testkit"
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/rules"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct{ name, src, want string }{
+		{"unknown field", "agents:\n  - id: a\n    webhok_url: x\n", "webhok_url"},
+		{"unset env", "agents:\n  - id: a\n    webhook_url: http://127.0.0.1:1/\n    secret: ${NOPE}\n", "NOPE is not set"},
+		{"duplicate agent", "agents:\n  - {id: a, webhook_url: 'http://h/', secret: s}\n  - {id: a, webhook_url: 'http://h/', secret: s}\n", "duplicate agent"},
+		{"two policies", "agents:\n  - {id: a, webhook_url: 'http://h/', secret: s, policy: 'x', bundle: b}\n", "at most one"},
+		{"bad agent id", "agents:\n  - {id: 'a b', webhook_url: 'http://h/', secret: s}\n", "invalid"},
+		{"bad role", "tenants:\n  - id: acme\n    keys: [{principal: ci, role: root, key: 0123456789abcdef0}]\n", "role"},
+		{"short key", "tenants:\n  - id: acme\n    keys: [{principal: ci, role: client, key: short}]\n", "16 bytes"},
+		{"bundle without path", "bundles:\n  - name: x\n", "path is required"},
+		{"not yaml", "agents: [\n", "parse"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := manifest.Parse([]byte(tc.src), env(nil))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want it to mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestApply(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "strict.yaml"), []byte("default_action: deny\nrules: []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bdir := filepath.Join(dir, "bundles", "ro")
+	if err := os.MkdirAll(bdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(bdir, "bundle.yaml"), []byte("name: ro\nrevision: \"7\"\nengine: rules\n"), 0o600)
+	_ = os.WriteFile(filepath.Join(bdir, "rules.yaml"), []byte("default_action: deny\nrules:\n  - id: reads\n    priority: 1\n    when: {effect: read_only}\n    then: {decision: allow}\n"), 0o600)
+	src := `
+bundles:
+  - name: ro
+    path: bundles/ro
+tenants:
+  - id: acme
+    keys: [{principal: ci, role: client, key: "${ACME_KEY}"}]
+agents:
+  - id: inline
+    webhook_url: http://127.0.0.1:9/hook
+    secret: ${SECRET}
+    policy: |
+      default_action: allow
+      rules:
+        - id: no-rm
+          priority: 1
+          when: {target: rm}
+          then: {decision: deny}
+  - id: fromfile
+    webhook_url: http://127.0.0.1:9/hook
+    secret: ${SECRET}
+    policy_file: strict.yaml
+  - id: named
+    webhook_url: http://127.0.0.1:9/hook
+    secret: ${SECRET}
+    bundle: ro
+  - id: tenanted
+    tenant: acme
+    webhook_url: http://127.0.0.1:9/hook
+    secret: ${SECRET}
+`
+	path := filepath.Join(dir, "wicket.yaml")
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Load(path, env(map[string]string{"SECRET": "s3cret-0123456789", "ACME_KEY": "acme-ci-key-0123456789"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+	ctx := context.Background()
+	for range 2 { // applying twice is an upsert
+		if err := m.Apply(ctx, e.Kernel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		agent, tenant, target, effect string
+		want                          string
+	}{
+		{"inline", "default", "rm", "", "deny"},
+		{"inline", "default", "ls", "", "allow"},
+		{"fromfile", "default", "ls", "", "deny"},
+		{"named", "default", "ls", "read_only", "allow"},
+		{"named", "default", "ls", "destructive", "deny"},
+		{"tenanted", "acme", "ls", "", "allow"}, // no bundle: kernel default
+	} {
+		res, err := e.Kernel.EvalPolicy(ctx, kernel.EvalRequest{Tenant: tc.tenant, AgentID: tc.agent, Kind: "tool_call", Target: tc.target, Effect: tc.effect})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.agent, err)
+		}
+		if string(res.Decision) != tc.want {
+			t.Errorf("%s %s/%s: %s (%s), want %s", tc.agent, tc.target, tc.effect, res.Decision, res.Reason, tc.want)
+		}
+	}
+	key, err := e.Kernel.AuthenticateKey(ctx, "acme-ci-key-0123456789")
+	if err != nil || key.Tenant != "acme" || key.Role != "client" {
+		t.Errorf("provisioned key: %+v %v", key, err)
+	}
+	if ref, ok := e.Host.Live("default", "ro"); !ok || ref.Revision != "7" {
+		t.Errorf("bundle ro: %+v %v", ref, ok)
+	}
+}
+
+func TestApplyBadPolicyFailsBoot(t *testing.T) {
+	m, err := manifest.Parse([]byte("agents:\n  - id: a\n    webhook_url: http://127.0.0.1:9/\n    secret: s3cret-0123456789\n    policy: |\n      rules:\n        - id: x\n          when: {arguments: {cmd: {}}}\n          then: {decision: allow}\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+	if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), "agent a") {
+		t.Fatalf("a malformed policy must fail the boot, got %v", err)
+	}
+}
