@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,6 +164,7 @@ func BenchmarkRegoEvaluate(b *testing.B) {
 	for _, c := range benchInputs() {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
+			reportCPU(b)
 			for b.Loop() {
 				d, err := ev.Evaluate(ctx, c.in)
 				if err != nil || (d == nil) != (c.want == "") {
@@ -179,6 +181,7 @@ func BenchmarkRegoEvaluateParallel(b *testing.B) {
 	ev := mustCompile(b, benchBundle())
 	in := benchInputs()[1].in // shell-allow: regexes plus the allow-list
 	b.ReportAllocs()
+	reportCPU(b)
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()
 		for pb.Next() {
@@ -196,6 +199,7 @@ func BenchmarkRegoCompile(b *testing.B) {
 	bn := benchBundle()
 	ctx := context.Background()
 	b.ReportAllocs()
+	reportCPU(b)
 	for b.Loop() {
 		ev, err := eng.Compile(ctx, bn)
 		if err != nil {
@@ -212,6 +216,7 @@ func BenchmarkInputConversion(b *testing.B) {
 	in := benchInputs()[1].in
 	b.Run("direct", func(b *testing.B) {
 		b.ReportAllocs()
+		reportCPU(b)
 		for b.Loop() {
 			if _, err := inputValue(in); err != nil {
 				b.Fatal(err)
@@ -220,6 +225,7 @@ func BenchmarkInputConversion(b *testing.B) {
 	})
 	b.Run("json-roundtrip", func(b *testing.B) {
 		b.ReportAllocs()
+		reportCPU(b)
 		for b.Loop() {
 			raw, err := json.Marshal(in)
 			if err != nil {
@@ -238,18 +244,55 @@ func BenchmarkInputConversion(b *testing.B) {
 	})
 	b.Run("opa-interface-to-value", func(b *testing.B) {
 		b.ReportAllocs()
+		reportCPU(b)
 		for b.Loop() {
 			if _, err := ast.InterfaceToValue(in); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
-	b.Run("args-only", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := jsonValue(in.Step.Args); err != nil {
-				b.Fatal(err)
-			}
+}
+
+// bigArgs is an LLM-call-like argument document of about 25 KB.
+func bigArgs() []byte {
+	msgs := make([]map[string]any, 0, 20)
+	for i := range 20 {
+		msgs = append(msgs, map[string]any{"role": "user", "content": strings.Repeat(fmt.Sprintf("message %d says hello world. ", i), 40)})
+	}
+	b, err := json.Marshal(map[string]any{"model": "some-model", "max_tokens": 1024, "temperature": 0.2, "messages": msgs})
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// BenchmarkArgsConversion compares the direct JSON-to-OPA decoder used for
+// step args with encoding/json followed by ast.InterfaceToValue.
+func BenchmarkArgsConversion(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		raw  []byte
+	}{
+		{"small", benchInputs()[1].in.Step.Args},
+		{"large", bigArgs()},
+	} {
+		for _, f := range []struct {
+			name string
+			fn   func([]byte) (ast.Value, error)
+		}{
+			{"direct", jsonValue},
+			{"encoding-json", jsonValueStd},
+		} {
+			b.Run(c.name+"/"+f.name, func(b *testing.B) {
+				b.SetBytes(int64(len(c.raw)))
+				b.ReportAllocs()
+				reportCPU(b)
+				for b.Loop() {
+					if _, err := f.fn(c.raw); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
-	})
+	}
 }

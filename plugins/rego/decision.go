@@ -48,12 +48,17 @@ var (
 	keyOnLimiterError = ast.StringTerm("on_limiter_error")
 )
 
-// decodeDecision reads a decision object. Errors complete the sentence
-// "rego: entrypoint data.x.y ...".
+// decodeDecision reads a decision object; an empty object is no match
+// (nil, nil). Errors complete the sentence "rego: entrypoint data.x.y ...".
 func decodeDecision(v ast.Value) (*policy.Decision, error) {
 	obj, ok := v.(ast.Object)
 	if !ok {
 		return nil, fmt.Errorf("returned %s, want an object with a decision field", describe(v))
+	}
+	if obj.Len() == 0 {
+		// Partial-object and ref-head rules (decision.decision := "deny" if
+		// ...) make the entrypoint an empty object when none of them holds.
+		return nil, nil
 	}
 	f := fields{obj: obj}
 	var d policy.Decision
@@ -256,9 +261,6 @@ func describe(v ast.Value) string {
 
 // keyList lists an object's keys for error messages.
 func keyList(obj ast.Object) string {
-	if obj.Len() == 0 {
-		return "none"
-	}
 	ks := make([]string, 0, obj.Len())
 	for _, k := range obj.Keys() {
 		ks = append(ks, k.String())

@@ -91,6 +91,9 @@ func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Dec
 	if res.err != nil {
 		return nil, fmt.Errorf("rego: entrypoint %s %w", e.entry, res.err)
 	}
+	if res.d == nil {
+		return nil, nil
+	}
 	if err := res.d.Validate(); err != nil {
 		return nil, fmt.Errorf("rego: entrypoint %s returned an invalid decision: %w", e.entry, err)
 	}

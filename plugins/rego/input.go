@@ -42,7 +42,7 @@ var (
 // for in (nil labels and empty args become null; created_at is RFC 3339 with
 // nanoseconds); TestInputValueMatchesJSON holds the two together.
 func inputValue(in *policy.Input) (ast.Value, error) {
-	args, err := jsonValue(in.Step.Args)
+	args, err := jsonTerm(in.Step.Args)
 	if err != nil {
 		return nil, fmt.Errorf("step.args: %w", err)
 	}
@@ -54,13 +54,13 @@ func inputValue(in *policy.Input) (ast.Value, error) {
 	step := ast.NewObjectWithCapacity(7)
 	step.Insert(inKind, ast.InternedTerm(in.Step.Kind))
 	step.Insert(inTarget, ast.InternedTerm(in.Step.Target))
-	step.Insert(inArgs, ast.NewTerm(args))
+	step.Insert(inArgs, args)
 	step.Insert(inArgsHash, ast.InternedTerm(in.Step.ArgsHash))
 	step.Insert(inIdempotency, ast.InternedTerm(in.Step.Idempotency))
 	step.Insert(inEffect, ast.InternedTerm(in.Step.Effect))
 	step.Insert(inOccurrence, ast.InternedTerm(in.Step.Occurrence))
 
-	labels := ast.NullTerm()
+	labels := ast.InternedNullTerm
 	if in.Execution.Labels != nil {
 		lo := ast.NewObjectWithCapacity(len(in.Execution.Labels))
 		for k, v := range in.Execution.Labels {

@@ -93,6 +93,11 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 	if len(c.GetRules(ref)) == 0 {
 		return nil, fmt.Errorf("entrypoint %s is not defined by any rule (packages: %s)", entry, packages(modules))
 	}
+	for _, r := range c.GetRulesExact(ref) {
+		if len(r.Head.Args) > 0 {
+			return nil, fmt.Errorf("%s: entrypoint %s is a function, want a rule that takes no arguments", where(r), entry)
+		}
+	}
 
 	data, err := loadData(b)
 	if err != nil {
@@ -305,7 +310,7 @@ func checkDataConflicts(data ast.Object, modules map[string]*ast.Module) error {
 				continue
 			}
 			if _, err := data.Find(p[1:]); err == nil {
-				errs = append(errs, fmt.Sprintf("%s:%d: data.json also defines %s", r.Location.File, r.Location.Row, p))
+				errs = append(errs, fmt.Sprintf("%s: data.json also defines %s", where(r), p))
 			}
 		}
 	}
@@ -314,4 +319,12 @@ func checkDataConflicts(data ast.Object, modules map[string]*ast.Module) error {
 	}
 	sort.Strings(errs)
 	return errors.New(strings.Join(errs, "; "))
+}
+
+// where returns a rule's file:line.
+func where(r *ast.Rule) string {
+	if r.Location == nil {
+		return "?"
+	}
+	return fmt.Sprintf("%s:%d", r.Location.File, r.Location.Row)
 }

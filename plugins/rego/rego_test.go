@@ -404,6 +404,11 @@ decision := {"decision": y} if {
 			want:  []string{"entrypoint data.wicket.verdict is not defined by any rule"},
 		},
 		{
+			name:  "entrypoint is a function",
+			files: map[string]string{"policy.rego": "package wicket\n\ndecision(x) := {\"decision\": \"deny\"} if x\n"},
+			want:  []string{"policy.rego:3: entrypoint data.wicket.decision is a function, want a rule that takes no arguments"},
+		},
+		{
 			name:  "entrypoint not into data",
 			files: map[string]string{"policy.rego": mainPolicy},
 			edit:  func(b *bundle.Bundle) { b.Manifest.Entrypoint = "input.step" },
@@ -578,12 +583,17 @@ why := sprintf("%s is blocked", [input.step.target])
 	t.Run("entrypoint defined by ref-head rules", func(t *testing.T) {
 		b := mkBundle(map[string]string{"policy.rego": `package wicket
 
-decision.decision := "deny"
-decision.reason := "ref head"
+decision.decision := "deny" if input.step.target == "x"
+decision.reason := "ref head" if input.step.target == "x"
 `}, "")
-		d, err := mustCompile(t, b).Evaluate(context.Background(), step("x", `{}`, ""))
+		ev := mustCompile(t, b)
+		d, err := ev.Evaluate(context.Background(), step("x", `{}`, ""))
 		if err != nil || d == nil || d.Reason != "ref head" {
 			t.Fatalf("got %s, %v; want deny", show(d), err)
+		}
+		// None holds: the entrypoint is an empty object, which is no match.
+		if d, err := ev.Evaluate(context.Background(), step("y", `{}`, "")); d != nil || err != nil {
+			t.Fatalf("got %s, %v; want no match", show(d), err)
 		}
 	})
 	t.Run("data.json from Files when Data is nil", func(t *testing.T) {
@@ -736,5 +746,76 @@ func TestEvaluateConcurrent(t *testing.T) {
 func TestName(t *testing.T) {
 	if got := New().Name(); got != "rego" {
 		t.Fatalf("Name() = %q, want rego", got)
+	}
+}
+
+// TestCompileConcurrent compiles with one Engine from several goroutines
+// (run it under -race): the engine's capabilities are shared read-only.
+func TestCompileConcurrent(t *testing.T) {
+	eng := New()
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ev, err := eng.Compile(context.Background(), benchBundle())
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer ev.Close()
+			if _, err := ev.Evaluate(context.Background(), step("fs.read", `{}`, policy.EffectReadOnly)); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestCloseDuringEvaluate closes an evaluator while goroutines use it (run it
+// under -race): each call either answers correctly or reports the close.
+func TestCloseDuringEvaluate(t *testing.T) {
+	ev, err := New().Compile(context.Background(), mkBundle(map[string]string{"policy.rego": mainPolicy}, mainData))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := step("fs.read", `{}`, policy.EffectReadOnly)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	start := make(chan struct{})
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for {
+				d, err := ev.Evaluate(context.Background(), in)
+				if err != nil {
+					if !strings.Contains(err.Error(), "evaluator closed") {
+						errs <- err
+					}
+					return
+				}
+				if d == nil || d.Decision != policy.Allow {
+					errs <- fmt.Errorf("got %s, want allow", show(d))
+					return
+				}
+			}
+		}()
+	}
+	close(start)
+	time.Sleep(20 * time.Millisecond)
+	if err := ev.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }
