@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,21 +19,25 @@ import (
 
 // leaseAgent is an agent that acknowledges webhooks and hands the leases to
 // the benchmark, which then drives the protocol itself.
-func leaseAgent(b *testing.B, env *testkit.Env, id string) (*testkit.Agent, chan wire.WebhookPayload) {
+func leaseAgent(b *testing.B, env *testkit.Env, id string, bundleName ...string) (*testkit.Agent, chan wire.WebhookPayload) {
 	leases := make(chan wire.WebhookPayload, 1024)
 	a := testkit.NewAgent(id, secret, env.URL, nil)
 	a.Fail = func(p wire.WebhookPayload) int { leases <- p; return http.StatusAccepted }
 	a.Client.HTTP = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-	env.RegisterAgent(a, "")
+	env.RegisterAgent(a, strings.Join(bundleName, ""))
 	b.Cleanup(a.Close)
 	return a, leases
 }
 
 // benchSubmitComplete measures submit + complete over HTTP with `conc`
 // executions driven concurrently, fsync on.
-func benchSubmitComplete(b *testing.B, conc int, engines ...plugins.Engine) {
+func benchSubmitComplete(b *testing.B, conc int, setup func(env *testkit.Env) string, engines ...plugins.Engine) {
 	env := testkit.Start(b, testkit.Options{Engines: engines})
-	agent, leases := leaseAgent(b, env, "bench")
+	bundleName := ""
+	if setup != nil {
+		bundleName = setup(env)
+	}
+	agent, leases := leaseAgent(b, env, "bench", bundleName)
 	type ex struct {
 		id    string
 		lease kernel.Lease
@@ -65,7 +70,7 @@ func benchSubmitComplete(b *testing.B, conc int, engines ...plugins.Engine) {
 				var d kernel.StepDecision
 				t0 := time.Now()
 				if err := agent.Client.Do(ctx, "POST", "/v0/executions/"+e.id+"/steps", &e.lease,
-					map[string]any{"kind": "tool_call", "target": "search", "args": map[string]any{"q": "benchmark", "n": n}}, &d); err != nil {
+					map[string]any{"kind": "tool_call", "target": "read", "args": map[string]any{"q": "benchmark", "n": n}}, &d); err != nil {
 					b.Error(err)
 					return
 				}
@@ -109,7 +114,33 @@ func percentile(d []time.Duration, q float64) time.Duration {
 // over HTTP (two signed requests, two fsynced commits shared by group commit).
 func BenchmarkStepSubmitComplete(b *testing.B) {
 	for _, conc := range []int{1, 10, 32} {
-		b.Run(fmt.Sprintf("executions=%d", conc), func(b *testing.B) { benchSubmitComplete(b, conc) })
+		b.Run(fmt.Sprintf("executions=%d", conc), func(b *testing.B) { benchSubmitComplete(b, conc, nil) })
+	}
+}
+
+// BenchmarkStepSubmitEngine is BenchmarkStepSubmitComplete with each
+// engine's form of the e2e decision policy in the path (10 executions).
+func BenchmarkStepSubmitEngine(b *testing.B) {
+	for _, ec := range policyEngines() {
+		b.Run(ec.engine, func(b *testing.B) {
+			var archive []byte
+			if ec.archive != nil {
+				archive = ec.archive(b)
+			}
+			setup := func(env *testkit.Env) string {
+				var err error
+				if archive != nil {
+					_, err = testkit.BearerWithHeaders(env.URL, testkit.AdminKey, "PUT", "/v0/bundles/decisions", map[string]string{"Content-Type": "application/gzip"}, archive, nil)
+				} else {
+					_, err = env.Admin("PUT", "/v0/bundles/decisions", map[string]any{"engine": ec.engine, "files": ec.files}, nil)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				return "decisions"
+			}
+			benchSubmitComplete(b, 10, setup, ec.eng())
+		})
 	}
 }
 

@@ -81,7 +81,7 @@ type engineCase struct {
 	files  map[string]string
 	eng    func() plugins.Engine
 	// archive, when set, is uploaded as a .tar.gz instead of the JSON form.
-	archive func(t *testing.T) []byte
+	archive func(t testing.TB) []byte
 }
 
 var (
@@ -92,7 +92,7 @@ var (
 )
 
 // decisionsWasm builds the Go SDK version of the test policy once.
-func decisionsWasm(t *testing.T) []byte {
+func decisionsWasm(t testing.TB) []byte {
 	t.Helper()
 	wasmOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "wicket-e2e-wasm-")
@@ -120,7 +120,7 @@ func decisionsWasm(t *testing.T) []byte {
 func policyEngines() []engineCase {
 	return []engineCase{
 		{engine: "wasm", eng: func() plugins.Engine { return wasm.New(wasm.Config{CacheDir: wasmCache}) },
-			archive: func(t *testing.T) []byte {
+			archive: func(t testing.TB) []byte {
 				b, err := bundle.LoadFiles(map[string][]byte{
 					"bundle.yaml": []byte("name: decisions\nrevision: \"1\"\nengine: wasm\nabi: wicket\ndefault_action: deny\n"),
 					"policy.wasm": decisionsWasm(t)})
