@@ -189,3 +189,49 @@ func BenchmarkReplay(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkKernelSubmitComplete is BenchmarkStepSubmitComplete without HTTP:
+// the kernel API called directly by 10 concurrent executions (fsync on).
+func BenchmarkKernelSubmitComplete(b *testing.B) {
+	env := testkit.Start(b, testkit.Options{})
+	_, leases := leaseAgent(b, env, "kbench")
+	const conc = 10
+	calls := make([]kernel.AgentCall, conc)
+	for i := range conc {
+		env.CreateExecution("kbench", i)
+	}
+	for i := range conc {
+		p := <-leases
+		calls[i] = kernel.AgentCall{Tenant: "default", ExecutionID: p.ExecutionID, AgentID: "kbench", Lease: kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}}
+	}
+	k := env.Kernel
+	var next, idx atomic.Int64
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := calls[idx.Add(1)-1]
+			ctx := context.Background()
+			for {
+				n := next.Add(1)
+				if n > int64(b.N) {
+					return
+				}
+				d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: c, Kind: "tool_call", Target: "read", Args: []byte(fmt.Sprintf(`{"q":"benchmark","n":%d}`, n))})
+				if err != nil || d.Decision != kernel.DecisionProceed {
+					b.Errorf("%+v %v", d, err)
+					return
+				}
+				if _, err := k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: c, StepID: d.StepID, Result: []byte(`{"hits":1}`)}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "steps/s")
+}
