@@ -33,7 +33,7 @@ func BenchmarkWasmEvaluateGo(b *testing.B) {
 
 // BenchmarkWasmEvaluateC evaluates the C SDK example.
 func BenchmarkWasmEvaluateC(b *testing.B) {
-	benchEvaluate(b, newBundle("c", cPolicy(b), bundle.Sandbox{}), benchInput, policy.RequireApproval)
+	benchEvaluate(b, newBundle("c", cPolicy(b), relaxed), benchInput, policy.RequireApproval)
 }
 
 // BenchmarkWasmEvaluateOPA evaluates Rego compiled to wasm, under the OPA ABI.
@@ -44,7 +44,7 @@ func BenchmarkWasmEvaluateOPA(b *testing.B) {
 
 // BenchmarkWasmEvaluateCParallel evaluates the C example from GOMAXPROCS goroutines.
 func BenchmarkWasmEvaluateCParallel(b *testing.B) {
-	ev := compile(b, newEngine(b, Config{}), newBundle("c", cPolicy(b), bundle.Sandbox{}))
+	ev := compile(b, newEngine(b, Config{}), newBundle("c", cPolicy(b), relaxed))
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {

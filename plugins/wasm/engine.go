@@ -20,10 +20,11 @@ import (
 // Defaults applied by [New] to zero Config fields.
 const (
 	// DefaultMemoryPages is the default memory cap: 256 pages of 64 KiB = 16 MiB.
-	// A Go SDK module starts at about 37 pages.
+	// A Go SDK module starts at 37 pages and levels off near 130 (its heap
+	// never shrinks below Go's 4 MiB GC goal); a C SDK module needs 2.
 	DefaultMemoryPages = 256
 	// DefaultTimeout is the default per-evaluation deadline.
-	DefaultTimeout = 100 * time.Millisecond
+	DefaultTimeout = time.Second
 	// MaxMemoryPages is the largest cap a bundle may ask for (4 GiB, wasm32's limit).
 	MaxMemoryPages = 65536
 	// minInstantiateTimeout is the least time an instantiation (including
@@ -48,7 +49,7 @@ type Config struct {
 	// DefaultMemoryPages (256 = 16 MiB).
 	DefaultMemoryPages uint32
 	// DefaultTimeout is the per-evaluation deadline for bundles whose manifest
-	// sets no sandbox.timeout. Zero means DefaultTimeout (100ms).
+	// sets no sandbox.timeout. Zero means DefaultTimeout (1s).
 	DefaultTimeout time.Duration
 	// PoolSize is the most instances kept per bundle revision, which is also
 	// the most concurrent evaluations of one revision; more wait. Zero means

@@ -6,10 +6,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
@@ -49,7 +51,7 @@ func TestMain(m *testing.M) {
 func buildGo(pkgDir, out string) error {
 	cmd := exec.Command("go", "build", "-trimpath", "-buildmode=c-shared", "-o", out, ".")
 	cmd.Dir = pkgDir
-	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "GOWORK=off", "GOFLAGS=-mod=mod")
+	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "GOWORK=off", "GOFLAGS=-mod=mod -buildvcs=false")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return &buildError{cmd: strings.Join(cmd.Args, " "), out: string(b), err: err}
 	}
@@ -71,11 +73,52 @@ func goPolicy(tb testing.TB) []byte {
 		if shared.goErr = buildGo("testdata/gopolicy", out); shared.goErr == nil {
 			shared.goWasm, shared.goErr = os.ReadFile(out)
 		}
+		if shared.goErr == nil && raceEnabled {
+			warmCache(out)
+		}
 	})
 	if shared.goErr != nil {
 		tb.Fatalf("build Go test policy: %v", shared.goErr)
 	}
 	return shared.goWasm
+}
+
+// warmCache compiles a module into the shared disk cache with a normal
+// (non-race) build of testdata/warmcache: under -race wazero's compiler is
+// about ten times slower (20 s for a Go module). Tests still work, only
+// slower, if this fails.
+//
+// wazero keys its disk cache by its own version, which it reads from the
+// binary's build info; test binaries carry none and so say "dev". The helper
+// is told the same version with -X.
+func warmCache(wasmPath string) {
+	ldflags := "-ldflags=-X=github.com/tetratelabs/wazero/internal/version.version=" + wazeroVersionSeen()
+	cmd := exec.Command("go", "run", ldflags, "./testdata/warmcache", shared.cacheDir, wasmPath)
+	cmd.Env = append(os.Environ(), "GOFLAGS=")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "warm wazero cache (continuing without): %v\n%s", err, b)
+	}
+}
+
+// wazeroVersionSeen returns the version wazero finds for itself in this
+// binary (internal/version.GetWazeroVersion's rule).
+func wazeroVersionSeen() string {
+	missing := func(v string) bool { return v == "" || v == "(devel)" }
+	v := ""
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range info.Deps {
+			if strings.Contains(d.Path, "github.com/tetratelabs/wazero") {
+				v = d.Version
+			}
+		}
+		if missing(v) {
+			v = info.Main.Version
+		}
+	}
+	if missing(v) {
+		return "dev"
+	}
+	return v
 }
 
 // cPolicy returns the checked-in C example module.

@@ -69,7 +69,7 @@ func TestHostileModules(t *testing.T) {
 		want string
 	}
 	cases := []hostile{
-		{name: "infinite loop", bad: infiniteLoop, want: "wasm: evaluation timed out after 100ms"},
+		{name: "infinite loop", bad: infiniteLoop, sb: bundle.Sandbox{Timeout: "100ms"}, want: "wasm: evaluation timed out after 100ms"},
 		{name: "memory bomb", bad: memoryBomb, sb: bundle.Sandbox{MemoryPages: 32, Timeout: "2s"}, // growing is slow-ish: copies
 			want: "wasm: memory limit of 32 pages (2 MiB) exhausted: trap: unreachable"},
 		{name: "trap", bad: trap, want: "wasm: trap: unreachable"},
@@ -169,15 +169,18 @@ func TestMemoryCapPerBundle(t *testing.T) {
 
 func TestGoHostile(t *testing.T) {
 	e := newEngine(t, Config{})
-	ev := compile(t, e, newBundle("go", goPolicy(t), bundle.Sandbox{Timeout: "500ms", MemoryPages: 128}))
-	good := func() { wantDecision(t, ev, sdkCases[0].in, sdkCases[0].action, sdkCases[0].rule) }
-	good()
-	wantError(t, ev, input("tool_call", "test.loop", "", nil), "wasm: evaluation timed out after 500ms")
-	good()
-	err := wantError(t, ev, input("tool_call", "test.bomb", "", nil), "wasm: memory limit of 128 pages (8 MiB) exhausted: ")
+	good := func(ev *evaluator) { wantDecision(t, ev, sdkCases[0].in, sdkCases[0].action, sdkCases[0].rule) }
+
+	loop := compile(t, e, newBundle("go", goPolicy(t), bundle.Sandbox{Timeout: "300ms"}))
+	wantError(t, loop, input("tool_call", "test.loop", "", nil), "wasm: evaluation timed out after 300ms")
+	loop.sb.timeout = 5 * time.Second // the good evaluation must not flake on a loaded machine
+	good(loop)
+
+	bomb := compile(t, e, newBundle("go", goPolicy(t), bundle.Sandbox{Timeout: "10s", MemoryPages: 128}))
+	err := wantError(t, bomb, input("tool_call", "test.bomb", "", nil), "wasm: memory limit of 128 pages (8 MiB) exhausted: ")
 	if !strings.Contains(err.Error(), "fatal error: out of memory") {
 		t.Errorf("Go memory bomb: %q does not quote Go's fatal error", err)
 	}
 	t.Logf("Go memory bomb: %v", err)
-	good()
+	good(bomb)
 }

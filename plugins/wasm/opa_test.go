@@ -148,7 +148,7 @@ func TestOPAABI(t *testing.T) {
 	t.Run("many evaluations reuse the heap", func(t *testing.T) {
 		ev := compile(t, e, opaBundle(mod, "wicket/decision", trusted))
 		big := input("tool_call", "fs.read", "read_only", map[string]any{"pad": strings.Repeat("y", 100_000)})
-		for range 200 {
+		for range 50 {
 			wantDecision(t, ev, big, policy.Allow, "trusted")
 		}
 		if n := ev.instances.Load(); n != 1 {
