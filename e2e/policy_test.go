@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -85,53 +84,61 @@ type engineCase struct {
 }
 
 var (
-	wasmOnce  sync.Once
-	wasmBytes []byte
-	wasmErr   error
+	wasmMu    sync.Mutex
+	wasmBuilt = map[string][]byte{}
+	wasmDir   string
 	wasmCache string
 )
 
-// decisionsWasm builds the Go SDK version of the test policy once.
-func decisionsWasm(t testing.TB) []byte {
+// buildWasm builds the Go SDK policy in testdata/<name> once per test binary.
+func buildWasm(t testing.TB, name string) []byte {
 	t.Helper()
-	wasmOnce.Do(func() {
+	wasmMu.Lock()
+	defer wasmMu.Unlock()
+	if b, ok := wasmBuilt[name]; ok {
+		return b
+	}
+	if wasmDir == "" {
 		dir, err := os.MkdirTemp("", "wicket-e2e-wasm-")
 		if err != nil {
-			wasmErr = err
-			return
+			t.Fatal(err)
 		}
-		wasmCache = filepath.Join(dir, "cache")
-		out := filepath.Join(dir, "policy.wasm")
-		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, ".")
-		cmd.Dir = "testdata/decisions-wasm"
-		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "GOWORK=off")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			wasmErr = fmt.Errorf("build wasm policy: %v\n%s", err, b)
-			return
-		}
-		wasmBytes, wasmErr = os.ReadFile(out)
-	})
-	if wasmErr != nil {
-		t.Fatal(wasmErr)
+		wasmDir, wasmCache = dir, filepath.Join(dir, "cache")
 	}
-	return wasmBytes
+	out := filepath.Join(wasmDir, name+".wasm")
+	cmd := exec.Command("go", "build", "-buildmode=c-shared", "-trimpath", "-o", out, ".")
+	cmd.Dir = filepath.Join("testdata", name)
+	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "GOWORK=off")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wasmBuilt[name] = b
+	return b
+}
+
+// wasmArchive packs a wasm bundle as a .tar.gz.
+func wasmArchive(t testing.TB, manifest string, module []byte) []byte {
+	t.Helper()
+	b, err := bundle.LoadFiles(map[string][]byte{"bundle.yaml": []byte(manifest), "policy.wasm": module})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ar, err := b.TarGz()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ar
 }
 
 func policyEngines() []engineCase {
 	return []engineCase{
 		{engine: "wasm", eng: func() plugins.Engine { return wasm.New(wasm.Config{CacheDir: wasmCache}) },
 			archive: func(t testing.TB) []byte {
-				b, err := bundle.LoadFiles(map[string][]byte{
-					"bundle.yaml": []byte("name: decisions\nrevision: \"1\"\nengine: wasm\nabi: wicket\ndefault_action: deny\n"),
-					"policy.wasm": decisionsWasm(t)})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ar, err := b.TarGz()
-				if err != nil {
-					t.Fatal(err)
-				}
-				return ar
+				return wasmArchive(t, "name: decisions\nrevision: \"1\"\nengine: wasm\nabi: wicket\ndefault_action: deny\n", buildWasm(t, "decisions-wasm"))
 			}},
 		{engine: "rules", files: map[string]string{"bundle.yaml": "name: decisions\nrevision: \"1\"\nengine: rules\n", "rules.yaml": decisionRules}, eng: func() plugins.Engine { return rules.New() }},
 		{engine: "rego", files: map[string]string{"bundle.yaml": "name: decisions\nrevision: \"1\"\nengine: rego\nentrypoint: data.wicket.decision\ndefault_action: deny\n", "policy.rego": decisionRego}, eng: func() plugins.Engine { return rego.New() }},
