@@ -2,15 +2,132 @@ package bbolt
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/kernel/policy"
 )
 
-// The record encoding lives here and only here, so that it can change (with
-// a migration) without touching the rest of the package.
+// The record encoding lives here and only here (with the frozen schema 1
+// decoder in codec_v1.go), so that it can change, with a migration, without
+// touching the rest of the package.
+//
+// # Hot records: binary
+//
+// The records of the step hot path (Execution, Step, Event, Occurrence) are
+// stored in a binary form (schema 2 and later), read and written without
+// reflection:
+//
+//	format(1) kind(1) blobLen(uvarint)… head blob…
+//
+// format is formatBinary1; kind names the record type (kindExecution, …),
+// so that a record read from the wrong bucket is refused rather than
+// misread. The blobs are the record's raw JSON fields (input, args, result,
+// payload…), stored as they are; their lengths come first and their bytes
+// last. The head holds every other field, in a fixed order per kind:
+//
+//	string    uvarint length, bytes
+//	int       zig-zag varint; uint64: uvarint
+//	float64   8 bytes, little-endian IEEE 754 bits
+//	bool      1 byte, 0 or 1 (also the presence flag of an optional field)
+//	time      varint seconds since 0001-01-01 UTC (the zero time is 0),
+//	          uvarint nanoseconds, varint zone offset in seconds
+//	map       uvarint count, then key, value strings in key order
+//
+// A new format (a field added, one widened) gets a new format byte and a
+// migration; readers check both bytes and that the head is consumed
+// exactly, so a record is never half-understood.
+//
+// The binary form keeps what the JSON form kept, with the same decoded
+// values (a test compares the two): a nil non-omitempty raw field is stored
+// as null, an empty omitempty one reads back nil, an empty map reads back
+// nil, times come back in UTC (or the local zone, or a fixed zone, as
+// time.Parse would return them). It does not re-validate nor compact raw
+// fields (the kernel stores canonical JSON only) and keeps strings' bytes
+// as they are.
+//
+// Decoding allocates little: the head is turned into one string once, and
+// every string field is a substring of it; the blobs are copied in one
+// allocation and handed out as capacity-limited subslices. Records never
+// share memory with bbolt's pages, which live only as long as the
+// transaction.
+//
+// # Other records: JSON
+//
+// Agents, approvals, bundles, tenants and API keys are stored as compact
+// JSON (encodeJSON, decodeJSON), as in schema 1: they are off the hot path.
 
-// encode returns the stored form of a record. HTML characters are not
-// escaped, so that raw JSON fields keep their bytes; they are compacted.
+// Binary record format and kinds.
+const (
+	formatBinary1 byte = 0x01 // JSON records start with '{'
+
+	kindExecution  byte = 'E'
+	kindStep       byte = 'S'
+	kindEvent      byte = 'V'
+	kindOccurrence byte = 'O'
+)
+
+// errMalformed is wrapped by every error about an undecodable binary record.
+var errMalformed = errors.New("malformed record")
+
+// zeroUnix is the Unix time of the zero time.Time (0001-01-01 UTC).
+const zeroUnix = -62135596800
+
+// encode returns the stored form of a record of any type: binary for the
+// hot records, JSON for the others.
 func encode(v any) ([]byte, error) {
+	switch x := v.(type) {
+	case *kernel.Execution:
+		return encodeExecution(x), nil
+	case *kernel.Step:
+		return encodeStep(x), nil
+	case *kernel.Event:
+		return encodeEvent(x), nil
+	case kernel.Event:
+		return encodeEvent(&x), nil
+	case kernel.Occurrence:
+		return encodeOccurrence(x), nil
+	case *kernel.Occurrence:
+		return encodeOccurrence(*x), nil
+	}
+	return encodeJSON(v)
+}
+
+// decode parses a stored record into a new T. The result shares no memory
+// with b, which bbolt owns only for the life of the transaction.
+func decode[T any](b []byte) (*T, error) {
+	var v any
+	var err error
+	switch any((*T)(nil)).(type) {
+	case *kernel.Execution:
+		v, err = decodeExecution(b)
+	case *kernel.Step:
+		v, err = decodeStep(b)
+	case *kernel.Event:
+		ev := new(kernel.Event)
+		v, err = ev, decodeEvent(b, ev)
+	case *kernel.Occurrence:
+		o := new(kernel.Occurrence)
+		*o, err = decodeOccurrence(b)
+		v = o
+	default:
+		return decodeJSON[T](b)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return v.(*T), nil
+}
+
+// encodeJSON returns the JSON form of a record. HTML characters are not
+// escaped, so that raw JSON fields keep their bytes; they are compacted.
+func encodeJSON(v any) ([]byte, error) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -20,12 +137,601 @@ func encode(v any) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// decode parses a stored record into a new T. The result shares no memory
-// with b, which bbolt owns only for the life of the transaction.
-func decode[T any](b []byte) (*T, error) {
+// decodeJSON parses a JSON record into a new T.
+func decodeJSON[T any](b []byte) (*T, error) {
 	v := new(T)
 	if err := json.Unmarshal(b, v); err != nil {
 		return nil, err
 	}
 	return v, nil
+}
+
+// ---- writing ----
+
+func appendStr(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func appendInt(b []byte, v int64) []byte { return binary.AppendVarint(b, v) }
+
+func appendUint(b []byte, v uint64) []byte { return binary.AppendUvarint(b, v) }
+
+func appendFloat(b []byte, f float64) []byte {
+	return binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+}
+
+func appendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+func appendTime(b []byte, t time.Time) []byte {
+	_, off := t.Zone()
+	b = binary.AppendVarint(b, t.Unix()-zeroUnix)
+	b = binary.AppendUvarint(b, uint64(t.Nanosecond()))
+	return binary.AppendVarint(b, int64(off))
+}
+
+func appendOptTime(b []byte, t *time.Time) []byte {
+	if t == nil {
+		return appendBool(b, false)
+	}
+	return appendTime(appendBool(b, true), *t)
+}
+
+// appendLabels appends m's entries in key order.
+func appendLabels(b []byte, m map[string]string) []byte {
+	b = appendUint(b, uint64(len(m)))
+	switch len(m) {
+	case 0:
+	case 1:
+		for k, v := range m {
+			b = appendStr(appendStr(b, k), v)
+		}
+	default:
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			b = appendStr(appendStr(b, k), m[k])
+		}
+	}
+	return b
+}
+
+// orNull is raw, or null when raw is empty: what the JSON form stored for
+// a raw field without omitempty.
+func orNull(raw json.RawMessage) json.RawMessage {
+	if len(raw) == 0 {
+		return json.RawMessage("null")
+	}
+	return raw
+}
+
+// header starts a record of kind whose blobs are blobs; size is a capacity
+// hint for the head.
+func header(kind byte, size int, blobs ...[]byte) []byte {
+	for _, bl := range blobs {
+		size += len(bl) + binary.MaxVarintLen32
+	}
+	b := make([]byte, 0, size+2)
+	b = append(b, formatBinary1, kind)
+	for _, bl := range blobs {
+		b = appendUint(b, uint64(len(bl)))
+	}
+	return b
+}
+
+// encodeExecution returns the stored form of e. The fields the indexes
+// derive from come first, so that PutExecution can read them alone (see
+// decodeExecIndex).
+func encodeExecution(e *kernel.Execution) []byte {
+	input := orNull(e.Input)
+	size := 160 + len(e.ID) + len(e.Tenant) + len(e.IdempotencyKey) + len(e.Dispatch.State) +
+		len(e.AgentID) + len(e.AgentVersion) + len(e.Status) + len(e.Reason) + len(e.Limits.MaxDuration) +
+		len(e.Lease.DispatchID) + len(e.Dispatch.ID) + len(e.BlockedOn)
+	for k, v := range e.Labels {
+		size += len(k) + len(v) + 4
+	}
+	b := header(kindExecution, size, input, e.Output, e.Error)
+	// Index fields.
+	b = appendStr(b, e.ID)
+	b = appendStr(b, e.Tenant)
+	b = appendStr(b, e.IdempotencyKey)
+	b = appendStr(b, e.Dispatch.State)
+	b = appendTime(b, e.Dispatch.DueAt)
+	b = appendTime(b, e.Dispatch.LeaseUntil)
+	// The rest.
+	b = appendStr(b, e.AgentID)
+	b = appendStr(b, e.AgentVersion)
+	b = appendStr(b, string(e.Status))
+	b = appendStr(b, e.Reason)
+	b = appendLabels(b, e.Labels)
+	l := &e.Limits
+	b = appendInt(b, l.MaxSteps)
+	b = appendInt(b, l.MaxLLMCalls)
+	b = appendInt(b, l.MaxOutputTokensPerCall)
+	b = appendInt(b, l.MaxTotalTokens)
+	b = appendFloat(b, l.MaxCostUSD)
+	b = appendStr(b, l.MaxDuration)
+	b = appendInt(b, l.MaxConsecutiveFailures)
+	b = appendInt(b, l.MaxLoopRepetitions)
+	b = appendInt(b, e.Totals.Steps)
+	b = appendInt(b, e.Totals.LLMCalls)
+	b = appendInt(b, e.Totals.Tokens)
+	b = appendFloat(b, e.Totals.CostUSD)
+	b = appendOptTime(b, e.Deadline)
+	b = appendTime(b, e.CreatedAt)
+	b = appendTime(b, e.UpdatedAt)
+	b = appendUint(b, e.LastSeq)
+	b = appendStr(b, e.Lease.DispatchID)
+	b = appendInt(b, int64(e.Lease.Attempt))
+	b = appendStr(b, e.Dispatch.ID)
+	b = appendInt(b, int64(e.Dispatch.Attempt))
+	b = appendInt(b, int64(e.Dispatch.Failures))
+	b = appendStr(b, e.BlockedOn)
+	b = append(b, input...)
+	b = append(b, e.Output...)
+	return append(b, e.Error...)
+}
+
+// encodeStep returns the stored form of s.
+func encodeStep(s *kernel.Step) []byte {
+	args := orNull(s.Args)
+	size := 128 + len(s.ID) + len(s.ExecutionID) + len(s.Tenant) + len(s.Kind) + len(s.Target) +
+		len(s.ArgsHash) + len(s.Idempotency) + len(s.Effect) + len(s.Status) + len(s.Lease.DispatchID) + len(s.ApprovalID)
+	if d := s.Decision; d != nil {
+		size += 48 + len(d.Action) + len(d.Reason) + len(d.RuleID) + len(d.Bundle.Name) +
+			len(d.Bundle.Revision) + len(d.Bundle.Digest) + len(d.Bundle.Engine)
+	}
+	b := header(kindStep, size, args, s.Result, s.Error)
+	b = appendStr(b, s.ID)
+	b = appendStr(b, s.ExecutionID)
+	b = appendStr(b, s.Tenant)
+	b = appendStr(b, s.Kind)
+	b = appendStr(b, s.Target)
+	b = appendStr(b, s.ArgsHash)
+	b = appendInt(b, int64(s.Occurrence))
+	b = appendStr(b, s.Idempotency)
+	b = appendStr(b, s.Effect)
+	b = appendStr(b, string(s.Status))
+	b = appendBool(b, s.Usage != nil)
+	if u := s.Usage; u != nil {
+		b = appendInt(b, u.InputTokens)
+		b = appendInt(b, u.OutputTokens)
+		b = appendInt(b, u.TotalTokens)
+		b = appendFloat(b, u.CostUSD)
+	}
+	b = appendStr(b, s.Lease.DispatchID)
+	b = appendInt(b, int64(s.Lease.Attempt))
+	b = appendBool(b, s.Decision != nil)
+	if d := s.Decision; d != nil {
+		b = appendStr(b, string(d.Action))
+		b = appendStr(b, d.Reason)
+		b = appendStr(b, d.RuleID)
+		b = appendStr(b, d.Bundle.Name)
+		b = appendStr(b, d.Bundle.Revision)
+		b = appendStr(b, d.Bundle.Digest)
+		b = appendStr(b, d.Bundle.Engine)
+		b = appendInt(b, int64(d.EvalTime))
+	}
+	b = appendStr(b, s.ApprovalID)
+	b = appendUint(b, s.Seq)
+	b = appendTime(b, s.CreatedAt)
+	b = appendOptTime(b, s.CompletedAt)
+	b = append(b, args...)
+	b = append(b, s.Result...)
+	return append(b, s.Error...)
+}
+
+// encodeEvent returns the stored form of ev.
+func encodeEvent(ev *kernel.Event) []byte {
+	payload := orNull(ev.Payload)
+	b := header(kindEvent, 32+len(ev.ExecutionID)+len(ev.Type), payload)
+	b = appendStr(b, ev.ExecutionID)
+	b = appendUint(b, ev.Seq)
+	b = appendStr(b, ev.Type)
+	b = appendTime(b, ev.Time)
+	return append(b, payload...)
+}
+
+// encodeOccurrence returns the stored form of o.
+func encodeOccurrence(o kernel.Occurrence) []byte {
+	b := header(kindOccurrence, 16+len(o.Lease.DispatchID))
+	b = appendStr(b, o.Lease.DispatchID)
+	b = appendInt(b, int64(o.Lease.Attempt))
+	return appendInt(b, int64(o.Count))
+}
+
+// ---- reading ----
+
+// reader reads a binary record. After the first error every read returns
+// a zero value; err reports it.
+type reader struct {
+	b   []byte // the record
+	s   string // b[:end] as a string: string fields are substrings of it
+	off int    // next byte to read
+	end int    // end of the head (start of the blobs)
+	err error
+}
+
+// fail records an error at the current byte; nothing can be read after it.
+func (r *reader) fail() {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w: byte %d of %d", errMalformed, r.off, len(r.b))
+	}
+	r.off, r.end = 0, 0
+}
+
+// begin checks the record's format and kind, reads the lengths of its
+// blobs into lens and positions r at the start of the head. When str is
+// set, string fields can be read (one allocation); otherwise only raw
+// fields (rawStr) can.
+func (r *reader) begin(b []byte, kind byte, lens []int, str bool) {
+	r.b = b
+	if len(b) < 2 || b[0] != formatBinary1 || b[1] != kind {
+		if len(b) > 0 && b[0] == '{' {
+			r.err = fmt.Errorf("%w: a JSON record (schema 1) where a binary one is expected", errMalformed)
+		} else {
+			r.err = fmt.Errorf("%w: not a %q record", errMalformed, kind)
+		}
+		return
+	}
+	r.off, r.end = 2, len(b)
+	total := 0
+	for i := range lens {
+		n := r.uvarint()
+		if n > uint64(len(b)) {
+			r.fail()
+			return
+		}
+		lens[i] = int(n)
+		total += int(n)
+	}
+	if r.err != nil {
+		return
+	}
+	if total > len(b)-r.off {
+		r.fail()
+		return
+	}
+	r.end = len(b) - total
+	if str {
+		r.s = string(b[:r.end])
+	}
+}
+
+// finish checks that the head was read exactly.
+func (r *reader) finish() error {
+	if r.err == nil && r.off != r.end {
+		r.err = fmt.Errorf("%w: %d unread byte(s) in the head", errMalformed, r.end-r.off)
+	}
+	return r.err
+}
+
+// blobs copies the blobs (whose lengths are lens) in one allocation and
+// stores them in out; an empty blob is nil. Each is capacity-limited, so
+// that appending to one never writes into the next.
+func (r *reader) blobs(lens []int, out ...*json.RawMessage) {
+	if r.err != nil {
+		return
+	}
+	tail := bytes.Clone(r.b[r.end:])
+	at := 0
+	for i, n := range lens {
+		if n > 0 {
+			*out[i] = tail[at : at+n : at+n]
+		}
+		at += n
+	}
+}
+
+func (r *reader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.b[r.off:r.end])
+	if n <= 0 {
+		r.fail()
+		return 0
+	}
+	r.off += n
+	return v
+}
+
+func (r *reader) varint() int64 {
+	v, n := binary.Varint(r.b[r.off:r.end])
+	if n <= 0 {
+		r.fail()
+		return 0
+	}
+	r.off += n
+	return v
+}
+
+func (r *reader) int() int { return int(r.varint()) }
+
+// strLen reads a string's length and checks it fits.
+func (r *reader) strLen() int {
+	n := r.uvarint()
+	if n > uint64(r.end-r.off) {
+		r.fail()
+		return 0
+	}
+	return int(n)
+}
+
+func (r *reader) str() string {
+	n := r.strLen()
+	s := r.s[r.off : r.off+n]
+	r.off += n
+	return s
+}
+
+// rawStr reads a string field as a subslice of the record (no copy).
+func (r *reader) rawStr() []byte {
+	n := r.strLen()
+	s := r.b[r.off : r.off+n : r.off+n]
+	r.off += n
+	return s
+}
+
+func (r *reader) float() float64 {
+	if r.end-r.off < 8 {
+		r.fail()
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(r.b[r.off:])
+	r.off += 8
+	return math.Float64frombits(v)
+}
+
+func (r *reader) bool() bool {
+	if r.off >= r.end || r.b[r.off] > 1 {
+		r.fail()
+		return false
+	}
+	r.off++
+	return r.b[r.off-1] == 1
+}
+
+// timeParts reads a time's Unix seconds, nanoseconds and zone offset.
+func (r *reader) timeParts() (sec, nsec int64, off int) {
+	s := r.varint()
+	ns := r.uvarint()
+	o := r.varint()
+	if r.err != nil {
+		return 0, 0, 0
+	}
+	if s < math.MinInt64-zeroUnix || ns >= 1e9 || o <= -1<<31 || o >= 1<<31 {
+		r.fail()
+		return 0, 0, 0
+	}
+	return s + zeroUnix, int64(ns), int(o)
+}
+
+func (r *reader) time() time.Time {
+	sec, nsec, off := r.timeParts()
+	if r.err != nil {
+		return time.Time{}
+	}
+	return mkTime(sec, nsec, off)
+}
+
+// mkTime returns the instant in the location time.Parse would give a
+// timestamp with zone offset off: UTC for 0, the local zone when it has
+// that offset at that instant, else a fixed zone.
+func mkTime(sec, nsec int64, off int) time.Time {
+	t := time.Unix(sec, nsec)
+	if off == 0 {
+		return t.UTC()
+	}
+	lt := t.In(time.Local)
+	if _, o := lt.Zone(); o == off {
+		return lt
+	}
+	return t.In(time.FixedZone("", off))
+}
+
+// timeNanos reads a time as the Unix nanoseconds putTime stores for it
+// (all the indexes need).
+func (r *reader) timeNanos() int64 {
+	sec, nsec, _ := r.timeParts()
+	return clampNanos(time.Unix(sec, nsec))
+}
+
+func (r *reader) optTime() *time.Time {
+	if !r.bool() {
+		return nil
+	}
+	t := r.time()
+	return &t
+}
+
+func (r *reader) labels() map[string]string {
+	n := r.uvarint()
+	if n == 0 {
+		return nil
+	}
+	if n > uint64(r.end-r.off)/2 {
+		r.fail()
+		return nil
+	}
+	m := make(map[string]string, n)
+	for range n {
+		k := r.str()
+		m[k] = r.str()
+	}
+	return m
+}
+
+func malformed(what string, err error) error {
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// decodeExecution parses the stored form of an execution.
+func decodeExecution(b []byte) (*kernel.Execution, error) {
+	var r reader
+	var lens [3]int
+	r.begin(b, kindExecution, lens[:], true)
+	e := new(kernel.Execution)
+	e.ID = r.str()
+	e.Tenant = r.str()
+	e.IdempotencyKey = r.str()
+	e.Dispatch.State = r.str()
+	e.Dispatch.DueAt = r.time()
+	e.Dispatch.LeaseUntil = r.time()
+	e.AgentID = r.str()
+	e.AgentVersion = r.str()
+	e.Status = kernel.ExecStatus(r.str())
+	e.Reason = r.str()
+	e.Labels = r.labels()
+	l := &e.Limits
+	l.MaxSteps = r.varint()
+	l.MaxLLMCalls = r.varint()
+	l.MaxOutputTokensPerCall = r.varint()
+	l.MaxTotalTokens = r.varint()
+	l.MaxCostUSD = r.float()
+	l.MaxDuration = r.str()
+	l.MaxConsecutiveFailures = r.varint()
+	l.MaxLoopRepetitions = r.varint()
+	e.Totals.Steps = r.varint()
+	e.Totals.LLMCalls = r.varint()
+	e.Totals.Tokens = r.varint()
+	e.Totals.CostUSD = r.float()
+	e.Deadline = r.optTime()
+	e.CreatedAt = r.time()
+	e.UpdatedAt = r.time()
+	e.LastSeq = r.uvarint()
+	e.Lease.DispatchID = r.str()
+	e.Lease.Attempt = r.int()
+	e.Dispatch.ID = r.str()
+	e.Dispatch.Attempt = r.int()
+	e.Dispatch.Failures = r.int()
+	e.BlockedOn = r.str()
+	if err := r.finish(); err != nil {
+		return nil, malformed("execution", err)
+	}
+	r.blobs(lens[:], &e.Input, &e.Output, &e.Error)
+	return e, nil
+}
+
+// execIndex is what the indexes of a stored execution derive from. Its
+// byte slices point into the record.
+type execIndex struct {
+	id, tenant, idemKey []byte
+	state               []byte
+	dueAt, leaseUntil   int64 // Unix nanoseconds, clamped as putTime does
+}
+
+// decodeExecIndex reads the index fields of a stored execution without
+// decoding (or copying) the rest.
+func decodeExecIndex(b []byte) (execIndex, error) {
+	var r reader
+	var lens [3]int
+	r.begin(b, kindExecution, lens[:], false)
+	var x execIndex
+	x.id = r.rawStr()
+	x.tenant = r.rawStr()
+	x.idemKey = r.rawStr()
+	x.state = r.rawStr()
+	x.dueAt = r.timeNanos()
+	x.leaseUntil = r.timeNanos()
+	if r.err != nil {
+		return execIndex{}, malformed("execution", r.err)
+	}
+	return x, nil
+}
+
+// decodeStep parses the stored form of a step.
+func decodeStep(b []byte) (*kernel.Step, error) {
+	var r reader
+	var lens [3]int
+	r.begin(b, kindStep, lens[:], true)
+	s := new(kernel.Step)
+	s.ID = r.str()
+	s.ExecutionID = r.str()
+	s.Tenant = r.str()
+	s.Kind = r.str()
+	s.Target = r.str()
+	s.ArgsHash = r.str()
+	s.Occurrence = r.int()
+	s.Idempotency = r.str()
+	s.Effect = r.str()
+	s.Status = kernel.StepStatus(r.str())
+	if r.bool() {
+		s.Usage = &kernel.Usage{InputTokens: r.varint(), OutputTokens: r.varint(), TotalTokens: r.varint(), CostUSD: r.float()}
+	}
+	s.Lease.DispatchID = r.str()
+	s.Lease.Attempt = r.int()
+	if r.bool() {
+		d := new(kernel.StepDecisionInfo)
+		d.Action = policy.Action(r.str())
+		d.Reason = r.str()
+		d.RuleID = r.str()
+		d.Bundle.Name = r.str()
+		d.Bundle.Revision = r.str()
+		d.Bundle.Digest = r.str()
+		d.Bundle.Engine = r.str()
+		d.EvalTime = time.Duration(r.varint())
+		s.Decision = d
+	}
+	s.ApprovalID = r.str()
+	s.Seq = r.uvarint()
+	s.CreatedAt = r.time()
+	s.CompletedAt = r.optTime()
+	if err := r.finish(); err != nil {
+		return nil, malformed("step", err)
+	}
+	r.blobs(lens[:], &s.Args, &s.Result, &s.Error)
+	return s, nil
+}
+
+// decodeEvent parses the stored form of an event into ev.
+func decodeEvent(b []byte, ev *kernel.Event) error {
+	var r reader
+	var lens [1]int
+	r.begin(b, kindEvent, lens[:], true)
+	ev.ExecutionID = r.str()
+	ev.Seq = r.uvarint()
+	ev.Type = r.str()
+	ev.Time = r.time()
+	if err := r.finish(); err != nil {
+		*ev = kernel.Event{}
+		return malformed("event", err)
+	}
+	ev.Payload = nil
+	r.blobs(lens[:], &ev.Payload)
+	return nil
+}
+
+// decodeOccurrence parses the stored form of an occurrence counter.
+func decodeOccurrence(b []byte) (kernel.Occurrence, error) {
+	var r reader
+	r.begin(b, kindOccurrence, nil, true)
+	var o kernel.Occurrence
+	o.Lease.DispatchID = r.str()
+	o.Lease.Attempt = r.int()
+	o.Count = r.int()
+	if err := r.finish(); err != nil {
+		return kernel.Occurrence{}, malformed("occurrence", err)
+	}
+	return o, nil
+}
+
+// decodeApprovalIndex reads the fields of a stored approval its expiry
+// index derives from (the rest of the record is skipped, not decoded).
+func decodeApprovalIndex(b []byte) (*kernel.Approval, error) {
+	var x struct {
+		ID        string                `json:"id"`
+		Tenant    string                `json:"tenant"`
+		Status    kernel.ApprovalStatus `json:"status"`
+		ExpiresAt time.Time             `json:"expires_at"`
+	}
+	if err := json.Unmarshal(b, &x); err != nil {
+		return nil, err
+	}
+	return &kernel.Approval{ID: x.ID, Tenant: x.Tenant, Status: x.Status, ExpiresAt: x.ExpiresAt}, nil
 }

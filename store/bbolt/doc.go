@@ -10,8 +10,10 @@
 // # Layout
 //
 // Every record key starts with its tenant; parts of a key are joined with a
-// NUL byte, which is why no identifier may contain one. Records are JSON
-// (see codec.go, the only place that knows the encoding). The buckets are:
+// NUL byte, which is why no identifier may contain one. The records of the
+// step hot path (executions, steps, occurrence counters, events) are in a
+// compact binary form since schema 2; the others are JSON (see codec.go,
+// the only place that knows the encodings). The buckets are:
 //
 //	meta          schema_version → 8-byte big-endian version
 //	executions    tenant␀execID → Execution
@@ -34,8 +36,15 @@
 // time(8) is the Unix time in nanoseconds as a big-endian integer with its
 // sign bit flipped, so that byte order is time order (the zero time sorts
 // first). The index buckets are maintained by PutExecution and PutApproval,
-// which read the previous version of the record in the same transaction and
-// replace its index entries; [Store.Check] verifies that they match.
+// which read the index fields of the previous version of the record in the
+// same transaction (not the whole record) and replace the index entries
+// that changed; [Store.Check] verifies that they match.
+//
+// # Schema
+//
+// schema.go lists the forward-only migrations: 1 creates the buckets, 2
+// rewrites the hot records of a schema 1 file (all JSON) in binary
+// (codec_v1.go keeps the schema 1 decoder for it).
 //
 // # Group commit
 //

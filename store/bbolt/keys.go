@@ -64,8 +64,11 @@ func readable(ids ...string) bool {
 }
 
 // key joins parts with sep.
-func key(parts ...string) []byte {
-	n := len(parts)
+func key(parts ...string) []byte { return appendKey(0, parts...) }
+
+// appendKey returns key(parts...) with room for extra more bytes.
+func appendKey(extra int, parts ...string) []byte {
+	n := max(len(parts)-1, 0) + extra
 	for _, p := range parts {
 		n += len(p)
 	}
@@ -80,7 +83,7 @@ func key(parts ...string) []byte {
 }
 
 // prefix is key(parts...) followed by sep: the prefix of every key below parts.
-func prefix(parts ...string) []byte { return append(key(parts...), sep) }
+func prefix(parts ...string) []byte { return append(appendKey(1, parts...), sep) }
 
 // splitPair splits tenant␀rest at the first separator.
 func splitPair(k []byte) (string, string, bool) {
@@ -100,15 +103,23 @@ var (
 // outside the range of int64 nanoseconds (the zero time among them) are
 // clamped to it.
 func putTime(b []byte, t time.Time) []byte {
-	var n int64
+	return appendNanos(b, clampNanos(t))
+}
+
+// clampNanos is t in Unix nanoseconds, clamped to the range of int64.
+func clampNanos(t time.Time) int64 {
 	switch {
 	case t.Before(minTime):
-		n = math.MinInt64
+		return math.MinInt64
 	case t.After(maxTime):
-		n = math.MaxInt64
-	default:
-		n = t.UnixNano()
+		return math.MaxInt64
 	}
+	return t.UnixNano()
+}
+
+// appendNanos appends Unix nanoseconds n as 8 bytes whose byte order is
+// numeric order.
+func appendNanos(b []byte, n int64) []byte {
 	return binary.BigEndian.AppendUint64(b, uint64(n)^(1<<63))
 }
 
@@ -123,8 +134,13 @@ func getTime(b []byte) time.Time {
 
 // timeKey is an index key: time(8) tenant␀id.
 func timeKey(t time.Time, tenant, id string) []byte {
+	return nanosKey(clampNanos(t), tenant, id)
+}
+
+// nanosKey is the index key of a time already in Unix nanoseconds.
+func nanosKey[S ~string | ~[]byte](n int64, tenant, id S) []byte {
 	b := make([]byte, 0, 8+len(tenant)+1+len(id))
-	b = putTime(b, t)
+	b = appendNanos(b, n)
 	b = append(b, tenant...)
 	b = append(b, sep)
 	return append(b, id...)
@@ -141,7 +157,8 @@ func parseTimeKey(k []byte) (t time.Time, tenant, id string, ok bool) {
 
 // eventKey is tenant␀execID␀seq(8).
 func eventKey(tenant, execID string, seq uint64) []byte {
-	return binary.BigEndian.AppendUint64(prefix(tenant, execID), seq)
+	b := append(appendKey(9, tenant, execID), sep)
+	return binary.BigEndian.AppendUint64(b, seq)
 }
 
 // dueKey returns the due-index key of e, or nil when e is not queued.
@@ -157,6 +174,25 @@ func leaseKey(e *kernel.Execution) []byte {
 	switch e.Dispatch.State {
 	case kernel.DispatchDelivering, kernel.DispatchAcked:
 		return timeKey(e.Dispatch.LeaseUntil, e.Tenant, e.ID)
+	}
+	return nil
+}
+
+// dueKey returns the due-index key of the stored execution x, or nil when
+// it is not queued.
+func (x *execIndex) dueKey() []byte {
+	if string(x.state) != kernel.DispatchQueued {
+		return nil
+	}
+	return nanosKey(x.dueAt, x.tenant, x.id)
+}
+
+// leaseKey returns the lease-index key of the stored execution x, or nil
+// when it holds no lease.
+func (x *execIndex) leaseKey() []byte {
+	switch string(x.state) {
+	case kernel.DispatchDelivering, kernel.DispatchAcked:
+		return nanosKey(x.leaseUntil, x.tenant, x.id)
 	}
 	return nil
 }

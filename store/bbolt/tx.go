@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -66,17 +67,39 @@ func notFound(format string, args ...any) error {
 	return fmt.Errorf("bbolt: "+format+": %w", append(args, kernel.ErrNotFound)...)
 }
 
+// missingError is notFound for a record named by up to three ids, built
+// without formatting: a lookup that misses is on the hot path (SubmitStep
+// looks a new step up before deciding it).
+type missingError struct {
+	what string
+	ids  [3]string
+	n    int
+}
+
+// missing returns "bbolt: what id/id/id: not found", matching ErrNotFound.
+func missing(what string, ids ...string) error {
+	e := &missingError{what: what}
+	e.n = copy(e.ids[:], ids)
+	return e
+}
+
+func (e *missingError) Error() string {
+	return "bbolt: " + e.what + " " + strings.Join(e.ids[:e.n], "/") + ": " + kernel.ErrNotFound.Error()
+}
+
+func (e *missingError) Unwrap() error { return kernel.ErrNotFound }
+
 // Execution implements kernel.ReadTx.
 func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
 	if !readable(tenant, id) {
-		return nil, notFound("execution %s/%s", tenant, id)
+		return nil, missing("execution", tenant, id)
 	}
 	e, ok, err := get[kernel.Execution](r.bucket(bExecutions), key(tenant, id))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: execution %s/%s: %w", tenant, id, err)
 	}
 	if !ok {
-		return nil, notFound("execution %s/%s", tenant, id)
+		return nil, missing("execution", tenant, id)
 	}
 	return e, nil
 }
@@ -146,14 +169,14 @@ func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*ker
 // Step implements kernel.ReadTx.
 func (r *readTx) Step(tenant, executionID, stepID string) (*kernel.Step, error) {
 	if !readable(tenant, executionID, stepID) {
-		return nil, notFound("step %s/%s/%s", tenant, executionID, stepID)
+		return nil, missing("step", tenant, executionID, stepID)
 	}
 	s, ok, err := get[kernel.Step](r.bucket(bSteps), key(tenant, executionID, stepID))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: step %s/%s/%s: %w", tenant, executionID, stepID, err)
 	}
 	if !ok {
-		return nil, notFound("step %s/%s/%s", tenant, executionID, stepID)
+		return nil, missing("step", tenant, executionID, stepID)
 	}
 	return s, nil
 }
@@ -176,14 +199,15 @@ func (r *readTx) Occurrence(tenant, executionID, k string) (kernel.Occurrence, e
 	if !readable(tenant, executionID) {
 		return kernel.Occurrence{}, nil
 	}
-	o, ok, err := get[kernel.Occurrence](r.bucket(bOcc), key(tenant, executionID, k))
+	raw := r.bucket(bOcc).Get(key(tenant, executionID, k))
+	if raw == nil {
+		return kernel.Occurrence{}, nil
+	}
+	o, err := decodeOccurrence(raw)
 	if err != nil {
 		return kernel.Occurrence{}, fmt.Errorf("bbolt: occurrence %s/%s/%q: %w", tenant, executionID, k, err)
 	}
-	if !ok {
-		return kernel.Occurrence{}, nil
-	}
-	return *o, nil
+	return o, nil
 }
 
 // Events implements kernel.ReadTx: a range scan from afterSeq+1.
@@ -198,11 +222,10 @@ func (r *readTx) Events(tenant, executionID string, afterSeq uint64, limit int) 
 		if len(k) != len(pfx)+8 {
 			continue // not possible with NUL-free ids; be strict anyway
 		}
-		ev, err := decode[kernel.Event](v)
-		if err != nil {
+		out = append(out, kernel.Event{})
+		if err := decodeEvent(v, &out[len(out)-1]); err != nil {
 			return nil, fmt.Errorf("bbolt: events of %s/%s: seq %d: %w", tenant, executionID, binary.BigEndian.Uint64(k[len(pfx):]), err)
 		}
-		out = append(out, *ev)
 		if limit > 0 && len(out) >= limit {
 			break
 		}
@@ -462,44 +485,56 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 		return err
 	}
 	execs, owners, idem := w.bucket(bExecutions), w.bucket(bExecTenant), w.bucket(bIdem)
-	if owner := owners.Get([]byte(e.ID)); owner != nil && string(owner) != e.Tenant {
+	owner := owners.Get([]byte(e.ID))
+	if owner != nil && string(owner) != e.Tenant {
 		return fmt.Errorf("bbolt: put execution %s/%s: id belongs to another tenant: %w", e.Tenant, e.ID, kernel.ErrConflict)
 	}
 	var ik []byte
+	ikHeld := false // the idempotency entry already names e
 	if e.IdempotencyKey != "" {
 		ik = key(e.Tenant, e.IdempotencyKey)
-		if cur := idem.Get(ik); cur != nil && string(cur) != e.ID {
+		cur := idem.Get(ik)
+		if cur != nil && string(cur) != e.ID {
 			return fmt.Errorf("bbolt: put execution %s/%s: idempotency key %q names execution %s: %w",
 				e.Tenant, e.ID, e.IdempotencyKey, cur, kernel.ErrConflict)
 		}
+		ikHeld = cur != nil
 	}
 	k := key(e.Tenant, e.ID)
-	old, ok, err := get[kernel.Execution](execs, k)
-	if err != nil {
-		return fmt.Errorf("bbolt: put execution %s/%s: read previous: %w", e.Tenant, e.ID, err)
-	}
-	if ok {
-		if err := w.unindexExecution(old); err != nil {
+	dk, lk := dueKey(e), leaseKey(e)
+	var oldDK, oldLK []byte
+	if raw := execs.Get(k); raw != nil {
+		// Only the index fields of the previous version are read.
+		old, err := decodeExecIndex(raw)
+		if err != nil {
+			return fmt.Errorf("bbolt: put execution %s/%s: read previous: %w", e.Tenant, e.ID, err)
+		}
+		oldDK, oldLK = old.dueKey(), old.leaseKey()
+		if err := w.unindexExecution(&old, oldDK, oldLK, dk, lk, ik); err != nil {
 			return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
 		}
 	}
-	if err := put(execs, k, e); err != nil {
+	if err := execs.Put(k, encodeExecution(e)); err != nil {
 		return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
 	}
-	if err := owners.Put([]byte(e.ID), []byte(e.Tenant)); err != nil {
-		return fmt.Errorf("bbolt: put execution %s/%s: tenant index: %w", e.Tenant, e.ID, err)
+	// Entries that are already right are not written again: a Put dirties
+	// its page even when it changes nothing.
+	if owner == nil {
+		if err := owners.Put([]byte(e.ID), []byte(e.Tenant)); err != nil {
+			return fmt.Errorf("bbolt: put execution %s/%s: tenant index: %w", e.Tenant, e.ID, err)
+		}
 	}
-	if ik != nil {
+	if ik != nil && !ikHeld {
 		if err := idem.Put(ik, []byte(e.ID)); err != nil {
 			return fmt.Errorf("bbolt: put execution %s/%s: idempotency index: %w", e.Tenant, e.ID, err)
 		}
 	}
-	if dk := dueKey(e); dk != nil {
+	if dk != nil && !bytes.Equal(dk, oldDK) {
 		if err := w.bucket(bDue).Put(dk, nil); err != nil {
 			return fmt.Errorf("bbolt: put execution %s/%s: due index: %w", e.Tenant, e.ID, err)
 		}
 	}
-	if lk := leaseKey(e); lk != nil {
+	if lk != nil && !bytes.Equal(lk, oldLK) {
 		if err := w.bucket(bLeases).Put(lk, nil); err != nil {
 			return fmt.Errorf("bbolt: put execution %s/%s: lease index: %w", e.Tenant, e.ID, err)
 		}
@@ -507,24 +542,29 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 	return nil
 }
 
-// unindexExecution removes the index entries derived from old.
-func (w *writeTx) unindexExecution(old *kernel.Execution) error {
-	if dk := dueKey(old); dk != nil {
-		if err := w.bucket(bDue).Delete(dk); err != nil {
+// unindexExecution removes the index entries of the previous version old
+// of an execution (whose due and lease keys are oldDK and oldLK) that the
+// new version (keys dk, lk, idempotency key ik) does not keep.
+func (w *writeTx) unindexExecution(old *execIndex, oldDK, oldLK, dk, lk, ik []byte) error {
+	if oldDK != nil && !bytes.Equal(oldDK, dk) {
+		if err := w.bucket(bDue).Delete(oldDK); err != nil {
 			return fmt.Errorf("due index: %w", err)
 		}
 	}
-	if lk := leaseKey(old); lk != nil {
-		if err := w.bucket(bLeases).Delete(lk); err != nil {
+	if oldLK != nil && !bytes.Equal(oldLK, lk) {
+		if err := w.bucket(bLeases).Delete(oldLK); err != nil {
 			return fmt.Errorf("lease index: %w", err)
 		}
 	}
-	if old.IdempotencyKey != "" {
-		idem := w.bucket(bIdem)
-		ik := key(old.Tenant, old.IdempotencyKey)
-		if cur := idem.Get(ik); cur != nil && string(cur) == old.ID {
-			if err := idem.Delete(ik); err != nil {
-				return fmt.Errorf("idempotency index: %w", err)
+	if len(old.idemKey) > 0 {
+		oik := make([]byte, 0, len(old.tenant)+1+len(old.idemKey))
+		oik = append(append(append(oik, old.tenant...), sep), old.idemKey...)
+		if !bytes.Equal(oik, ik) {
+			idem := w.bucket(bIdem)
+			if cur := idem.Get(oik); cur != nil && bytes.Equal(cur, old.id) {
+				if err := idem.Delete(oik); err != nil {
+					return fmt.Errorf("idempotency index: %w", err)
+				}
 			}
 		}
 	}
@@ -539,7 +579,7 @@ func (w *writeTx) PutStep(s *kernel.Step) error {
 	if err := checkIDs("put step", s.Tenant, s.ExecutionID, s.ID); err != nil {
 		return err
 	}
-	if err := put(w.bucket(bSteps), key(s.Tenant, s.ExecutionID, s.ID), s); err != nil {
+	if err := w.bucket(bSteps).Put(key(s.Tenant, s.ExecutionID, s.ID), encodeStep(s)); err != nil {
 		return fmt.Errorf("bbolt: put step %s/%s/%s: %w", s.Tenant, s.ExecutionID, s.ID, err)
 	}
 	return nil
@@ -550,7 +590,7 @@ func (w *writeTx) PutOccurrence(tenant, executionID, k string, o kernel.Occurren
 	if err := checkIDs("put occurrence", tenant, executionID); err != nil {
 		return err
 	}
-	if err := put(w.bucket(bOcc), key(tenant, executionID, k), o); err != nil {
+	if err := w.bucket(bOcc).Put(key(tenant, executionID, k), encodeOccurrence(o)); err != nil {
 		return fmt.Errorf("bbolt: put occurrence %s/%s/%q: %w", tenant, executionID, k, err)
 	}
 	return nil
@@ -570,7 +610,7 @@ func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
 		return fmt.Errorf("bbolt: append event %s/%s seq %d (%s): already recorded: %w",
 			tenant, ev.ExecutionID, ev.Seq, ev.Type, kernel.ErrConflict)
 	}
-	if err := put(b, k, ev); err != nil {
+	if err := b.Put(k, encodeEvent(&ev)); err != nil {
 		return fmt.Errorf("bbolt: append event %s/%s seq %d: %w", tenant, ev.ExecutionID, ev.Seq, err)
 	}
 	return nil
@@ -620,11 +660,11 @@ func (w *writeTx) PutApproval(a *kernel.Approval) error {
 	}
 	b, exp := w.bucket(bApprovals), w.bucket(bApprovalExp)
 	k := key(a.Tenant, a.ID)
-	old, ok, err := get[kernel.Approval](b, k)
-	if err != nil {
-		return fmt.Errorf("bbolt: put approval %s/%s: read previous: %w", a.Tenant, a.ID, err)
-	}
-	if ok {
+	if raw := b.Get(k); raw != nil {
+		old, err := decodeApprovalIndex(raw)
+		if err != nil {
+			return fmt.Errorf("bbolt: put approval %s/%s: read previous: %w", a.Tenant, a.ID, err)
+		}
 		if ek := approvalExpKey(old); ek != nil {
 			if err := exp.Delete(ek); err != nil {
 				return fmt.Errorf("bbolt: put approval %s/%s: expiry index: %w", a.Tenant, a.ID, err)
