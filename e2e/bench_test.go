@@ -206,6 +206,7 @@ func BenchmarkKernelSubmitComplete(b *testing.B) {
 	}
 	k := env.Kernel
 	var next, idx atomic.Int64
+	s0 := env.Store.Stats()
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -233,5 +234,10 @@ func BenchmarkKernelSubmitComplete(b *testing.B) {
 		}()
 	}
 	wg.Wait()
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "steps/s")
+	el := time.Since(start)
+	s1 := env.Store.Stats()
+	b.ReportMetric(float64(b.N)/el.Seconds(), "steps/s")
+	commits := float64(s1.Commits - s0.Commits)
+	b.ReportMetric(float64(s1.Updates-s0.Updates)/commits, "updates/commit")
+	b.ReportMetric(float64(el.Microseconds())/commits, "µs/commit")
 }
