@@ -47,6 +47,7 @@ const usage = `usage: wicket <command> [flags]
 commands:
   serve     run the kernel (embedded bbolt store under --data)
   policy    test, eval, build or inspect policy bundles
+  bench     measure steps/s over HTTP against an in-process kernel
   version   print the version
 `
 
@@ -61,6 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return serveCommand(ctx, args[1:], stdout, stderr)
 	case "policy":
 		return policyCommand(ctx, args[1:], stdout, stderr)
+	case "bench":
+		return benchCommand(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintf(stdout, "wicket %s\n", version)
 		return nil

@@ -137,3 +137,18 @@ func TestPolicyInspectBuildEval(t *testing.T) {
 		t.Fatalf("failing case: %q %v", out, err)
 	}
 }
+
+func TestBench(t *testing.T) {
+	out, _, err := runCmd(t, context.Background(), "bench", "--executions", "3", "--steps", "60", "--data", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"steps:           60 over HTTP, 3 concurrent executions, fsync true", "steps/s", "p99", "updates/commit"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("bench output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, _, err := runCmd(t, context.Background(), "bench", "--executions", "0"); err == nil {
+		t.Error("bench with no executions accepted")
+	}
+}

@@ -222,3 +222,6 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	log.Info("stopped")
 	return nil
 }
+
+// discardLogger drops every record (bench output stays readable).
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
