@@ -40,9 +40,15 @@ import (
 //	          uvarint nanoseconds, varint zone offset in seconds
 //	map       uvarint count, then key, value strings in key order
 //
-// A new format (a field added, one widened) gets a new format byte and a
-// migration; readers check both bytes and that the head is consumed
-// exactly, so a record is never half-understood.
+// Readers check both bytes and that the head is consumed exactly, so a
+// record is never half-understood. Unlike JSON, the form does not follow
+// the kernel types by itself: a field added to kernel.Execution, Step,
+// Event or Occurrence (or to a struct they embed) must be added here, at
+// the end of its head, with a new format byte whose decoder still reads
+// format 1 records (the new field zero), and SchemaVersion must be bumped
+// (a migration rewriting the records, or one doing nothing) so that an
+// older binary refuses the file. TestCodecRoundTripsEveryField fails
+// until the codec carries every field.
 //
 // The binary form keeps what the JSON form kept, with the same decoded
 // values (a test compares the two): a nil non-omitempty raw field is stored
@@ -50,7 +56,7 @@ import (
 // nil, times come back in UTC (or the local zone, or a fixed zone, as
 // time.Parse would return them). It does not re-validate nor compact raw
 // fields (the kernel stores canonical JSON only) and keeps strings' bytes
-// as they are.
+// as they are (JSON replaced invalid UTF-8 by U+FFFD).
 //
 // Decoding allocates little: the head is turned into one string once, and
 // every string field is a substring of it; the blobs are copied in one

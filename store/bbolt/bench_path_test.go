@@ -1,0 +1,144 @@
+package bbolt
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel"
+)
+
+// benchInput is a 1 KiB execution input.
+var benchInput = json.RawMessage(`{"task":"` + strings.Repeat("x", 1024-12) + `"}`)
+
+// benchExec is an execution as the kernel keeps a running one: acked,
+// holding a lease, with a 1 KiB input and a couple of labels.
+func benchExec(id string) *kernel.Execution {
+	now := time.Now().UTC()
+	return &kernel.Execution{ID: id, Tenant: kernel.DefaultTenant, AgentID: "agent-1", Status: kernel.ExecRunning,
+		Input: benchInput, Labels: map[string]string{"team": "search", "env": "prod"},
+		Limits: kernel.Limits{MaxSteps: 1000}, CreatedAt: now, UpdatedAt: now, LastSeq: 3,
+		Lease:    kernel.Lease{DispatchID: "0196a000-0000-7000-8000-00000000d001", Attempt: 1},
+		Dispatch: kernel.DispatchState{ID: "0196a000-0000-7000-8000-00000000d001", Attempt: 1, State: kernel.DispatchAcked, LeaseUntil: now.Add(90 * time.Second)}}
+}
+
+// BenchmarkStepPath runs the store operations of one step as the kernel
+// does them (kernel/steps.go): SubmitStep's View (execution, occurrence,
+// step not found) and Update (execution re-read, occurrence read and
+// write, step, three events, execution), then endStep's Update (execution,
+// step, step, one event, execution). No fsync: the CPU cost.
+func BenchmarkStepPath(b *testing.B) {
+	s := openStore(b, Options{NoSync: true}, false)
+	ctx := context.Background()
+	e := benchExec("0196a000-0000-7000-8000-000000000001")
+	if err := s.Update(ctx, func(tx kernel.Tx) error { return tx.PutExecution(e) }); err != nil {
+		b.Fatal(err)
+	}
+	args := json.RawMessage(`{"query":"durable execution kernels for AI agents","max_results":10}`)
+	payload := json.RawMessage(`{"step_id":"s","kind":"tool_call","target":"web.search","dispatch_id":"0196a000-0000-7000-8000-00000000d001","dispatch_attempt":1}`)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for n := 0; n < b.N; n++ {
+		stepID := fmt.Sprintf("%064x", n)
+		occKey := "tool_call\x00" + stepID + "\x00web.search"
+		err := s.View(ctx, func(tx kernel.ReadTx) error {
+			ex, err := tx.Execution(e.Tenant, e.ID)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Occurrence(ex.Tenant, ex.ID, occKey); err != nil {
+				return err
+			}
+			if _, err := tx.Step(ex.Tenant, ex.ID, stepID); !errors.Is(err, kernel.ErrNotFound) {
+				return fmt.Errorf("step: %v", err)
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		err = s.Update(ctx, func(tx kernel.Tx) error {
+			ex, err := tx.Execution(e.Tenant, e.ID)
+			if err != nil {
+				return err
+			}
+			o, err := tx.Occurrence(ex.Tenant, ex.ID, occKey)
+			if err != nil {
+				return err
+			}
+			if err := tx.PutOccurrence(ex.Tenant, ex.ID, occKey, kernel.Occurrence{Lease: ex.Lease, Count: o.Count + 1}); err != nil {
+				return err
+			}
+			now := time.Now().UTC()
+			st := &kernel.Step{ID: stepID, ExecutionID: ex.ID, Tenant: ex.Tenant, Kind: "tool_call", Target: "web.search",
+				Args: args, ArgsHash: stepID, Idempotency: kernel.SafeToRetry, Status: kernel.StepExecuting, Lease: ex.Lease,
+				Decision: &kernel.StepDecisionInfo{Action: "allow", RuleID: "allow-search", EvalTime: time.Microsecond},
+				Seq:      ex.LastSeq + 1, CreatedAt: now}
+			if err := tx.PutStep(st); err != nil {
+				return err
+			}
+			for _, typ := range []string{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting} {
+				ex.LastSeq++
+				if err := tx.AppendEvent(ex.Tenant, kernel.Event{ExecutionID: ex.ID, Seq: ex.LastSeq, Type: typ, Time: now, Payload: payload}); err != nil {
+					return err
+				}
+			}
+			ex.Totals.Steps++
+			ex.UpdatedAt, ex.Dispatch.LeaseUntil = now, now.Add(90*time.Second)
+			return tx.PutExecution(ex)
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		err = s.Update(ctx, func(tx kernel.Tx) error {
+			ex, err := tx.Execution(e.Tenant, e.ID)
+			if err != nil {
+				return err
+			}
+			st, err := tx.Step(ex.Tenant, ex.ID, stepID)
+			if err != nil {
+				return err
+			}
+			now := time.Now().UTC()
+			st.Status, st.Result, st.CompletedAt = kernel.StepSucceeded, json.RawMessage(`{"hits":["a","b","c"]}`), &now
+			if err := tx.PutStep(st); err != nil {
+				return err
+			}
+			ex.LastSeq++
+			if err := tx.AppendEvent(ex.Tenant, kernel.Event{ExecutionID: ex.ID, Seq: ex.LastSeq, Type: kernel.EvStepSucceeded, Time: now, Payload: payload}); err != nil {
+				return err
+			}
+			ex.UpdatedAt, ex.Dispatch.LeaseUntil = now, now.Add(90*time.Second)
+			return tx.PutExecution(ex)
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReadExecution is one View reading an execution with a 1 KiB
+// input (SubmitStep's preread, GetExecution).
+func BenchmarkReadExecution(b *testing.B) {
+	s := openStore(b, Options{NoSync: true}, false)
+	ctx := context.Background()
+	e := benchExec("0196a000-0000-7000-8000-000000000001")
+	if err := s.Update(ctx, func(tx kernel.Tx) error { return tx.PutExecution(e) }); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		err := s.View(ctx, func(tx kernel.ReadTx) error {
+			_, err := tx.Execution(e.Tenant, e.ID)
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -1,0 +1,297 @@
+package bbolt
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/wicket-run/wicket/kernel"
+)
+
+// openV1File copies testdata/v1.db.gz, a schema 1 file written by the
+// schema 1 code (JSON records), into a temporary directory.
+func openV1File(t *testing.T) string {
+	t.Helper()
+	f, err := os.Open("testdata/v1.db.gz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "wicket.db")
+	if err := os.WriteFile(path, raw, FileMode); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func fileSchema(t *testing.T, s *Store) uint64 {
+	t.Helper()
+	var v uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		v, err = schemaVersion(tx)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestMigrateV1File opens a file written by the schema 1 code and expects
+// every record to read back as the schema 1 code read it
+// (testdata/v1.json), the hot records rewritten in binary, the indexes
+// intact and maintained by later writes.
+func TestMigrateV1File(t *testing.T) {
+	path := openV1File(t)
+	db, err := bolt.Open(path, FileMode, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		v, err := schemaVersion(tx)
+		if v != 1 || err != nil {
+			t.Fatalf("testdata/v1.db.gz has schema %d (%v), want 1", v, err)
+		}
+		if raw := tx.Bucket(bExecutions).Get(key("t", v1Exec1)); len(raw) == 0 || raw[0] != '{' {
+			t.Fatalf("testdata/v1.db.gz: execution is not JSON: %q", raw)
+		}
+		return nil
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := Open(path, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if v := fileSchema(t, s); v != SchemaVersion {
+		t.Fatalf("schema %d after Open, want %d", v, SchemaVersion)
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+	// Every hot record is binary now.
+	err = s.db.View(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bExecutions, bSteps, bOcc, bEvents} {
+			n := 0
+			err := tx.Bucket(b).ForEach(func(k, v []byte) error {
+				n++
+				if len(v) < 2 || v[0] != formatBinary1 {
+					return fmt.Errorf("bucket %s: key %q not binary: %q", b, k, v)
+				}
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if n == 0 {
+				return fmt.Errorf("bucket %s: empty", b)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got v1Golden
+	if err := s.View(t.Context(), func(tx kernel.ReadTx) error { return readGolden(tx, &got) }); err != nil {
+		t.Fatal(err)
+	}
+	js, err := json.MarshalIndent(got, "", "\t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := os.ReadFile("testdata/v1.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(append(js, '\n'), want) {
+		t.Errorf("records after migration differ from what schema 1 read:\n got  %s\n want %s", js, want)
+	}
+
+	// Writes keep the indexes of migrated records right: the queued
+	// execution is claimed, the acked one finishes.
+	err = s.Update(t.Context(), func(tx kernel.Tx) error {
+		e2, err := tx.Execution("u", v1Exec2)
+		if err != nil {
+			return err
+		}
+		e2.Dispatch.State, e2.Dispatch.DueAt, e2.Dispatch.LeaseUntil = kernel.DispatchDelivering, time.Time{}, time.Now()
+		e2.IdempotencyKey = "idem-2b"
+		if err := tx.PutExecution(e2); err != nil {
+			return err
+		}
+		e1, err := tx.Execution("t", v1Exec1)
+		if err != nil {
+			return err
+		}
+		e1.Dispatch = kernel.DispatchState{ID: e1.Dispatch.ID}
+		e1.Status = kernel.ExecCompleted
+		return tx.PutExecution(e1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+	err = s.View(t.Context(), func(tx kernel.ReadTx) error {
+		far := time.Now().Add(time.Hour)
+		due, _ := tx.DueDispatches(far, 0)
+		leases, _ := tx.ExpiredLeases(far, 0)
+		if len(due) != 0 || len(leases) != 1 || leases[0].ExecutionID != v1Exec2 {
+			t.Errorf("after writes: due %v, leases %v; want none, %s", due, leases, v1Exec2)
+		}
+		if _, err := tx.ExecutionByIdempotencyKey("u", "idem-2"); err == nil {
+			t.Error("the replaced idempotency key still resolves")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMigrateManyRecords migrates a schema 1 file with more records than
+// one rewrite batch holds.
+func TestMigrateManyRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "wicket.db")
+	db, err := bolt.Open(path, FileMode, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 2500
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC)
+	e := &kernel.Execution{ID: "e1", Tenant: "t", AgentID: "a", Status: kernel.ExecRunning, Input: json.RawMessage(`{"x":1}`),
+		CreatedAt: t0, UpdatedAt: t0, LastSeq: n}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := migrateCreateBuckets(tx); err != nil {
+			return err
+		}
+		meta, err := tx.CreateBucketIfNotExists(bMeta)
+		if err != nil {
+			return err
+		}
+		if err := meta.Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 1}); err != nil {
+			return err
+		}
+		put1 := func(b, k []byte, v any) error {
+			raw, err := encodeJSON(v) // the schema 1 encoding
+			if err != nil {
+				return err
+			}
+			return tx.Bucket(b).Put(k, raw)
+		}
+		if err := put1(bExecutions, key("t", "e1"), e); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bExecTenant).Put([]byte("e1"), []byte("t")); err != nil {
+			return err
+		}
+		for i := uint64(1); i <= n; i++ {
+			typ := kernel.EvStepProposed
+			if i == 1 {
+				typ = kernel.EvExecutionCreated
+			}
+			ev := kernel.Event{ExecutionID: "e1", Seq: i, Type: typ, Time: t0, Payload: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i))}
+			if err := put1(bEvents, eventKey("t", "e1", i), ev); err != nil {
+				return err
+			}
+			st := kernel.Step{ID: fmt.Sprintf("s%05d", i), ExecutionID: "e1", Tenant: "t", Kind: "local", Target: "x", Seq: i, CreatedAt: t0}
+			if err := put1(bSteps, key("t", "e1", st.ID), st); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+	err = s.View(t.Context(), func(tx kernel.ReadTx) error {
+		evs, err := tx.Events("t", "e1", 0, 0)
+		if err != nil {
+			return err
+		}
+		steps, err := tx.ListSteps("t", "e1")
+		if err != nil {
+			return err
+		}
+		if len(evs) != n || len(steps) != n {
+			return fmt.Errorf("%d events, %d steps; want %d", len(evs), len(steps), n)
+		}
+		for i, ev := range evs {
+			if ev.Seq != uint64(i+1) || string(ev.Payload) != fmt.Sprintf(`{"i":%d}`, i+1) || !ev.Time.Equal(t0) {
+				return fmt.Errorf("event %d: %+v", i+1, ev)
+			}
+			if s := steps[i]; s.Seq != uint64(i+1) || string(s.Args) != "null" {
+				return fmt.Errorf("step %d: %+v", i+1, s)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMigrateRefusesBadRecord: an undecodable schema 1 record fails the
+// migration, which leaves the file untouched.
+func TestMigrateRefusesBadRecord(t *testing.T) {
+	path := openV1File(t)
+	db, err := bolt.Open(path, FileMode, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bSteps).Put(key("t", v1Exec1, "bad"), []byte("{nope")) })
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Open(path, Options{NoSync: true}); err == nil {
+		s.Close()
+		t.Fatal("Open migrated a file with an undecodable step")
+	}
+	db, err = bolt.Open(path, FileMode, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_ = db.View(func(tx *bolt.Tx) error {
+		if v, _ := schemaVersion(tx); v != 1 {
+			t.Errorf("schema %d after a failed migration, want 1", v)
+		}
+		if raw := tx.Bucket(bExecutions).Get(key("t", v1Exec1)); len(raw) == 0 || raw[0] != '{' {
+			t.Errorf("a failed migration rewrote records")
+		}
+		return nil
+	})
+}
