@@ -15,6 +15,7 @@ import (
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/server/wire"
+	"github.com/wicket-run/wicket/store/bbolt"
 )
 
 // leaseAgent is an agent that acknowledges webhooks and hands the leases to
@@ -193,7 +194,16 @@ func BenchmarkReplay(b *testing.B) {
 // BenchmarkKernelSubmitComplete is BenchmarkStepSubmitComplete without HTTP:
 // the kernel API called directly by 10 concurrent executions (fsync on).
 func BenchmarkKernelSubmitComplete(b *testing.B) {
-	env := testkit.Start(b, testkit.Options{})
+	for _, g := range []struct {
+		name   string
+		window time.Duration
+	}{{"gather=off", -1}, {"gather=on", 0}} {
+		b.Run(g.name, func(b *testing.B) { benchKernel(b, bbolt.Options{GatherWindow: g.window}) })
+	}
+}
+
+func benchKernel(b *testing.B, so bbolt.Options) {
+	env := testkit.Start(b, testkit.Options{Store: so})
 	_, leases := leaseAgent(b, env, "kbench")
 	const conc = 10
 	calls := make([]kernel.AgentCall, conc)

@@ -34,6 +34,8 @@ type Options struct {
 	DefaultPolicy string
 	// Dir reuses a data directory (restart tests); default t.TempDir().
 	Dir string
+	// Store are the store's options (default: fsync on, group commit).
+	Store bbolt.Options
 }
 
 // Env is a running test kernel.
@@ -57,7 +59,7 @@ func Start(t testing.TB, o Options) *Env {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), bbolt.Options{})
+	st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), o.Store)
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}

@@ -49,7 +49,15 @@ type Options struct {
 	// MaxBatch caps how many Update functions share one commit (zero:
 	// DefaultMaxBatch; 1 disables group commit).
 	MaxBatch int
+	// GatherWindow is how long the writer may hold a batch open for the
+	// callers of the previous commit to come back with their next Update
+	// (zero: DefaultGatherWindow; negative: never wait). Without it, N
+	// steady writers split into two alternating half-size batches.
+	GatherWindow time.Duration
 }
+
+// DefaultGatherWindow is the default Options.GatherWindow.
+const DefaultGatherWindow = 400 * time.Microsecond
 
 func (o Options) withDefaults() Options {
 	if o.Timeout == 0 {
@@ -57,6 +65,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBatch <= 0 {
 		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.GatherWindow == 0 {
+		o.GatherWindow = DefaultGatherWindow
 	}
 	return o
 }
@@ -66,6 +77,10 @@ type Store struct {
 	db       *bolt.DB
 	path     string
 	maxBatch int
+	// gather, expect and cool belong to the writer goroutine: see gatherMore.
+	gather time.Duration
+	expect int
+	cool   int
 
 	reqs      chan *request // unbuffered: a sender blocks until the writer takes it
 	closing   chan struct{} // closed by Close
@@ -129,6 +144,7 @@ func Open(path string, opts Options) (*Store, error) {
 		db:       db,
 		path:     path,
 		maxBatch: opts.MaxBatch,
+		gather:   opts.GatherWindow,
 		reqs:     make(chan *request),
 		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),

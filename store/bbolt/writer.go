@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime/debug"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel"
 )
@@ -35,7 +36,12 @@ func (s *Store) run() {
 	for {
 		select {
 		case r := <-s.reqs:
-			s.commit(s.collect(append(batch[:0], r)))
+			batch = s.gatherMore(s.collect(append(batch[:0], r)))
+			n := len(batch)
+			s.commit(batch)
+			// The n callers just answered will likely come back, and the
+			// Updates already waiting are other writers: that many are active.
+			s.expect = n + int(s.waiting.Load())
 		case <-s.closing:
 			for {
 				select {
@@ -57,6 +63,41 @@ func (s *Store) collect(batch []*request) []*request {
 		case r := <-s.reqs:
 			batch = append(batch, r)
 		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// gatherMore holds the batch open, up to the gather window, until as many
+// requests as there were active writers at the last commit have arrived. A
+// window that brings nobody turns gathering off for the next 16 commits, so
+// a lone or thinning set of writers pays it rarely.
+func (s *Store) gatherMore(batch []*request) []*request {
+	if s.gather <= 0 || s.maxBatch <= 1 {
+		return batch
+	}
+	if s.cool > 0 {
+		s.cool--
+		return batch
+	}
+	target := min(s.expect, s.maxBatch)
+	if len(batch) >= target {
+		return batch
+	}
+	start := len(batch)
+	timer := time.NewTimer(s.gather)
+	defer timer.Stop()
+	for len(batch) < target {
+		select {
+		case r := <-s.reqs:
+			batch = append(batch, r)
+		case <-timer.C:
+			if len(batch) == start {
+				s.cool = 16
+			}
+			return batch
+		case <-s.closing:
 			return batch
 		}
 	}
