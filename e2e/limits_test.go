@@ -1,0 +1,80 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/internal/testkit"
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/rules"
+)
+
+// TestExecutionLimits: limits given at create deny the steps past them with
+// a limit_* reason (SPEC §5 step 1), before any policy runs.
+func TestExecutionLimits(t *testing.T) {
+	env := testkit.Start(t, testkit.Options{Config: fast()})
+	sa := &scriptAgent{decisions: map[string][]string{}}
+	a := testkit.NewAgent("limited", secret, env.URL, sa.handler("a", "b", "c"))
+	defer a.Close()
+	env.RegisterAgent(a, "")
+	var x kernel.Execution
+	if _, err := env.Admin("POST", "/v0/executions", map[string]any{"agent_id": "limited", "limits": map[string]any{"max_steps": 2}}, &x); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitTerminal(x.ID, 10*time.Second)
+	if got := sa.got(x.ID); got != "a=proceed b=proceed c=denied" {
+		t.Errorf("max_steps 2: %s", got)
+	}
+	found := false
+	for _, ev := range env.Events(x.ID) {
+		if ev.Type == kernel.EvStepDenied && strings.Contains(string(ev.Payload), `"rule_id":"limit_steps"`) {
+			found = true
+		}
+	}
+	if !found {
+		t.Error("no step.denied with rule_id limit_steps")
+	}
+	for _, bad := range []map[string]any{{"max_steps": -1}, {"max_duration": "soon"}} {
+		if st, _ := env.Admin("POST", "/v0/executions", map[string]any{"agent_id": "limited", "limits": bad}, nil); st != 400 {
+			t.Errorf("limits %v: %d, want 400", bad, st)
+		}
+	}
+}
+
+// TestRateLimitScopes: a per-agent limit is shared by the agent's
+// executions, a per-execution one is not, and the counts are durable.
+func TestRateLimitScopes(t *testing.T) {
+	env := testkit.Start(t, testkit.Options{Config: fast(), Engines: []plugins.Engine{rules.New()}})
+	policy := `default_action: allow
+rules:
+  - id: per-agent
+    priority: 1
+    when: {target: shared}
+    then: {decision: allow, rate_limit: {max_calls: 3, window: 1h, per: agent, algorithm: fixed}}
+  - id: per-exec
+    priority: 2
+    when: {target: own}
+    then: {decision: allow, rate_limit: {max_calls: 1, window: 1h, per: execution}}
+`
+	sa := &scriptAgent{decisions: map[string][]string{}}
+	a := testkit.NewAgent("scoped", secret, env.URL, sa.handler("shared", "shared", "own", "own"))
+	defer a.Close()
+	env.RegisterAgent(a, "")
+	if _, err := env.Admin("POST", "/v0/policies/scoped", map[string]any{"bundle": policy}, nil); err != nil {
+		t.Fatal(err)
+	}
+	id1 := env.CreateExecution("scoped", 1)
+	env.WaitTerminal(id1, 10*time.Second)
+	id2 := env.CreateExecution("scoped", 2)
+	env.WaitTerminal(id2, 10*time.Second)
+	if got := sa.got(id1); got != "shared=proceed shared=proceed own=proceed own=rate_limited" {
+		t.Errorf("first execution: %s", got)
+	}
+	// The agent-wide limit of 3 is used up by the third call overall; the
+	// per-execution limit starts afresh.
+	if got := sa.got(id2); got != "shared=proceed shared=rate_limited own=proceed own=rate_limited" {
+		t.Errorf("second execution: %s", got)
+	}
+}
