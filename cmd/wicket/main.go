@@ -48,6 +48,10 @@ commands:
   serve     run the kernel (embedded bbolt store under --data)
   policy    test, eval, build or inspect policy bundles
   bench     measure steps/s over HTTP against an in-process kernel
+  exec      ls | create | get | events | watch | cancel executions
+  agent     ls | get | put | rm agents
+  approval  ls | get | grant | deny approvals
+  tenant    ls | create tenants; key create | ls | rm
   version   print the version
 `
 
@@ -64,6 +68,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return policyCommand(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return benchCommand(ctx, args[1:], stdout, stderr)
+	case "exec":
+		return execCommand(ctx, args[1:], stdout, stderr)
+	case "agent":
+		return agentCommand(ctx, args[1:], stdout, stderr)
+	case "approval":
+		return approvalCommand(ctx, args[1:], stdout, stderr)
+	case "tenant":
+		return tenantCommand(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintf(stdout, "wicket %s\n", version)
 		return nil
