@@ -36,6 +36,19 @@ func TestExecutionLimits(t *testing.T) {
 	if !found {
 		t.Error("no step.denied with rule_id limit_steps")
 	}
+	// The same call over and over is a loop.
+	sa2 := &scriptAgent{decisions: map[string][]string{}}
+	loop := testkit.NewAgent("looper", secret, env.URL, sa2.handler("poll", "poll", "poll", "other"))
+	defer loop.Close()
+	env.RegisterAgent(loop, "")
+	var y kernel.Execution
+	if _, err := env.Admin("POST", "/v0/executions", map[string]any{"agent_id": "looper", "limits": map[string]any{"max_loop_repetitions": 2}}, &y); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitTerminal(y.ID, 10*time.Second)
+	if got := sa2.got(y.ID); got != "poll=proceed poll=proceed poll=denied other=proceed" {
+		t.Errorf("max_loop_repetitions 2: %s", got)
+	}
 	for _, bad := range []map[string]any{{"max_steps": -1}, {"max_duration": "soon"}} {
 		if st, _ := env.Admin("POST", "/v0/executions", map[string]any{"agent_id": "limited", "limits": bad}, nil); st != 400 {
 			t.Errorf("limits %v: %d, want 400", bad, st)

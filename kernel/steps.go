@@ -132,7 +132,7 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 		var pres *PolicyResult
 		var limit *StepDecisionInfo
 		if needsPolicy(pre.step) {
-			if info := k.checkLimits(pre.exec, req.Kind); info != nil {
+			if info := k.checkLimits(pre.exec, req.Kind, pre.occ); info != nil {
 				limit = info
 			} else {
 				pres, err = k.decide(ctx, &req, args, argsHash, &pre)
@@ -200,7 +200,7 @@ func needsPolicy(s *Step) bool {
 }
 
 // checkLimits applies the execution's limits (SPEC §5 step 1).
-func (k *Kernel) checkLimits(e *Execution, kind string) *StepDecisionInfo {
+func (k *Kernel) checkLimits(e *Execution, kind string, occurrence int) *StepDecisionInfo {
 	l := e.Limits
 	deny := func(rule, reason string) *StepDecisionInfo {
 		return &StepDecisionInfo{Action: policy.Deny, RuleID: rule, Reason: reason, Bundle: policy.BundleRef{Name: "kernel-limits", Revision: "1", Engine: "builtin"}}
@@ -214,6 +214,9 @@ func (k *Kernel) checkLimits(e *Execution, kind string) *StepDecisionInfo {
 		return deny("limit_tokens", fmt.Sprintf("limit_tokens: %d of %d tokens used", e.Totals.Tokens, l.MaxTotalTokens))
 	case l.MaxCostUSD > 0 && e.Totals.CostUSD >= l.MaxCostUSD:
 		return deny("limit_cost", fmt.Sprintf("limit_cost: %.4f of %.4f USD spent", e.Totals.CostUSD, l.MaxCostUSD))
+	case l.MaxLoopRepetitions > 0 && int64(occurrence) >= l.MaxLoopRepetitions:
+		// The same call (kind, target, args) repeated within one attempt.
+		return deny("limit_loop", fmt.Sprintf("limit_loop: the same call was already made %d times in this attempt (max %d)", occurrence, l.MaxLoopRepetitions))
 	}
 	if l.MaxDuration != "" {
 		if d, err := time.ParseDuration(l.MaxDuration); err == nil && k.now().Sub(e.CreatedAt) > d {
