@@ -296,10 +296,17 @@ func leaseLive(e *Execution) bool {
 	return e.Dispatch.State == DispatchDelivering || e.Dispatch.State == DispatchAcked
 }
 
-// renew extends a live lease.
+// renew extends a live lease. It moves the expiry only once an eighth of
+// the lease has passed since the last renewal, so a busy agent does not
+// rewrite the lease index on every mutation; a lease therefore never expires
+// sooner than 7/8 of LeaseTimeout after the last activity.
 func (k *Kernel) renew(r *rec, e *Execution) {
-	if leaseLive(e) {
-		e.Dispatch.LeaseUntil = r.now.Add(k.cfg.LeaseTimeout)
+	if !leaseLive(e) {
+		return
+	}
+	next := r.now.Add(k.cfg.LeaseTimeout)
+	if next.Sub(e.Dispatch.LeaseUntil) >= k.cfg.LeaseTimeout/8 {
+		e.Dispatch.LeaseUntil = next
 	}
 }
 
@@ -319,7 +326,7 @@ func (k *Kernel) Heartbeat(ctx context.Context, c AgentCall) (time.Time, error) 
 			until = time.Time{}
 			return nil
 		}
-		k.renew(r, e)
+		e.Dispatch.LeaseUntil = r.now.Add(k.cfg.LeaseTimeout) // a heartbeat always renews in full
 		until = e.Dispatch.LeaseUntil
 		return r.tx.PutExecution(e)
 	})
