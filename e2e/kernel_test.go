@@ -488,3 +488,32 @@ func TestListPaging(t *testing.T) {
 		t.Errorf("paged ids\n got %v\nwant %v", got, want)
 	}
 }
+
+// TestLostAcknowledgement: the webhook's response times out, but the agent
+// already acted under the attempt; its lease stands and the execution
+// finishes under attempt 1 instead of being re-delivered.
+func TestLostAcknowledgement(t *testing.T) {
+	env := testkit.Start(t, testkit.Options{Config: fast()})
+	agent := testkit.NewAgent("late", secret, env.URL, func(ctx context.Context, r *testkit.Run) (any, error) {
+		if _, err := r.Step(ctx, "tool_call", "work", nil, testkit.StepOpts{}, func() (any, error) { return 1, nil }); err != nil {
+			return nil, err
+		}
+		time.Sleep(300 * time.Millisecond) // past the dispatch timeout
+		return r.Lease.Attempt, nil
+	})
+	agent.SlowAck = 400 * time.Millisecond // longer than the 200ms dispatch timeout
+	defer agent.Close()
+	env.RegisterAgent(agent, "")
+	id := env.CreateExecution("late", nil)
+	x := env.WaitTerminal(id, 10*time.Second)
+	if x.Status != kernel.ExecCompleted || string(x.Output) != "1" {
+		t.Fatalf("%s output %s, errors %v", x.Status, x.Output, agent.Errors())
+	}
+	evs := mustCheckLog(t, env, id)
+	if n := testkit.Count(evs, kernel.EvDispatchSuperseded); n != 0 {
+		t.Errorf("the acting attempt was superseded: %v", testkit.Types(evs))
+	}
+	if agent.Webhooks.Load() != 1 {
+		t.Errorf("%d webhooks, want 1", agent.Webhooks.Load())
+	}
+}

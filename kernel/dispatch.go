@@ -235,7 +235,8 @@ func (k *Kernel) deliver(ctx context.Context, d Delivery) {
 		}
 		if e.Dispatch.State != DispatchDelivering {
 			// The agent already acted under this attempt (it got the webhook
-			// even though the response failed): keep the lease.
+			// even though the response failed; its mutations marked the
+			// dispatch acked): keep the lease.
 			return nil
 		}
 		e.Dispatch.Failures++

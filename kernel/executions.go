@@ -304,6 +304,9 @@ func (k *Kernel) renew(r *rec, e *Execution) {
 	if !leaseLive(e) {
 		return
 	}
+	// A mutation under the attempt proves the webhook arrived, even if its
+	// response has not (a failed response must then not supersede the lease).
+	e.Dispatch.State = DispatchAcked
 	next := r.now.Add(k.cfg.LeaseTimeout)
 	if next.Sub(e.Dispatch.LeaseUntil) >= k.cfg.LeaseTimeout/8 {
 		e.Dispatch.LeaseUntil = next
@@ -326,6 +329,7 @@ func (k *Kernel) Heartbeat(ctx context.Context, c AgentCall) (time.Time, error) 
 			until = time.Time{}
 			return nil
 		}
+		e.Dispatch.State = DispatchAcked
 		e.Dispatch.LeaseUntil = r.now.Add(k.cfg.LeaseTimeout) // a heartbeat always renews in full
 		until = e.Dispatch.LeaseUntil
 		return r.tx.PutExecution(e)

@@ -182,6 +182,9 @@ type Agent struct {
 	HeartbeatEvery time.Duration
 	// Fail, when set, is consulted for every webhook; a non-zero status is answered without running the handler.
 	Fail func(p wire.WebhookPayload) int
+	// SlowAck, when > 0, delays the webhook's answer while the handler
+	// already runs (an agent whose acknowledgement is lost or late).
+	SlowAck time.Duration
 
 	Webhooks atomic.Int64 // webhooks received with a valid signature
 	BadSigs  atomic.Int64 // webhooks refused for their signature
@@ -239,6 +242,12 @@ func (a *Agent) serveWebhook(w http.ResponseWriter, r *http.Request) {
 	}
 	a.wg.Add(1)
 	go a.run(p)
+	if a.SlowAck > 0 {
+		select {
+		case <-time.After(a.SlowAck):
+		case <-a.ctx.Done():
+		}
+	}
 	w.WriteHeader(http.StatusAccepted)
 }
 
