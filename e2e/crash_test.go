@@ -89,9 +89,10 @@ func startServe(t *testing.T, dir, addr string, extra ...string) *process {
 }
 
 // TestCrashRecovery kills a real `wicket serve` with SIGKILL in the middle
-// of many executions and restarts it on the same data dir: every event read
-// before the kill is still there in order, no step has two outcomes, and the
-// interrupted executions finish after the restart.
+// of many executions, restarts it on the same data dir, kills it again while
+// it recovers, and restarts it once more: every event read before each kill
+// is still there in order, no step has two outcomes, and the interrupted
+// executions finish.
 func TestCrashRecovery(t *testing.T) {
 	dir := t.TempDir()
 	addr := freeAddr(t)
@@ -150,6 +151,21 @@ func TestCrashRecovery(t *testing.T) {
 		t.Log("every execution finished before the kill; the test proves less this run")
 	}
 
+	// Second crash, during recovery: restart, let re-delivery and replay
+	// begin, snapshot again (it must extend the first), kill again.
+	pr := startServe(t, dir, addr)
+	time.Sleep(300 * time.Millisecond)
+	for _, id := range ids {
+		evs, err := testkit.AllEvents(pr.url, testkit.AdminKey, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPrefix(t, id, before[id], evs)
+		before[id] = evs
+	}
+	_ = pr.cmd.Process.Signal(syscall.SIGKILL)
+	_ = pr.cmd.Wait()
+
 	p2 := startServe(t, dir, addr)
 	defer func() { _ = p2.cmd.Process.Kill(); _ = p2.cmd.Wait() }()
 	deadline := time.Now().Add(60 * time.Second)
@@ -181,21 +197,27 @@ func TestCrashRecovery(t *testing.T) {
 		if err := testkit.CheckLog(after); err != nil {
 			t.Errorf("%s: %v\n%v", id, err, testkit.Types(after))
 		}
-		old := before[id]
-		if len(after) < len(old) {
-			t.Fatalf("%s: %d events after restart, %d before the kill", id, len(after), len(old))
-		}
-		for i, ev := range old {
-			a := after[i]
-			if a.Seq != ev.Seq || a.Type != ev.Type || !bytes.Equal(a.Payload, ev.Payload) {
-				t.Fatalf("%s: acknowledged event %d changed: %s %s -> %s %s", id, ev.Seq, ev.Type, ev.Payload, a.Type, a.Payload)
-			}
-		}
+		checkPrefix(t, id, before[id], after)
 		if got := testkit.Count(after, kernel.EvStepSucceeded); got != steps {
 			t.Errorf("%s: %d steps succeeded, want %d", id, got, steps)
 		}
 	}
 	t.Logf("%d executions were unfinished at the kill; all %d completed after restart", unfinished, completed.Load())
+}
+
+// checkPrefix requires every event read before a kill to be in the log
+// read after it, unchanged and in the same place.
+func checkPrefix(t *testing.T, id string, old, after []kernel.Event) {
+	t.Helper()
+	if len(after) < len(old) {
+		t.Fatalf("%s: %d events after restart, %d before the kill", id, len(after), len(old))
+	}
+	for i, ev := range old {
+		a := after[i]
+		if a.Seq != ev.Seq || a.Type != ev.Type || !bytes.Equal(a.Payload, ev.Payload) || !a.Time.Equal(ev.Time) {
+			t.Fatalf("%s: acknowledged event %d changed: %s %s -> %s %s", id, ev.Seq, ev.Type, ev.Payload, a.Type, a.Payload)
+		}
+	}
 }
 
 func isTerminal(typ string) bool {
