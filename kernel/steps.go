@@ -404,8 +404,8 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 			Args: args, ArgsHash: argsHash, Occurrence: base.Occurrence, Idempotency: req.Idempotency,
 			Effect: req.Effect, CreatedAt: r.now, Seq: e.LastSeq + 1}
 	}
-	if err := r.event(e, EvStepProposed, stepPayload(s, map[string]any{"args_hash": argsHash, "occurrence": base.Occurrence,
-		"idempotency": s.Idempotency, "effect": s.Effect, "dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt})); err != nil {
+	if err := r.event(e, EvStepProposed, proposedPayload{stepRef: refOf(s), ArgsHash: argsHash, Occurrence: base.Occurrence,
+		Idempotency: s.Idempotency, Effect: s.Effect, DispatchID: e.Lease.DispatchID, DispatchAttempt: e.Lease.Attempt}); err != nil {
 		return nil, err
 	}
 	var info StepDecisionInfo
@@ -441,7 +441,9 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 			if err := r.tx.PutStep(s); err != nil {
 				return nil, err
 			}
-			return base, r.event(e, EvStepRateLimited, stepPayload(s, decisionPayload(map[string]any{"reason": reason, "rate_limit_id": ruleID})))
+			p := decisionOf(s, &info)
+			p.Reason, p.RateLimitID = reason, ruleID
+			return base, r.event(e, EvStepRateLimited, p)
 		}
 	}
 	switch info.Action {
@@ -451,10 +453,10 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 		if err := r.tx.PutStep(s); err != nil {
 			return nil, err
 		}
-		if err := r.event(e, EvStepAllowed, stepPayload(s, decisionPayload(nil))); err != nil {
+		if err := r.event(e, EvStepAllowed, decisionOf(s, &info)); err != nil {
 			return nil, err
 		}
-		if err := r.event(e, EvStepExecuting, stepPayload(s, map[string]any{"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt})); err != nil {
+		if err := r.event(e, EvStepExecuting, executingPayload{stepRef: refOf(s), DispatchID: e.Lease.DispatchID, DispatchAttempt: e.Lease.Attempt}); err != nil {
 			return nil, err
 		}
 		e.Totals.Steps++
@@ -470,7 +472,7 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 		if err := r.tx.PutStep(s); err != nil {
 			return nil, err
 		}
-		if err := r.event(e, EvStepDenied, stepPayload(s, decisionPayload(nil))); err != nil {
+		if err := r.event(e, EvStepDenied, decisionOf(s, &info)); err != nil {
 			return nil, err
 		}
 		if err := k.finish(r, e, ExecFailed, "policy_abort", nil, mustJSON(map[string]any{"code": "policy_abort", "message": info.Reason, "rule_id": info.RuleID, "step_id": s.ID}), nil); err != nil {
@@ -485,7 +487,7 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 			return nil, err
 		}
 		base.Decision = DecisionDenied
-		return base, r.event(e, EvStepDenied, stepPayload(s, decisionPayload(nil)))
+		return base, r.event(e, EvStepDenied, decisionOf(s, &info))
 	}
 }
 
@@ -632,21 +634,20 @@ func (k *Kernel) endStep(ctx context.Context, o StepOutcome, st StepStatus) (*St
 		if err := r.tx.PutStep(s); err != nil {
 			return err
 		}
-		payload := map[string]any{}
+		payload := outcomePayload{stepRef: refOf(s), Usage: o.Usage}
 		typ := EvStepSucceeded
 		if st == StepFailed {
 			typ = EvStepFailed
-			payload["error"] = o.Error
+			payload.Error = o.Error
 		}
 		if o.Usage != nil {
-			payload["usage"] = o.Usage
 			e.Totals.Tokens += o.Usage.TotalTokens
 			if o.Usage.TotalTokens == 0 {
 				e.Totals.Tokens += o.Usage.InputTokens + o.Usage.OutputTokens
 			}
 			e.Totals.CostUSD += o.Usage.CostUSD
 		}
-		if err := r.event(e, typ, stepPayload(s, payload)); err != nil {
+		if err := r.event(e, typ, payload); err != nil {
 			return err
 		}
 		k.renew(r, e)
