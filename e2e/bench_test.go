@@ -250,4 +250,5 @@ func benchKernel(b *testing.B, so bbolt.Options) {
 	commits := float64(s1.Commits - s0.Commits)
 	b.ReportMetric(float64(s1.Updates-s0.Updates)/commits, "updates/commit")
 	b.ReportMetric(float64(el.Microseconds())/commits, "µs/commit")
+	b.ReportMetric(float64(s1.DB.TxStats.GetWrite()-s0.DB.TxStats.GetWrite())/commits, "writes/commit")
 }
