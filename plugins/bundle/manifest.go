@@ -92,7 +92,7 @@ func ParseManifest(src []byte) (Manifest, error) {
 		if errors.Is(err, io.EOF) {
 			return Manifest{}, mf("", errors.New("empty manifest"))
 		}
-		line, msg := splitLine(yamlReason(err))
+		line, msg := SplitYAMLLine(yamlReason(err))
 		return Manifest{}, &Error{File: ManifestFile, Line: line, Err: errors.New(msg)}
 	}
 	var extra yaml.Node

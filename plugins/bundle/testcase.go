@@ -84,7 +84,7 @@ func ParseTestFile(name string, src []byte) ([]TestCase, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fileErr(0, "", "", errors.New("empty test file (want a mapping with cases: [...])"))
 		}
-		line, msg := splitLine(yamlReason(err))
+		line, msg := SplitYAMLLine(yamlReason(err))
 		return nil, fileErr(line, "", "", errors.New(msg))
 	}
 	var extra yaml.Node

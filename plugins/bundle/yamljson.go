@@ -230,9 +230,10 @@ func stripGoType(s string) string {
 	return s[:i] + fmt.Sprintf("unknown field %q", s[i+len(pre):j]) + s[k:]
 }
 
-// splitLine splits yaml.v3's "line N: reason" into N and reason; it returns
-// 0 and s unchanged when s has no such prefix.
-func splitLine(s string) (int, string) {
+// SplitYAMLLine splits yaml.v3's "line N: reason" into N and reason; it
+// returns 0 and s unchanged when s has no such prefix. The rules engine uses
+// it too, so load errors of both read the same.
+func SplitYAMLLine(s string) (int, string) {
 	rest, ok := strings.CutPrefix(s, "line ")
 	if !ok {
 		return 0, s

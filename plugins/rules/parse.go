@@ -189,7 +189,7 @@ func parse(file string, src []byte) (rs *RuleSet, err error) {
 		if errors.Is(err, io.EOF) {
 			return nil, p.errf(nil, "", "empty file (want a mapping with default_action and rules)")
 		}
-		line, msg := splitLine(strings.TrimPrefix(err.Error(), "yaml: "))
+		line, msg := bundle.SplitYAMLLine(strings.TrimPrefix(err.Error(), "yaml: "))
 		return nil, &bundle.Error{File: file, Line: line, Err: errors.New(msg)}
 	}
 	var extra yaml.Node
@@ -655,22 +655,4 @@ func (p *parser) rateLimit(n *yaml.Node) (*policy.RateLimit, error) {
 		return nil, p.wrap(n, field, err)
 	}
 	return rl, nil
-}
-
-// splitLine splits yaml.v3's "line N: reason" into N and reason; it returns
-// 0 and s unchanged when s has no such prefix.
-func splitLine(s string) (int, string) {
-	rest, ok := strings.CutPrefix(s, "line ")
-	if !ok {
-		return 0, s
-	}
-	num, reason, ok := strings.Cut(rest, ": ")
-	if !ok {
-		return 0, s
-	}
-	n, err := strconv.Atoi(num)
-	if err != nil || n <= 0 {
-		return 0, s
-	}
-	return n, reason
 }
