@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +51,70 @@ func TestExecutionLimits(t *testing.T) {
 	if got := sa2.got(y.ID); got != "poll=proceed poll=proceed poll=denied other=proceed" {
 		t.Errorf("max_loop_repetitions 2: %s", got)
 	}
+	// Two failed steps in a row stop further steps; a success resets the count.
+	flaky := testkit.NewAgent("flaky-steps", secret, env.URL, func(ctx context.Context, r *testkit.Run) (any, error) {
+		var got []string
+		for i, fail := range []bool{true, false, true, true, false} {
+			_, err := r.Step(ctx, "tool_call", "t", map[string]int{"i": i}, testkit.StepOpts{}, func() (any, error) {
+				if fail {
+					return nil, errors.New("boom")
+				}
+				return "ok", nil
+			})
+			var de *testkit.DecisionError
+			var se *testkit.StepError
+			switch {
+			case err == nil:
+				got = append(got, "ok")
+			case errors.As(err, &se):
+				got = append(got, "failed")
+			case errors.As(err, &de):
+				got = append(got, de.Decision.Decision+":"+de.Decision.RuleID)
+			default:
+				return nil, err
+			}
+		}
+		return strings.Join(got, " "), nil
+	})
+	defer flaky.Close()
+	env.RegisterAgent(flaky, "")
+	var z kernel.Execution
+	if _, err := env.Admin("POST", "/v0/executions", map[string]any{"agent_id": "flaky-steps", "limits": map[string]any{"max_consecutive_failures": 2}}, &z); err != nil {
+		t.Fatal(err)
+	}
+	if out := env.WaitTerminal(z.ID, 10*time.Second).Output; string(out) != `"failed ok failed failed denied:limit_consecutive_failures"` {
+		t.Errorf("max_consecutive_failures 2: %s", out)
+	}
+
+	// An LLM call asking for more output tokens than a call may have.
+	sa3 := &scriptAgent{decisions: map[string][]string{}}
+	llm := testkit.NewAgent("llm", secret, env.URL, func(ctx context.Context, r *testkit.Run) (any, error) {
+		for _, n := range []int{100, 5000} {
+			_, err := r.Step(ctx, "llm_call", "model", map[string]any{"max_tokens": n}, testkit.StepOpts{}, func() (any, error) { return "text", nil })
+			var de *testkit.DecisionError
+			dec := "proceed"
+			if errors.As(err, &de) {
+				dec = de.Decision.Decision + ":" + de.Decision.RuleID
+			} else if err != nil {
+				return nil, err
+			}
+			sa3.mu.Lock()
+			sa3.decisions[r.ExecutionID] = append(sa3.decisions[r.ExecutionID], dec)
+			sa3.mu.Unlock()
+		}
+		return nil, nil
+	})
+	defer llm.Close()
+	env.RegisterAgent(llm, "")
+	var w kernel.Execution
+	if _, err := env.Admin("POST", "/v0/executions", map[string]any{"agent_id": "llm", "limits": map[string]any{"max_output_tokens_per_call": 1000}}, &w); err != nil {
+		t.Fatal(err)
+	}
+	env.WaitTerminal(w.ID, 10*time.Second)
+	if got := sa3.got(w.ID); got != "proceed denied:limit_output_tokens" {
+		t.Errorf("max_output_tokens_per_call 1000: %s", got)
+	}
+
 	for _, bad := range []map[string]any{{"max_steps": -1}, {"max_duration": "soon"}} {
 		if st, _ := env.Admin("POST", "/v0/executions", map[string]any{"agent_id": "limited", "limits": bad}, nil); st != 400 {
 			t.Errorf("limits %v: %d, want 400", bad, st)

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel/canon"
@@ -100,6 +101,9 @@ type preread struct {
 	stepID   string
 	step     *Step // nil when new
 	decision *StepDecision
+	// failures is the execution's count of consecutive failed steps (read
+	// only when max_consecutive_failures is set).
+	failures int64
 }
 
 // SubmitStep decides a step: replay when recorded, otherwise limits, policy,
@@ -132,7 +136,7 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 		var pres *PolicyResult
 		var limit *StepDecisionInfo
 		if needsPolicy(pre.step) {
-			if info := k.checkLimits(pre.exec, req.Kind, pre.occ); info != nil {
+			if info := k.checkLimits(pre.exec, req.Kind, args, &pre); info != nil {
 				limit = info
 			} else {
 				pres, err = k.decide(ctx, &req, args, argsHash, &pre)
@@ -182,6 +186,11 @@ func (k *Kernel) preread(tx ReadTx, req *StepRequest, argsHash, key string, pre 
 	if oc.Lease == e.Lease {
 		pre.occ = oc.Count
 	}
+	if e.Limits.MaxConsecutiveFailures > 0 {
+		if pre.failures, err = readFailures(tx, e); err != nil {
+			return err
+		}
+	}
 	pre.stepID = canon.StepID(e.ID, req.Kind, req.Target, argsHash, pre.occ)
 	s, err := tx.Step(e.Tenant, e.ID, pre.stepID)
 	switch {
@@ -200,7 +209,8 @@ func needsPolicy(s *Step) bool {
 }
 
 // checkLimits applies the execution's limits (SPEC §5 step 1).
-func (k *Kernel) checkLimits(e *Execution, kind string, occurrence int) *StepDecisionInfo {
+func (k *Kernel) checkLimits(e *Execution, kind string, args json.RawMessage, pre *preread) *StepDecisionInfo {
+	occurrence := pre.occ
 	l := e.Limits
 	deny := func(rule, reason string) *StepDecisionInfo {
 		return &StepDecisionInfo{Action: policy.Deny, RuleID: rule, Reason: reason, Bundle: policy.BundleRef{Name: "kernel-limits", Revision: "1", Engine: "builtin"}}
@@ -217,6 +227,22 @@ func (k *Kernel) checkLimits(e *Execution, kind string, occurrence int) *StepDec
 	case l.MaxLoopRepetitions > 0 && int64(occurrence) >= l.MaxLoopRepetitions:
 		// The same call (kind, target, args) repeated within one attempt.
 		return deny("limit_loop", fmt.Sprintf("limit_loop: the same call was already made %d times in this attempt (max %d)", occurrence, l.MaxLoopRepetitions))
+	case l.MaxConsecutiveFailures > 0 && pre.failures >= l.MaxConsecutiveFailures:
+		return deny("limit_consecutive_failures", fmt.Sprintf("limit_consecutive_failures: the last %d steps failed (max %d)", pre.failures, l.MaxConsecutiveFailures))
+	}
+	if kind == policy.KindLLMCall && l.MaxOutputTokensPerCall > 0 {
+		// Enforced before the call: the request's own output cap must fit.
+		var req struct {
+			MaxTokens           *int64 `json:"max_tokens"`
+			MaxOutputTokens     *int64 `json:"max_output_tokens"`
+			MaxCompletionTokens *int64 `json:"max_completion_tokens"`
+		}
+		_ = json.Unmarshal(args, &req)
+		for _, v := range []*int64{req.MaxTokens, req.MaxOutputTokens, req.MaxCompletionTokens} {
+			if v != nil && *v > l.MaxOutputTokensPerCall {
+				return deny("limit_output_tokens", fmt.Sprintf("limit_output_tokens: the call asks for %d output tokens (max %d per call)", *v, l.MaxOutputTokensPerCall))
+			}
+		}
 	}
 	if l.MaxDuration != "" {
 		if d, err := time.ParseDuration(l.MaxDuration); err == nil && k.now().Sub(e.CreatedAt) > d {
@@ -650,6 +676,11 @@ func (k *Kernel) endStep(ctx context.Context, o StepOutcome, st StepStatus) (*St
 		if err := r.event(e, typ, payload); err != nil {
 			return err
 		}
+		if e.Limits.MaxConsecutiveFailures > 0 {
+			if err := countFailure(r.tx, e, st == StepFailed); err != nil {
+				return err
+			}
+		}
 		k.renew(r, e)
 		out = s
 		return r.tx.PutExecution(e)
@@ -700,4 +731,32 @@ func (k *Kernel) ListSteps(ctx context.Context, tenant, executionID string, term
 func canonArgs(raw json.RawMessage) (json.RawMessage, string, error) {
 	c, h, err := canon.ArgsHash(raw)
 	return c, h, err
+}
+
+// failuresKey is the counter of an execution's consecutive failed steps.
+func failuresKey(e *Execution) string { return "consecutive_failures\x00" + e.ID }
+
+func readFailures(tx ReadTx, e *Execution) (int64, error) {
+	raw, err := tx.Counter(e.Tenant, failuresKey(e))
+	if err != nil || len(raw) == 0 {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("consecutive failures counter: %w", err)
+	}
+	return n, nil
+}
+
+// countFailure adds one failure to the counter, or resets it on a success.
+func countFailure(tx Tx, e *Execution, failed bool) error {
+	n := int64(0)
+	if failed {
+		var err error
+		if n, err = readFailures(tx, e); err != nil {
+			return err
+		}
+		n++
+	}
+	return tx.PutCounter(e.Tenant, failuresKey(e), strconv.AppendInt(nil, n, 10))
 }
