@@ -303,12 +303,3 @@ func (k *Kernel) expireLeases(ctx context.Context, now time.Time) error {
 	}
 	return err
 }
-
-// Tick runs one round of lease and approval expiry at the kernel clock's
-// now (tests use it with a fake clock).
-func (k *Kernel) Tick(ctx context.Context) error {
-	if err := k.expireLeases(ctx, k.now()); err != nil {
-		return err
-	}
-	return k.expireApprovals(ctx, k.now())
-}

@@ -12,13 +12,6 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 )
 
-// Clock tells the time; tests may pass a fake.
-type Clock interface{ Now() time.Time }
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now().UTC() }
-
 // Delivery is one webhook the kernel asks a Deliverer to send.
 type Delivery struct {
 	Tenant      string
@@ -88,7 +81,6 @@ type Kernel struct {
 	policy  Policy
 	bundles BundleLoader
 	cfg     Config
-	clock   Clock
 	log     *slog.Logger
 	ids     idGen
 
@@ -125,7 +117,6 @@ func New(st Store, deliv Deliverer, pol Policy, cfg Config) (*Kernel, error) {
 		deliv:  deliv,
 		policy: pol,
 		cfg:    cfg,
-		clock:  systemClock{},
 		log:    cfg.Logger,
 		wake:   make(chan struct{}, 1),
 		sem:    make(chan struct{}, cfg.DeliveryConcurrency),
@@ -135,19 +126,10 @@ func New(st Store, deliv Deliverer, pol Policy, cfg Config) (*Kernel, error) {
 	}, nil
 }
 
-// SetClock replaces the clock (tests only; call before Start).
-func (k *Kernel) SetClock(c Clock) { k.clock = c }
-
 // SetPolicy replaces the policy (call before Start).
 func (k *Kernel) SetPolicy(p Policy) { k.policy = p }
 
-// Config returns the effective configuration.
-func (k *Kernel) Config() Config { return k.cfg }
-
-// Store returns the kernel's store (for admin tools and tests).
-func (k *Kernel) Store() Store { return k.store }
-
-func (k *Kernel) now() time.Time { return k.clock.Now().UTC() }
+func (k *Kernel) now() time.Time { return time.Now().UTC() }
 
 // Start runs the dispatcher, the lease reaper and the approval expirer
 // until Close.
