@@ -110,3 +110,18 @@ func TestDecodeArgs(t *testing.T) {
 		t.Fatal("DecodeArgs without args succeeded")
 	}
 }
+
+func TestStringArg(t *testing.T) {
+	s := Step{Args: []byte(`{"s":"x","e":"","n":1,"z":null,"o":{"a":"b"},"l":["x"]}`)}
+	for key, want := range map[string]struct {
+		v  string
+		ok bool
+	}{
+		"s": {"x", true}, "e": {"", true}, "n": {"", false}, "z": {"", false},
+		"o": {"", false}, "l": {"", false}, "missing": {"", false},
+	} {
+		if v, ok := s.StringArg(key); v != want.v || ok != want.ok {
+			t.Errorf("StringArg(%q) = %q, %v; want %q, %v", key, v, ok, want.v, want.ok)
+		}
+	}
+}

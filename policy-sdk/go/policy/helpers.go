@@ -52,7 +52,7 @@ func (s *Step) Arg(key string) (json.RawMessage, bool) {
 // false otherwise.
 func (s *Step) StringArg(key string) (string, bool) {
 	raw, ok := s.Arg(key)
-	if !ok {
+	if !ok || len(raw) == 0 || raw[0] != '"' { // null, numbers, objects… are not strings
 		return "", false
 	}
 	var v string
