@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/wicket-run/wicket/kernel/policy"
@@ -62,4 +63,31 @@ func TestCSDKReader(t *testing.T) {
 	wantDecision(t, ev, input("tool_call", "pre.x.post", "", nil), policy.Deny, "affix")
 	wantDecision(t, ev, input("tool_call", "pre.x", "", nil), "", "")
 	wantError(t, ev, input("tool_call", "error", "", nil), `wasm: policy error: cannot decide "this"`)
+}
+
+// TestCSDKOptions builds testdata/cpolicy/options.c and checks that the C
+// SDK's approval and rate-limit options reach the decision.
+func TestCSDKOptions(t *testing.T) {
+	if !haveClang() {
+		t.Fatal("clang and wasm-ld are needed (apt-get install -y clang lld; .ci/run installs them)")
+	}
+	out := filepath.Join(t.TempDir(), "options.wasm")
+	cmd := exec.Command("bash", "../../policy-sdk/c/build.sh", "testdata/cpolicy/options.c", out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v\n%s", cmd, err, b)
+	}
+	mod, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := compile(t, newEngine(t, Config{}), newBundle("options", mod, bundle.Sandbox{}))
+	d := wantDecision(t, ev, input("tool_call", "deploy", "", nil), policy.RequireApproval, "deploy")
+	if a := d.Approval; a == nil || strings.Join(a.Approvers, "|") != "alice|ops|bob" || a.Timeout != "30m" || a.Message != `deploy "prod"?` {
+		t.Errorf("approval %+v", d.Approval)
+	}
+	d = wantDecision(t, ev, input("tool_call", "search", "", nil), policy.Allow, "search")
+	if r := d.RateLimit; r == nil || *r != (policy.RateLimit{MaxCalls: 25, Window: "1m", Per: "agent", Algorithm: "fixed", OnLimiterError: "fail_open"}) {
+		t.Errorf("rate limit %+v", d.RateLimit)
+	}
+	wantDecision(t, ev, input("tool_call", "other", "", nil), "", "")
 }

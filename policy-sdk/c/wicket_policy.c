@@ -69,10 +69,12 @@ static void out_lit(wk_buf *b, const char *s) {
 	while (*s) out_byte(b, *s++);
 }
 
-static void out_json_string(wk_buf *b, const char *s) {
+/* out_json_stringn writes the n bytes at s as a JSON string. */
+static void out_json_stringn(wk_buf *b, const char *s, wk_size n) {
 	static const char hex[] = "0123456789abcdef";
+	const char *end = s + n;
 	out_byte(b, '"');
-	for (; *s; s++) {
+	for (; s < end; s++) {
 		unsigned char c = (unsigned char)*s;
 		switch (c) {
 		case '"': out_lit(b, "\\\""); break;
@@ -93,6 +95,12 @@ static void out_json_string(wk_buf *b, const char *s) {
 	out_byte(b, '"');
 }
 
+static void out_json_string(wk_buf *b, const char *s) {
+	wk_size n = 0;
+	while (s[n]) n++;
+	out_json_stringn(b, s, n);
+}
+
 static void out_field(wk_buf *b, const char *key, const char *val, int *first) {
 	if (!val) return;
 	if (!*first) out_byte(b, ',');
@@ -100,6 +108,65 @@ static void out_field(wk_buf *b, const char *key, const char *val, int *first) {
 	out_json_string(b, key);
 	out_byte(b, ':');
 	out_json_string(b, val);
+}
+
+static void out_key(wk_buf *b, const char *key, int *first) {
+	if (!*first) out_byte(b, ',');
+	*first = 0;
+	out_json_string(b, key);
+	out_byte(b, ':');
+}
+
+static void out_uint(wk_buf *b, unsigned long v) {
+	char digits[24];
+	int n = 0;
+	do {
+		digits[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	while (n) out_byte(b, digits[--n]);
+}
+
+/* out_approval writes {"approvers":[...],"timeout":...,"message":...}; the
+ * approvers string is split on commas. */
+static void out_approval(wk_buf *b, const wk_approval *a) {
+	int first = 1;
+	out_byte(b, '{');
+	if (a->approvers && *a->approvers) {
+		out_key(b, "approvers", &first);
+		out_byte(b, '[');
+		const char *s = a->approvers;
+		int firstName = 1;
+		while (*s) {
+			const char *e = s;
+			while (*e && *e != ',') e++;
+			const char *ns = s, *ne = e; /* trim spaces around the name */
+			while (ns < ne && *ns == ' ') ns++;
+			while (ne > ns && ne[-1] == ' ') ne--;
+			if (ne > ns) {
+				if (!firstName) out_byte(b, ',');
+				firstName = 0;
+				out_json_stringn(b, ns, (wk_size)(ne - ns));
+			}
+			s = *e ? e + 1 : e;
+		}
+		out_byte(b, ']');
+	}
+	out_field(b, "timeout", a->timeout, &first);
+	out_field(b, "message", a->message, &first);
+	out_byte(b, '}');
+}
+
+static void out_rate_limit(wk_buf *b, const wk_rate_limit *r) {
+	int first = 1;
+	out_byte(b, '{');
+	out_key(b, "max_calls", &first);
+	out_uint(b, r->max_calls);
+	out_field(b, "window", r->window, &first);
+	out_field(b, "per", r->per, &first);
+	out_field(b, "algorithm", r->algorithm, &first);
+	out_field(b, "on_limiter_error", r->on_limiter_error, &first);
+	out_byte(b, '}');
 }
 
 WK_EXPORT("wicket_evaluate") unsigned long long wicket_evaluate(const char *ptr, int len) {
@@ -116,6 +183,14 @@ WK_EXPORT("wicket_evaluate") unsigned long long wicket_evaluate(const char *ptr,
 		out_field(&b, "decision", d.decision, &first);
 		out_field(&b, "reason", d.reason, &first);
 		out_field(&b, "rule_id", d.rule_id, &first);
+		if (d.approval) {
+			out_key(&b, "approval", &first);
+			out_approval(&b, d.approval);
+		}
+		if (d.rate_limit) {
+			out_key(&b, "rate_limit", &first);
+			out_rate_limit(&b, d.rate_limit);
+		}
 		out_byte(&b, '}');
 	} else {
 		return 0; /* no match */
