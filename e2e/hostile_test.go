@@ -22,11 +22,13 @@ import (
 func TestHostileWasm(t *testing.T) {
 	hostile := buildWasm(t, "hostile-wasm")
 	forbidden := buildWasm(t, "forbidden-wasm")
-	env := testkit.Start(t, testkit.Options{Config: fast(), Engines: []plugins.Engine{wasm.New(wasm.Config{CacheDir: wasmCache})}})
+	cfg := fast()
+	cfg.LeaseTimeout, cfg.DispatchTimeout = 10*time.Second, time.Second // evaluations may take a while here
+	env := testkit.Start(t, testkit.Options{Config: cfg, Engines: []plugins.Engine{wasm.New(wasm.Config{CacheDir: wasmCache})}})
 	upload := func(name string, archive []byte) (int, error) {
 		return testkit.BearerWithHeaders(env.URL, testkit.AdminKey, "PUT", "/v0/bundles/"+name, map[string]string{"Content-Type": "application/gzip"}, archive, nil)
 	}
-	if _, err := upload("hostile", wasmArchive(t, "name: hostile\nrevision: \"1\"\nengine: wasm\ndefault_action: deny\nsandbox: {timeout: 300ms, memory_pages: 96}\n", hostile)); err != nil {
+	if _, err := upload("hostile", wasmArchive(t, "name: hostile\nrevision: \"1\"\nengine: wasm\ndefault_action: deny\nsandbox: {timeout: 1s, memory_pages: 96}\n", hostile)); err != nil {
 		t.Fatalf("upload hostile bundle: %v", err)
 	}
 	st, err := upload("forbidden", wasmArchive(t, "name: forbidden\nrevision: \"1\"\nengine: wasm\n", forbidden))
@@ -61,7 +63,7 @@ func TestHostileWasm(t *testing.T) {
 	env.RegisterAgent(agent, "hostile")
 	id := env.CreateExecution("victim", nil)
 	want := []struct{ target, decision, reason string }{
-		{"loop", "denied", "timed out after 300ms"},
+		{"loop", "denied", "timed out after 1s"},
 		{"fine", "proceed", ""},
 		{"bomb", "denied", "memory"},
 		{"fine", "proceed", ""},

@@ -502,6 +502,7 @@ func TestLostAcknowledgement(t *testing.T) {
 		return r.Lease.Attempt, nil
 	})
 	agent.SlowAck = 400 * time.Millisecond // longer than the 200ms dispatch timeout
+	agent.HeartbeatEvery = 50 * time.Millisecond
 	defer agent.Close()
 	env.RegisterAgent(agent, "")
 	id := env.CreateExecution("late", nil)
