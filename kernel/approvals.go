@@ -105,9 +105,6 @@ func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval
 		out = a
 		return nil
 	})
-	if err == nil {
-		k.poke()
-	}
 	return out, err
 }
 
@@ -199,8 +196,5 @@ func (k *Kernel) expireApprovals(ctx context.Context, now time.Time) error {
 		}
 		return nil
 	})
-	if err == nil {
-		k.poke()
-	}
 	return err
 }

@@ -250,7 +250,6 @@ func (k *Kernel) deliver(ctx context.Context, d Delivery) {
 	}
 	if derr != nil {
 		k.log.Debug("delivery failed", "execution_id", d.ExecutionID, "attempt", d.Attempt, "err", derr)
-		k.poke()
 	}
 }
 
@@ -298,8 +297,5 @@ func (k *Kernel) expireLeases(ctx context.Context, now time.Time) error {
 		}
 		return nil
 	})
-	if err == nil {
-		k.poke()
-	}
 	return err
 }

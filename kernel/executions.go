@@ -107,9 +107,6 @@ func (k *Kernel) CreateExecution(ctx context.Context, req CreateExecution) (e *E
 	if err != nil {
 		return nil, false, err
 	}
-	if created {
-		k.poke()
-	}
 	return e, created, nil
 }
 

@@ -28,7 +28,8 @@ type proposedPayload struct {
 	DispatchAttempt int    `json:"dispatch_attempt"`
 }
 
-// decisionPayload is step.allowed, step.denied and step.rate_limited: the
+// decisionPayload is step.allowed, step.denied, step.rate_limited and
+// step.awaiting_approval: the
 // decision and what produced it.
 type decisionPayload struct {
 	stepRef
@@ -39,6 +40,7 @@ type decisionPayload struct {
 	Engine      string           `json:"engine"`
 	EvalNS      int64            `json:"eval_ns"`
 	RateLimitID string           `json:"rate_limit_id,omitempty"`
+	ApprovalID  string           `json:"approval_id,omitempty"`
 }
 
 func decisionOf(s *Step, info *StepDecisionInfo) decisionPayload {

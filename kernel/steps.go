@@ -450,14 +450,6 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 	}
 	s.Decision = &info
 	base.Reason, base.RuleID = info.Reason, info.RuleID
-	decisionPayload := func(extra map[string]any) map[string]any {
-		m := map[string]any{"decision": info.Action, "reason": info.Reason, "rule_id": info.RuleID,
-			"bundle": info.Bundle, "engine": info.Bundle.Engine, "eval_ns": info.EvalTime.Nanoseconds()}
-		for k, v := range extra {
-			m[k] = v
-		}
-		return m
-	}
 	if info.Action == policy.Allow || info.Action == policy.RequireApproval {
 		if limited, reason, ruleID, err := k.rateLimit(r, e, req, rateLimits); err != nil {
 			return nil, err
@@ -492,7 +484,7 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 		base.Decision = DecisionProceed
 		return base, nil
 	case policy.RequireApproval:
-		return k.requestApproval(r, e, s, base, &info, approvalCfg, decisionPayload(nil))
+		return k.requestApproval(r, e, s, base, &info, approvalCfg)
 	case policy.Abort:
 		s.Status = StepDenied
 		if err := r.tx.PutStep(s); err != nil {
@@ -518,7 +510,7 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 }
 
 // requestApproval creates a hash-bound approval and parks the dispatch.
-func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecision, info *StepDecisionInfo, cfg *policy.Approval, payload map[string]any) (*StepDecision, error) {
+func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecision, info *StepDecisionInfo, cfg *policy.Approval) (*StepDecision, error) {
 	timeout := k.cfg.ApprovalTimeout
 	a := &Approval{ID: k.ids.next(r.now), Tenant: e.Tenant, ExecutionID: e.ID, AgentID: e.AgentID, StepID: s.ID,
 		Kind: s.Kind, Target: s.Target, Args: s.Args, RequestHash: RequestHash(s.ID, s.Args), Status: ApprovalPending,
@@ -541,8 +533,9 @@ func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecisi
 	if err := r.tx.PutStep(s); err != nil {
 		return nil, err
 	}
-	payload["approval_id"] = a.ID
-	if err := r.event(e, EvStepAwaitingApproval, stepPayload(s, payload)); err != nil {
+	payload := decisionOf(s, info)
+	payload.ApprovalID = a.ID
+	if err := r.event(e, EvStepAwaitingApproval, payload); err != nil {
 		return nil, err
 	}
 	if err := r.event(e, EvApprovalRequested, map[string]any{"approval_id": a.ID, "step_id": s.ID, "request_hash": a.RequestHash,
