@@ -1,0 +1,675 @@
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/internal/testkit"
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/rules"
+	"github.com/wicket-run/wicket/sdk/agent"
+	"github.com/wicket-run/wicket/sdk/client"
+	"github.com/wicket-run/wicket/server/wire"
+)
+
+// testRules is the policy of the decision tests, in the native format.
+const testRules = `default_action: allow
+rules:
+  - id: no-delete
+    priority: 1
+    when: {target: delete}
+    then: {decision: deny, reason: deletes are denied}
+  - id: limited
+    priority: 2
+    when: {target: limited}
+    then:
+      decision: allow
+      rate_limit: {max_calls: 2, window: 1m, per: execution}
+  - id: deploy
+    priority: 3
+    when: {target: deploy}
+    then: {decision: require_approval, reason: deploys need a human}
+  - id: no-forbidden-model
+    priority: 4
+    when: {step_kind: llm_call, target: "forbidden-*"}
+    then: {decision: deny, reason: model not allowed}
+  - id: slow-model
+    priority: 5
+    when: {step_kind: llm_call, target: "limited-*"}
+    then:
+      decision: allow
+      rate_limit: {max_calls: 1, window: 1m, per: execution}
+  - id: approve-model
+    priority: 6
+    when: {step_kind: llm_call, target: "approve-*"}
+    then: {decision: require_approval, reason: this model needs a human}
+`
+
+const secret = "sdk-test-secret-0123456789"
+
+// harness is a real kernel (bbolt in a temp dir, real HTTP on loopback)
+// with the rules engine, and an admin client of it.
+type harness struct {
+	t     *testing.T
+	env   *testkit.Env
+	admin *client.Client
+}
+
+func start(t *testing.T, cfg kernel.Config) *harness {
+	t.Helper()
+	env := testkit.Start(t, testkit.Options{Config: cfg, Engines: []plugins.Engine{rules.New()}})
+	return &harness{t: t, env: env, admin: client.New(env.URL, client.WithAPIKey(testkit.AdminKey))}
+}
+
+// fast is a kernel config for tests that wait on lease expiry.
+func fast() kernel.Config {
+	return kernel.Config{LeaseTimeout: 500 * time.Millisecond, DispatchTimeout: 200 * time.Millisecond,
+		ReapInterval: 20 * time.Millisecond, DispatchBackoff: 20 * time.Millisecond, DispatchBackoffMax: 100 * time.Millisecond}
+}
+
+// serve starts an SDK agent on loopback and returns it with its webhook URL.
+func (h *harness) serve(id string, hb time.Duration, handler agent.Handler) (*agent.Agent, string) {
+	h.t.Helper()
+	a, err := agent.New(agent.Config{ID: id, Secret: []byte(secret), KernelURL: h.env.URL, Handler: handler, HeartbeatInterval: hb})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	srv := httptest.NewServer(a)
+	h.t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+		srv.Close()
+	})
+	return a, srv.URL + "/webhook"
+}
+
+// register upserts agent id with webhook url (and the test policy if policy).
+func (h *harness) register(id, url string, policy bool) {
+	h.t.Helper()
+	ctx := context.Background()
+	if _, err := h.admin.PutAgent(ctx, wire.AgentRequest{ID: id, WebhookURL: url, Secret: secret}); err != nil {
+		h.t.Fatalf("register %s: %v", id, err)
+	}
+	if policy {
+		if _, err := h.admin.SetPolicy(ctx, id, testRules); err != nil {
+			h.t.Fatalf("policy of %s: %v", id, err)
+		}
+	}
+}
+
+func (h *harness) create(agentID string, input any) string {
+	h.t.Helper()
+	raw, _ := json.Marshal(input)
+	x, err := h.admin.CreateExecution(context.Background(), wire.CreateExecutionRequest{AgentID: agentID, Input: raw}, "")
+	if err != nil {
+		h.t.Fatalf("create: %v", err)
+	}
+	return x.ID
+}
+
+func (h *harness) status(id string, want kernel.ExecStatus) kernel.Execution {
+	h.t.Helper()
+	return h.env.WaitStatus(id, 20*time.Second, func(s kernel.ExecStatus) bool { return s == want || (s.Terminal() && want.Terminal()) })
+}
+
+// checkLog asserts the SPEC §4 invariants on the execution's log.
+func (h *harness) checkLog(id string) []kernel.Event {
+	h.t.Helper()
+	evs := h.env.Events(id)
+	if err := testkit.CheckLog(evs); err != nil {
+		h.t.Fatalf("log of %s: %v", id, err)
+	}
+	return evs
+}
+
+// counter counts tool-body runs by name.
+type counter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *counter) inc(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[name]++
+}
+
+func (c *counter) get(name string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[name]
+}
+
+func TestWebhookRequests(t *testing.T) {
+	h := start(t, kernel.Config{})
+	var runs atomic.Int64
+	a, url := h.serve("hook", 0, agent.HandlerFunc(func(ctx context.Context, in json.RawMessage) (any, error) {
+		runs.Add(1)
+		return map[string]any{"got": in}, nil
+	}))
+	_ = a
+	h.register("hook", url, false)
+	id := h.create("hook", map[string]string{"x": "y"})
+	x := h.status(id, kernel.ExecCompleted)
+	if x.Status != kernel.ExecCompleted || string(x.Output) != `{"got":{"x":"y"}}` {
+		t.Fatalf("execution: %s %s", x.Status, x.Output)
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", runs.Load())
+	}
+
+	good := []byte(fmt.Sprintf(`{"execution_id":%q,"dispatch_id":"d","dispatch_attempt":1}`, id))
+	big := append([]byte(`{"execution_id":"`), bytes.Repeat([]byte("x"), 70<<10)...)
+	for name, tc := range map[string]struct {
+		method string
+		body   []byte
+		sig    string
+		status int
+		code   string
+	}{
+		"GET":                     {"GET", nil, "", 405, wire.CodeMethodNotAllowed},
+		"no signature":            {"POST", good, "", 401, wire.CodeUnauthenticated},
+		"wrong secret":            {"POST", good, wire.Sign([]byte("another-secret-0123456789"), good), 401, wire.CodeUnauthenticated},
+		"signature of other body": {"POST", good, wire.Sign([]byte(secret), []byte("{}")), 401, wire.CodeUnauthenticated},
+		"malformed sig":           {"POST", good, "sha256=zz", 401, wire.CodeUnauthenticated},
+		"not JSON":                {"POST", []byte("nope"), wire.Sign([]byte(secret), []byte("nope")), 400, wire.CodeValidation},
+		"missing fields":          {"POST", []byte(`{"execution_id":"e"}`), wire.Sign([]byte(secret), []byte(`{"execution_id":"e"}`)), 400, wire.CodeValidation},
+		"attempt zero":            {"POST", []byte(`{"execution_id":"e","dispatch_id":"d","dispatch_attempt":0}`), wire.Sign([]byte(secret), []byte(`{"execution_id":"e","dispatch_id":"d","dispatch_attempt":0}`)), 400, wire.CodeValidation},
+		"oversized":               {"POST", big, wire.Sign([]byte(secret), big), 413, wire.CodeTooLarge},
+	} {
+		t.Run(name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, url, bytes.NewReader(tc.body))
+			if tc.sig != "" {
+				req.Header.Set(wire.HeaderSignature, tc.sig)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var eb wire.ErrorBody
+			_ = json.NewDecoder(resp.Body).Decode(&eb)
+			if resp.StatusCode != tc.status || eb.Code != tc.code {
+				t.Fatalf("got %d %q (%s), want %d %q", resp.StatusCode, eb.Code, eb.Message, tc.status, tc.code)
+			}
+		})
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("a refused webhook ran the handler: %d runs", runs.Load())
+	}
+	// A stale or duplicate delivery of a finished execution is acknowledged
+	// and changes nothing.
+	req, _ := http.NewRequest("POST", url, bytes.NewReader(good))
+	req.Header.Set(wire.HeaderSignature, wire.Sign([]byte(secret), good))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("valid webhook: %d", resp.StatusCode)
+	}
+	before := len(h.checkLog(id))
+	time.Sleep(100 * time.Millisecond)
+	if after := len(h.checkLog(id)); after != before || runs.Load() != 1 {
+		t.Fatalf("a webhook for a completed execution changed it: %d → %d events, %d runs", before, after, runs.Load())
+	}
+}
+
+type greetIn struct {
+	Name string `json:"name"`
+}
+type greetOut struct {
+	Greeting string `json:"greeting"`
+}
+
+func TestToolsAndLocalSteps(t *testing.T) {
+	h := start(t, kernel.Config{})
+	var c counter
+	greet := agent.NewTool("greet", func(ctx context.Context, in greetIn) (greetOut, error) {
+		c.inc("greet")
+		return greetOut{Greeting: "hello " + in.Name}, nil
+	}, agent.WithEffect(agent.ReadOnly))
+	var leases []agent.Lease
+	var mu sync.Mutex
+	_, url := h.serve("tools", 0, agent.Typed(func(ctx context.Context, in greetIn) (map[string]any, error) {
+		ex, err := agent.FromContext(ctx)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		leases = append(leases, ex.Lease)
+		mu.Unlock()
+		now, err := agent.Now(ctx)
+		if err != nil {
+			return nil, err
+		}
+		nid, err := agent.NewID(ctx)
+		if err != nil {
+			return nil, err
+		}
+		g1, err := greet.Call(ctx, in)
+		if err != nil {
+			return nil, err
+		}
+		g2, err := greet.Call(ctx, in) // the same call again: occurrence 1, runs again
+		if err != nil {
+			return nil, err
+		}
+		n, err := agent.Step(ctx, "dice", func(context.Context) (int, error) { return 4, nil })
+		if err != nil {
+			return nil, err
+		}
+		return map[string]any{"now": now, "id": nid, "g1": g1.Greeting, "g2": g2.Greeting, "dice": n}, nil
+	}))
+	h.register("tools", url, false)
+	id := h.create("tools", greetIn{Name: "Ada"})
+	x := h.status(id, kernel.ExecCompleted)
+	var out struct {
+		Now  time.Time `json:"now"`
+		ID   string    `json:"id"`
+		G1   string    `json:"g1"`
+		G2   string    `json:"g2"`
+		Dice int       `json:"dice"`
+	}
+	if err := json.Unmarshal(x.Output, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.G1 != "hello Ada" || out.G2 != "hello Ada" || out.Dice != 4 || len(out.ID) != 36 || time.Since(out.Now) > time.Minute {
+		t.Fatalf("output %s", x.Output)
+	}
+	if c.get("greet") != 2 {
+		t.Fatalf("greet ran %d times, want 2", c.get("greet"))
+	}
+	if len(leases) != 1 || leases[0].DispatchID == "" || leases[0].Attempt != 1 {
+		t.Fatalf("leases %+v", leases)
+	}
+	steps, err := h.admin.Steps(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for _, s := range steps {
+		kinds[s.Kind+":"+s.Target]++
+		if s.Status != "succeeded" {
+			t.Fatalf("step %s %s", s.Target, s.Status)
+		}
+		if s.Target == "greet" && s.Effect != agent.ReadOnly {
+			t.Fatalf("greet effect %q", s.Effect)
+		}
+	}
+	want := map[string]int{"local:wicket.now": 1, "local:wicket.new_id": 1, "tool_call:greet": 2, "local:dice": 1}
+	if fmt.Sprint(kinds) != fmt.Sprint(want) {
+		t.Fatalf("steps %v, want %v", kinds, want)
+	}
+	h.checkLog(id)
+}
+
+// A re-delivered dispatch replays every recorded step; a newer attempt
+// arriving at the same agent cancels the handler of the older one.
+func TestRedeliveryReplaysAndCancelsOlderAttempt(t *testing.T) {
+	h := start(t, fast())
+	var c counter
+	tool := agent.NewTool("fetch", func(ctx context.Context, in string) (string, error) {
+		c.inc("fetch")
+		return "page:" + in, nil
+	})
+	causes := make(chan error, 4)
+	_, url := h.serve("redo", time.Hour, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		ex, _ := agent.FromContext(ctx)
+		page, err := tool.Call(ctx, "a")
+		if err != nil {
+			return nil, err
+		}
+		if ex.Lease.Attempt == 1 {
+			<-ctx.Done() // no heartbeat: the lease expires and the kernel re-delivers
+			causes <- context.Cause(ctx)
+			_, err := tool.Call(ctx, "b") // the old attempt may change nothing more
+			return nil, err
+		}
+		return map[string]any{"page": page, "attempt": ex.Lease.Attempt}, nil
+	}))
+	h.register("redo", url, false)
+	id := h.create("redo", nil)
+	x := h.status(id, kernel.ExecCompleted)
+	var ls *agent.LeaseSuperseded
+	select {
+	case cause := <-causes:
+		if !errors.As(cause, &ls) || ls.Attempt != 1 {
+			t.Fatalf("old handler's cause: %v", cause)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first attempt's handler was never cancelled")
+	}
+	if c.get("fetch") != 1 {
+		t.Fatalf("fetch ran %d times, want 1 (replayed on attempt 2)", c.get("fetch"))
+	}
+	if !strings.Contains(string(x.Output), `"page":"page:a"`) || !strings.Contains(string(x.Output), `"attempt":2`) {
+		t.Fatalf("output %s", x.Output)
+	}
+	evs := h.checkLog(id)
+	for _, ev := range evs {
+		if ev.Type == kernel.EvStepProposed && strings.Contains(string(ev.Payload), `"target":"b"`) {
+			t.Fatalf("the superseded attempt submitted a step: %s", ev.Payload)
+		}
+	}
+}
+
+// Heartbeats keep a lease alive past its timeout.
+func TestHeartbeatsKeepTheLease(t *testing.T) {
+	h := start(t, fast())
+	_, url := h.serve("beat", 50*time.Millisecond, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		select {
+		case <-time.After(1500 * time.Millisecond): // three lease timeouts
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		return "done", nil
+	}))
+	h.register("beat", url, false)
+	id := h.create("beat", nil)
+	x := h.status(id, kernel.ExecCompleted)
+	if x.Status != kernel.ExecCompleted {
+		t.Fatalf("status %s", x.Status)
+	}
+	if n := testkit.Count(h.checkLog(id), kernel.EvDispatchClaimed); n != 1 {
+		t.Fatalf("%d dispatch claims, want 1 (the lease never expired)", n)
+	}
+}
+
+// A handler whose lease was taken over by another agent process learns it
+// from its next heartbeat: its context is cancelled with LeaseSuperseded.
+func TestHeartbeatSupersededCancelsHandler(t *testing.T) {
+	h := start(t, fast())
+	started := make(chan struct{})
+	cause, causeB := make(chan error, 1), make(chan error, 1)
+	var once sync.Once
+	// Agent A beats too slowly to keep a 500ms lease.
+	_, urlA := h.serve("pair", 1500*time.Millisecond, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		once.Do(func() { close(started) })
+		<-ctx.Done()
+		cause <- context.Cause(ctx)
+		return "A", nil // ignored: the dispatch has ended
+	}))
+	// B holds on until A has learnt it lost the lease (a completed
+	// execution would answer A's heartbeat with Terminated instead).
+	_, urlB := h.serve("pair", 100*time.Millisecond, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		var c error
+		select {
+		case c = <-cause:
+		case <-time.After(10 * time.Second):
+			c = errors.New("A was never cancelled")
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+		select {
+		case causeB <- c:
+		default:
+		}
+		return "B", nil
+	}))
+	h.register("pair", urlA, false)
+	id := h.create("pair", nil)
+	<-started
+	h.register("pair", urlB, false) // the re-delivery goes to B
+	x := h.status(id, kernel.ExecCompleted)
+	if string(x.Output) != `"B"` {
+		t.Fatalf("output %s, want B's", x.Output)
+	}
+	var ls *agent.LeaseSuperseded
+	if c := <-causeB; !errors.As(c, &ls) || ls.Attempt != 1 {
+		t.Fatalf("A's cause %v, want LeaseSuperseded of attempt 1", c)
+	}
+	h.checkLog(id)
+}
+
+// Cancelling an execution reaches the running handler through its next
+// heartbeat, and the dispatch ends without another verdict.
+func TestCancelledExecutionTerminatesHandler(t *testing.T) {
+	h := start(t, kernel.Config{})
+	started := make(chan struct{})
+	got := make(chan error, 2)
+	tool := agent.NewTool("t", func(ctx context.Context, in int) (int, error) { return in, nil })
+	_, url := h.serve("cancel", 50*time.Millisecond, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		close(started)
+		<-ctx.Done()
+		got <- context.Cause(ctx)
+		_, err := tool.Call(context.WithoutCancel(ctx), 1)
+		got <- err
+		return nil, errors.New("swallowed")
+	}))
+	h.register("cancel", url, false)
+	id := h.create("cancel", nil)
+	<-started
+	if err := h.admin.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		select {
+		case err := <-got:
+			var term *agent.Terminated
+			if !errors.As(err, &term) {
+				t.Fatalf("got %v, want Terminated", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the handler never learnt of the cancellation")
+		}
+	}
+	x := h.status(id, kernel.ExecCancelled)
+	if x.Status != kernel.ExecCancelled {
+		t.Fatalf("status %s", x.Status)
+	}
+	h.checkLog(id)
+}
+
+// Every decision maps to its typed error; Blocked is remembered even when
+// the handler swallows it, and the approval resumes the execution.
+func TestDecisionsAndApproval(t *testing.T) {
+	h := start(t, kernel.Config{})
+	var c counter
+	mk := func(name string) *agent.Tool[string, string] {
+		return agent.NewTool(name, func(ctx context.Context, in string) (string, error) {
+			c.inc(name)
+			return name + ":" + in, nil
+		})
+	}
+	read, del, limited, deploy := mk("read"), mk("delete"), mk("limited"), mk("deploy")
+	type seen struct {
+		denied  *agent.PolicyError
+		limited *agent.RateLimited
+		blocked error
+		after   error
+	}
+	runs := make(chan seen, 4)
+	_, url := h.serve("dec", 0, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		var s seen
+		if _, err := read.Call(ctx, "x"); err != nil {
+			return nil, err
+		}
+		_, err := del.Call(ctx, "x")
+		errors.As(err, &s.denied)
+		for i := 0; i < 3; i++ {
+			if _, err := limited.Call(ctx, "x"); err != nil {
+				errors.As(err, &s.limited)
+			}
+		}
+		out, err := deploy.Call(ctx, "prod")
+		s.blocked = err
+		if err != nil {
+			// Swallow it, and try to carry on: the SDK must still unwind.
+			_, s.after = read.Call(ctx, "y")
+			runs <- s
+			return "carried on", nil
+		}
+		runs <- s
+		return out, nil
+	}))
+	h.register("dec", url, true)
+	id := h.create("dec", nil)
+
+	s := <-runs
+	if s.denied == nil || s.denied.RuleID != "no-delete" || s.denied.Reason != "deletes are denied" {
+		t.Fatalf("denied: %+v", s.denied)
+	}
+	if s.limited == nil || !strings.HasSuffix(s.limited.RuleID, "limited") {
+		t.Fatalf("rate limited: %+v", s.limited)
+	}
+	var b *agent.Blocked
+	if !errors.As(s.blocked, &b) || b.ApprovalID == "" || b.Execution {
+		t.Fatalf("deploy: %v", s.blocked)
+	}
+	if !errors.As(s.after, new(*agent.Blocked)) {
+		t.Fatalf("a step after Blocked: %v, want Blocked again", s.after)
+	}
+	x := h.status(id, kernel.ExecBlocked)
+	if x.Status != kernel.ExecBlocked {
+		t.Fatalf("status %s: a swallowed Blocked must not complete the execution", x.Status)
+	}
+	if _, err := h.admin.Grant(context.Background(), b.ApprovalID, wire.ResolveApprovalRequest{DecidedBy: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	s = <-runs
+	if s.blocked != nil || s.denied == nil || s.limited == nil {
+		t.Fatalf("second run: %+v", s)
+	}
+	x = h.status(id, kernel.ExecCompleted)
+	if x.Status != kernel.ExecCompleted || string(x.Output) != `"deploy:prod"` {
+		t.Fatalf("execution %s %s", x.Status, x.Output)
+	}
+	for name, want := range map[string]int{"read": 1, "delete": 0, "limited": 2, "deploy": 1} {
+		if got := c.get(name); got != want {
+			t.Errorf("%s ran %d times, want %d", name, got, want)
+		}
+	}
+	h.checkLog(id)
+}
+
+type failingErr struct{}
+
+func (failingErr) Error() string { return "disk full" }
+func (failingErr) Code() string  { return "ENOSPC" }
+
+func TestHandlerAndToolFailures(t *testing.T) {
+	h := start(t, kernel.Config{})
+	broken := agent.NewTool("broken", func(ctx context.Context, in int) (int, error) { return 0, failingErr{} })
+	panicky := agent.NewTool("panicky", func(ctx context.Context, in int) (int, error) { panic("tool bug") })
+	handlers := map[string]agent.HandlerFunc{
+		"error":  func(ctx context.Context, _ json.RawMessage) (any, error) { return nil, errors.New("no luck") },
+		"panic":  func(ctx context.Context, _ json.RawMessage) (any, error) { panic("boom") },
+		"output": func(ctx context.Context, _ json.RawMessage) (any, error) { return make(chan int), nil },
+		"tool": func(ctx context.Context, _ json.RawMessage) (any, error) {
+			_, err := broken.Call(ctx, 1)
+			return nil, err
+		},
+		"toolpan": func(ctx context.Context, _ json.RawMessage) (any, error) {
+			_, err := panicky.Call(ctx, 1)
+			return nil, err
+		},
+		"args": func(ctx context.Context, _ json.RawMessage) (any, error) {
+			_, err := agent.Invoke(ctx, agent.KindToolCall, "x", func() {}, agent.StepOptions{}, nil)
+			var ae *agent.ArgsError
+			if !errors.As(err, &ae) {
+				return nil, fmt.Errorf("want ArgsError, got %v", err)
+			}
+			return nil, err
+		},
+	}
+	want := map[string]string{
+		"error":   "no luck",
+		"panic":   "panic: boom",
+		"output":  "output is not JSON-serialisable",
+		"tool":    "disk full",
+		"toolpan": "panic: tool bug",
+		"args":    "not JSON-serialisable",
+	}
+	for name, fn := range handlers {
+		t.Run(name, func(t *testing.T) {
+			_, url := h.serve(name, 0, fn)
+			h.register(name, url, false)
+			id := h.create(name, nil)
+			x := h.status(id, kernel.ExecFailed)
+			if x.Status != kernel.ExecFailed || !strings.Contains(string(x.Error), want[name]) {
+				t.Fatalf("execution %s error %s, want it to mention %q", x.Status, x.Error, want[name])
+			}
+			evs := h.checkLog(id)
+			if name == "tool" {
+				steps, _ := h.admin.Steps(context.Background(), id)
+				if len(steps) != 1 || steps[0].Status != "failed" || !strings.Contains(string(steps[0].Error), `"code":"ENOSPC"`) {
+					t.Fatalf("steps %+v", steps)
+				}
+			}
+			if name == "args" && testkit.Count(evs, kernel.EvStepProposed) != 0 {
+				t.Fatal("unserialisable args were submitted")
+			}
+		})
+	}
+}
+
+func TestOutsideAnExecution(t *testing.T) {
+	ctx := context.Background()
+	if _, err := agent.FromContext(ctx); !errors.Is(err, agent.ErrNoExecution) {
+		t.Fatalf("FromContext: %v", err)
+	}
+	tool := agent.NewTool("t", func(ctx context.Context, in int) (int, error) { t.Fatal("body ran"); return 0, nil })
+	if _, err := tool.Call(ctx, 1); !errors.Is(err, agent.ErrNoExecution) {
+		t.Fatalf("Tool.Call: %v", err)
+	}
+	if _, err := agent.Now(ctx); !errors.Is(err, agent.ErrNoExecution) {
+		t.Fatalf("Now: %v", err)
+	}
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://127.0.0.1:1/v1/chat", strings.NewReader(`{"model":"m"}`))
+	if _, err := agent.NewHTTPClient(nil).Do(req); !errors.Is(err, agent.ErrNoExecution) {
+		t.Fatalf("LLM request: %v", err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	h := agent.HandlerFunc(func(context.Context, json.RawMessage) (any, error) { return nil, nil })
+	for name, cfg := range map[string]agent.Config{
+		"no id":      {Secret: []byte("s"), KernelURL: "http://x", Handler: h},
+		"no secret":  {ID: "a", KernelURL: "http://x", Handler: h},
+		"no handler": {ID: "a", Secret: []byte("s"), KernelURL: "http://x"},
+		"bad url":    {ID: "a", Secret: []byte("s"), KernelURL: "x:y", Handler: h},
+		"negative":   {ID: "a", Secret: []byte("s"), KernelURL: "http://x", Handler: h, HeartbeatInterval: -1},
+	} {
+		if _, err := agent.New(cfg); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestShutdownRefusesNewWebhooks(t *testing.T) {
+	h := start(t, kernel.Config{})
+	a, url := h.serve("shut", 0, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) { return 1, nil }))
+	if err := a.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"execution_id":"e","dispatch_id":"d","dispatch_attempt":1}`)
+	req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
+	req.Header.Set(wire.HeaderSignature, wire.Sign([]byte(secret), body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("after Shutdown: %d", resp.StatusCode)
+	}
+}

@@ -1,0 +1,220 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/wicket-run/wicket/sdk/client"
+	"github.com/wicket-run/wicket/server/wire"
+)
+
+// Lease is the (dispatch id, attempt) pair a dispatch arrived with. Every
+// mutation sends it back; once a newer attempt holds the execution, the
+// kernel refuses this one's mutations with lease_superseded.
+type Lease struct {
+	DispatchID string
+	Attempt    int
+}
+
+// Execution is the execution context of one dispatch: the Go counterpart of
+// the seeds' ambient ExecutionContext. The Agent puts it in the handler's
+// context.Context; Tool.Call, Step and the LLM Transport find it there, so
+// no object is threaded through the agent's code. FromContext returns it.
+//
+// An Execution is safe for concurrent use, but the kernel numbers identical
+// submissions (same kind, target and arguments) in the order they arrive,
+// so run identical effects sequentially if their replay must line up.
+type Execution struct {
+	// ID is the execution id.
+	ID string
+	// AgentID is the agent the execution belongs to.
+	AgentID string
+	// Lease is this dispatch's lease.
+	Lease Lease
+	// Input is the execution's input, as created.
+	Input json.RawMessage
+	// Labels are the execution's labels.
+	Labels map[string]string
+
+	k      *client.Client
+	cancel context.CancelCauseFunc
+
+	mu     sync.Mutex // guards unwind
+	unwind error      // Blocked, Terminated or LeaseSuperseded, once seen
+}
+
+type ctxKey struct{}
+
+// FromContext returns the execution of the handler ctx belongs to, or
+// ErrNoExecution.
+func FromContext(ctx context.Context) (*Execution, error) {
+	if ctx == nil {
+		return nil, ErrNoExecution
+	}
+	if e, ok := ctx.Value(ctxKey{}).(*Execution); ok && e != nil {
+		return e, nil
+	}
+	return nil, ErrNoExecution
+}
+
+// withExecution returns ctx carrying e.
+func withExecution(ctx context.Context, e *Execution) context.Context {
+	return context.WithValue(ctx, ctxKey{}, e)
+}
+
+// Unwinding returns the Blocked, Terminated or LeaseSuperseded error this
+// dispatch has seen, or nil. Once set it does not change: the dispatch is
+// over, whatever the handler does with the error.
+func (e *Execution) Unwinding() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.unwind
+}
+
+// remember records an error that ends the dispatch (the first one wins) and
+// returns the one that is remembered. A superseded lease also cancels the
+// handler's context.
+func (e *Execution) remember(err error) error {
+	e.mu.Lock()
+	if e.unwind == nil {
+		e.unwind = err
+	}
+	u := e.unwind
+	e.mu.Unlock()
+	var ls *LeaseSuperseded
+	var t *Terminated
+	if (errors.As(err, &ls) || errors.As(err, &t)) && e.cancel != nil {
+		e.cancel(err)
+	}
+	return u
+}
+
+// leaseHeader returns the lease headers of a mutation.
+func (e *Execution) leaseHeader() http.Header {
+	h := http.Header{}
+	h.Set(wire.HeaderDispatchID, e.Lease.DispatchID)
+	h.Set(wire.HeaderDispatchAttempt, strconv.Itoa(e.Lease.Attempt))
+	return h
+}
+
+// path returns the execution's path plus suffix.
+func (e *Execution) path(suffix string) string {
+	return "/v0/executions/" + url.PathEscape(e.ID) + suffix
+}
+
+// mutate sends one signed mutation under the lease and maps the kernel's
+// answers to the SDK's errors: lease_superseded → LeaseSuperseded (and the
+// handler is cancelled), an unreachable kernel or a 5xx → KernelError.
+func (e *Execution) mutate(ctx context.Context, op, suffix string, body, out any) error {
+	err := e.k.Do(ctx, http.MethodPost, e.path(suffix), e.leaseHeader(), body, out)
+	if err == nil {
+		return nil
+	}
+	var ae *client.APIError
+	if errors.As(err, &ae) {
+		switch {
+		case ae.Code == wire.CodeLeaseSuperseded:
+			return e.remember(&LeaseSuperseded{DispatchID: e.Lease.DispatchID, Attempt: e.Lease.Attempt})
+		case ae.Status >= 500:
+			return &KernelError{Op: op, Err: err}
+		}
+		return err
+	}
+	return &KernelError{Op: op, Err: err}
+}
+
+// Submit submits one step and returns the kernel's decision as is. It is
+// the primitive under Tool.Call, Step and the Transport; use it to build
+// other integrations (a gateway, another tool framework). After a proceed
+// the caller must Complete or Fail the step.
+func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wire.StepDecision, error) {
+	if u := e.Unwinding(); u != nil {
+		return nil, u
+	}
+	var d wire.StepDecision
+	if err := e.mutate(ctx, "submit step", "/steps", req, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// Complete records the result (any JSON) and usage of a step that was told
+// to proceed. It runs even if ctx is cancelled: a result the effect already
+// produced must not be thrown away.
+func (e *Execution) Complete(ctx context.Context, stepID string, result json.RawMessage, usage *wire.Usage) error {
+	ctx, cancel := settle(ctx)
+	defer cancel()
+	return e.mutate(ctx, "complete step", "/steps/"+url.PathEscape(stepID)+"/complete", wire.StepCompleteRequest{Result: result, Usage: usage}, nil)
+}
+
+// Fail records the error (any JSON) of a step that was told to proceed. Like
+// Complete it runs even if ctx is cancelled.
+func (e *Execution) Fail(ctx context.Context, stepID string, stepErr json.RawMessage) error {
+	ctx, cancel := settle(ctx)
+	defer cancel()
+	return e.mutate(ctx, "fail step", "/steps/"+url.PathEscape(stepID)+"/fail", wire.StepFailRequest{Error: stepErr}, nil)
+}
+
+// Delta posts one ephemeral piece of a running step's output to the
+// execution's stream observers. It is never stored.
+func (e *Execution) Delta(ctx context.Context, stepID string, seq int64, data json.RawMessage) error {
+	return e.mutate(ctx, "stream delta", "/steps/"+url.PathEscape(stepID)+"/stream", wire.StreamDelta{Seq: seq, Data: data}, nil)
+}
+
+// Heartbeat renews the lease. A superseded lease returns LeaseSuperseded
+// and an execution that has ended returns Terminated; both cancel the
+// handler's context.
+func (e *Execution) Heartbeat(ctx context.Context) error {
+	var hr wire.HeartbeatResponse
+	err := e.mutate(ctx, "heartbeat", "/heartbeat", struct{}{}, &hr)
+	var ae *client.APIError
+	if errors.As(err, &ae) && ae.Code == wire.CodeConflict {
+		return e.remember(&Terminated{Reason: ae.Message})
+	}
+	return err
+}
+
+// settleTimeout bounds a Complete or Fail that runs after the handler's
+// context was cancelled.
+const settleTimeout = 30 * time.Second
+
+// settle returns a context that keeps ctx's values but not its
+// cancellation, bounded by settleTimeout.
+func settle(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+}
+
+// heartbeat renews the lease every interval until stop is closed, or until
+// the kernel says the lease is superseded or the execution has ended (both
+// cancel the handler through remember).
+func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, stop <-chan struct{}, onErr func(error)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			hctx, cancel := context.WithTimeout(ctx, interval)
+			err := e.Heartbeat(hctx)
+			cancel()
+			if err == nil {
+				continue
+			}
+			var ls *LeaseSuperseded
+			var tm *Terminated
+			if errors.As(err, &ls) || errors.As(err, &tm) {
+				return
+			}
+			onErr(err) // transient: the next beat may get through
+		}
+	}
+}

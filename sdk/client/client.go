@@ -1,0 +1,311 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/wicket-run/wicket/server/wire"
+)
+
+// DefaultUserAgent is the User-Agent of requests unless WithUserAgent sets
+// another.
+const DefaultUserAgent = "wicket-go-client"
+
+// errorExcerpt bounds how much of a non-JSON error body an APIError quotes.
+const errorExcerpt = 512
+
+// defaultHTTP is the HTTP client of a Client without WithHTTPClient. It has
+// connect, TLS and response-header timeouts but no overall Timeout: an
+// event stream lasts as long as its execution. Bound calls with their
+// context instead.
+var defaultHTTP = &http.Client{Transport: defaultTransport()}
+
+func defaultTransport() http.RoundTripper {
+	t, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		return http.DefaultTransport
+	}
+	t = t.Clone()
+	t.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	t.TLSHandshakeTimeout = 10 * time.Second
+	// Long enough for a bundle upload whose wasm module the kernel compiles
+	// before answering; an event stream answers its headers at once.
+	t.ResponseHeaderTimeout = 2 * time.Minute
+	t.IdleConnTimeout = 90 * time.Second
+	t.MaxIdleConnsPerHost = 16
+	return t
+}
+
+// Client is a client of one Wicket kernel's /v0 API. Create it with New;
+// it is safe for concurrent use and holds no connection state of its own
+// beyond its http.Client.
+type Client struct {
+	base    string
+	key     string
+	agentID string
+	secret  []byte
+	tenant  string
+	ua      string
+	hc      *http.Client
+}
+
+// Option configures a Client in New.
+type Option func(*Client)
+
+// New returns a client of the kernel at baseURL ("http://127.0.0.1:8080";
+// a trailing "/" is trimmed). Without WithAPIKey or WithAgent its requests
+// carry no credentials, which only a kernel serving loopback without keys
+// accepts.
+func New(baseURL string, opts ...Option) *Client {
+	c := &Client{base: strings.TrimRight(baseURL, "/"), ua: DefaultUserAgent, hc: defaultHTTP}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// WithAPIKey authenticates every request with "Authorization: Bearer key":
+// an admin, tenant-admin or client key. Use it or WithAgent, not both: a
+// request that carries both is authenticated by the key.
+func WithAPIKey(key string) Option { return func(c *Client) { c.key = key } }
+
+// WithAgent signs every request as the agent agentID: HeaderAgentID names
+// it and HeaderSignature carries wire.Sign(secret, body), an empty body
+// included. Signed requests may call the agent routes and read the agent's
+// own executions and steps; the event stream and admin routes need an API
+// key (Watch polls instead, see WatchWith).
+func WithAgent(agentID string, secret []byte) Option {
+	return func(c *Client) {
+		c.agentID = agentID
+		c.secret = bytes.Clone(secret)
+	}
+}
+
+// WithHTTPClient sends requests with hc instead of the package default,
+// which has connect and header timeouts but no overall Timeout (event
+// streams are long). A Timeout on hc also bounds Watch's streams; Watch then
+// reconnects. nil keeps the default.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *Client) {
+		if hc != nil {
+			c.hc = hc
+		}
+	}
+}
+
+// WithTenant makes an admin key act in tenant: every client and admin
+// request carries ?tenant=tenant. Other keys act in their own tenant, and
+// naming another is forbidden. The tenant routes (CreateKey, Keys, ...)
+// name their tenant in the path and are not affected.
+func WithTenant(tenant string) Option { return func(c *Client) { c.tenant = tenant } }
+
+// WithUserAgent sets the User-Agent header (default DefaultUserAgent).
+func WithUserAgent(ua string) Option { return func(c *Client) { c.ua = ua } }
+
+// BaseURL returns the kernel's base URL as New kept it.
+func (c *Client) BaseURL() string { return c.base }
+
+// APIError is an answer of the kernel with a non-2xx status: the status and
+// the fields of the error envelope (wire.ErrorBody). When the body was not
+// an envelope (a proxy's error page, say), Code is "" and Message holds the
+// status text and an excerpt of the body.
+type APIError struct {
+	// Status is the HTTP status code.
+	Status int
+	// Code is one of the wire.Code* values, e.g. wire.CodeNotFound.
+	Code string
+	// Message says what is wrong, for humans.
+	Message string
+	// Details carries structured context some errors add (for
+	// lease_superseded: dispatch_id and dispatch_attempt).
+	Details map[string]any
+}
+
+// Error returns "<status> <code>: <message>", e.g.
+// "409 lease_superseded: dispatch d1 attempt 1 is not the current lease".
+func (e *APIError) Error() string {
+	if e.Code == "" {
+		return strconv.Itoa(e.Status) + ": " + e.Message
+	}
+	return strconv.Itoa(e.Status) + " " + e.Code + ": " + e.Message
+}
+
+// IsCode reports whether err is, or wraps, an *APIError with the given code
+// (one of the wire.Code* values).
+func IsCode(err error, code string) bool {
+	var ae *APIError
+	return errors.As(err, &ae) && ae.Code == code
+}
+
+// Do sends one request to the kernel and decodes its answer. It is what
+// every other method calls, and the way to reach routes they do not cover.
+//
+// path is the request path with its query, its segments already escaped
+// ("/v0/executions/" + url.PathEscape(id)). body is nil (no body), a []byte
+// or json.RawMessage (sent as is), or any other value (sent as its JSON);
+// a request with a body is sent as application/json unless header sets
+// Content-Type. header (may be nil) adds or replaces request headers, such
+// as the lease headers of agent mutations. out is nil, a *[]byte or
+// *json.RawMessage (which receive the raw body), or a pointer the 2xx JSON
+// answer is decoded into; an empty answer (204) leaves it untouched.
+//
+// # Errors
+//
+// A non-2xx answer is an *APIError. Every error is wrapped with the method
+// and path ("POST /v0/executions: 404 not_found: ..."); use errors.As or
+// IsCode to inspect it, and errors.Is(err, context.Canceled) for a
+// cancelled ctx.
+func (c *Client) Do(ctx context.Context, method, path string, header http.Header, body, out any) error {
+	if err := c.do(ctx, method, path, header, body, out); err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+func (c *Client) do(ctx context.Context, method, path string, header http.Header, body, out any) error {
+	req, err := c.newRequest(ctx, method, path, header, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return unwrapURLError(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return apiError(resp)
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("read answer: %w", err)
+	}
+	switch o := out.(type) {
+	case nil:
+		return nil
+	case *[]byte:
+		*o = data
+		return nil
+	case *json.RawMessage:
+		*o = data
+		return nil
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("decode answer (%d): %w", resp.StatusCode, err)
+	}
+	return nil
+}
+
+// newRequest builds an authenticated request: body encoded, signed when
+// the client is an agent, the bearer key and ?tenant= added.
+func (c *Client) newRequest(ctx context.Context, method, path string, header http.Header, body any) (*http.Request, error) {
+	var raw []byte
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		raw = b
+	case json.RawMessage:
+		raw = b
+	default:
+		var err error
+		if raw, err = json.Marshal(b); err != nil {
+			return nil, fmt.Errorf("encode body: %w", err)
+		}
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+c.withTenant(path), rd)
+	if err != nil {
+		return nil, err
+	}
+	h := req.Header
+	h.Set("User-Agent", c.ua)
+	h.Set("Accept", "application/json")
+	if body != nil {
+		h.Set("Content-Type", "application/json")
+	}
+	if c.key != "" {
+		h.Set("Authorization", "Bearer "+c.key)
+	}
+	if c.agentID != "" {
+		h.Set(wire.HeaderAgentID, c.agentID)
+		h.Set(wire.HeaderSignature, wire.Sign(c.secret, raw))
+	}
+	for k, vs := range header {
+		h.Del(k)
+		for _, v := range vs {
+			h.Add(k, v)
+		}
+	}
+	return req, nil
+}
+
+// withTenant adds ?tenant= to client and admin routes when WithTenant is
+// set and the path names no tenant itself.
+func (c *Client) withTenant(path string) string {
+	if c.tenant == "" {
+		return path
+	}
+	p, q, _ := strings.Cut(path, "?")
+	switch {
+	case p == "/v0/health", p == "/v0/ready", p == "/metrics", p == "/v0/tenants", strings.HasPrefix(p, "/v0/tenants/"):
+		return path
+	}
+	vals, err := url.ParseQuery(q)
+	if err == nil && vals.Has("tenant") {
+		return path
+	}
+	if q == "" {
+		return p + "?tenant=" + url.QueryEscape(c.tenant)
+	}
+	return path + "&tenant=" + url.QueryEscape(c.tenant)
+}
+
+// apiError reads a non-2xx answer into an *APIError.
+func apiError(resp *http.Response) *APIError {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	ae := &APIError{Status: resp.StatusCode}
+	var eb wire.ErrorBody
+	if json.Unmarshal(data, &eb) == nil && eb.Code != "" {
+		ae.Code, ae.Message, ae.Details = eb.Code, eb.Message, eb.Details
+		return ae
+	}
+	ae.Message = http.StatusText(resp.StatusCode)
+	if ae.Message == "" {
+		ae.Message = resp.Status
+	}
+	if ex := strings.TrimSpace(string(data)); ex != "" {
+		if len(ex) > errorExcerpt {
+			ex = strings.ToValidUTF8(ex[:errorExcerpt], "") + "..."
+		}
+		ae.Message += ": " + ex
+	}
+	return ae
+}
+
+// unwrapURLError drops the *url.Error of a failed request, whose text
+// repeats the method and URL that the caller's wrapping already names.
+func unwrapURLError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil {
+		return ue.Err
+	}
+	return err
+}
+
+// seg escapes one path segment.
+func seg(s string) string { return url.PathEscape(s) }
