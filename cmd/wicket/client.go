@@ -1,87 +1,84 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"strings"
+
+	"github.com/wicket-run/wicket/sdk/client"
+	"github.com/wicket-run/wicket/server/wire"
 )
 
-// apiClient is the bearer-authenticated client of the exec, agent,
-// approval and tenant commands.
-type apiClient struct {
-	base, key string
-	out       io.Writer
+// The exec, agent, approval and tenant commands are clients of a running
+// kernel, built on sdk/client. They print the kernel's answers as indented
+// JSON.
+
+// clientOpts are the connection flags of the client commands.
+type clientOpts struct {
+	url, key, tenant string
 }
 
-// clientFlags adds --url and --key (WICKET_URL, WICKET_API_KEY) to fs.
-func clientFlags(fs *flag.FlagSet) *apiClient {
-	c := &apiClient{}
-	fs.StringVar(&c.base, "url", envString("WICKET_URL", "http://127.0.0.1:8080"), "kernel base URL (WICKET_URL)")
-	fs.StringVar(&c.key, "key", envString("WICKET_API_KEY", os.Getenv("WICKET_ADMIN_KEY")), "API key (WICKET_API_KEY, else WICKET_ADMIN_KEY)")
-	return c
+// clientFlags adds --url, --key and --tenant (WICKET_URL, WICKET_API_KEY,
+// WICKET_TENANT) to fs.
+func clientFlags(fs *flag.FlagSet) *clientOpts {
+	o := &clientOpts{}
+	fs.StringVar(&o.url, "url", envString("WICKET_URL", "http://127.0.0.1:8080"), "kernel base URL (WICKET_URL)")
+	fs.StringVar(&o.key, "key", envString("WICKET_API_KEY", os.Getenv("WICKET_ADMIN_KEY")), "API key (WICKET_API_KEY, else WICKET_ADMIN_KEY)")
+	fs.StringVar(&o.tenant, "tenant", envString("WICKET_TENANT", ""), "tenant to act in; admin keys only (WICKET_TENANT)")
+	return o
 }
 
-// do sends a request and pretty-prints the JSON answer (nothing for 204).
-func (c *apiClient) do(ctx context.Context, method, path string, body any) error {
-	return c.doHeaders(ctx, method, path, body, nil)
+// client builds the API client the flags describe.
+func (o *clientOpts) client() *client.Client {
+	opts := []client.Option{client.WithUserAgent("wicket-cli/" + version)}
+	if o.key != "" {
+		opts = append(opts, client.WithAPIKey(o.key))
+	}
+	if o.tenant != "" {
+		opts = append(opts, client.WithTenant(o.tenant))
+	}
+	return client.New(o.url, opts...)
 }
 
-// doHeaders is do with extra request headers.
-func (c *apiClient) doHeaders(ctx context.Context, method, path string, body any, hdr map[string]string) error {
-	var rd io.Reader
-	if body != nil {
-		b, err := json.Marshal(body)
+// printJSON writes v as indented JSON and a newline.
+func printJSON(w io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// printAnswer prints v unless err is set.
+func printAnswer[T any](w io.Writer, v T, err error) error {
+	if err != nil {
+		return err
+	}
+	return printJSON(w, v)
+}
+
+// printStream watches an execution and prints each event as one line of
+// JSON, and each live step delta as "step.delta <JSON>", until the
+// terminal event.
+func printStream(ctx context.Context, c *client.Client, id string, o client.WatchOptions, w io.Writer) error {
+	return c.WatchWith(ctx, id, o, func(it client.StreamItem) error {
+		prefix, v := "", any(it.Event)
+		if it.Delta != nil {
+			prefix, v = client.EventStepDelta+" ", it.Delta
+		}
+		b, err := json.Marshal(v)
 		if err != nil {
 			return err
 		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.base, "/")+path, rd)
-	if err != nil {
+		_, err = fmt.Fprintf(w, "%s%s\n", prefix, b)
 		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if c.key != "" {
-		req.Header.Set("Authorization", "Bearer "+c.key)
-	}
-	for k, v := range hdr {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		var e struct{ Code, Message string }
-		if json.Unmarshal(data, &e) == nil && e.Code != "" {
-			return fmt.Errorf("%s %s: %d %s: %s", method, path, resp.StatusCode, e.Code, e.Message)
-		}
-		return fmt.Errorf("%s %s: %s", method, path, resp.Status)
-	}
-	if len(bytes.TrimSpace(data)) == 0 {
-		return nil
-	}
-	var pretty bytes.Buffer
-	if err := json.Indent(&pretty, data, "", "  "); err != nil {
-		_, err = c.out.Write(data)
-		return err
-	}
-	pretty.WriteByte('\n')
-	_, err = pretty.WriteTo(c.out)
-	return err
+	})
 }
 
 // parseArgs parses fs and checks the number of positional arguments.
@@ -111,7 +108,21 @@ func subcommand(args []string, usage string) (string, []string, error) {
 	return args[0], args[1:], nil
 }
 
-const execUsage = "exec ls [--agent A] [--status S] [--limit N] [--cursor C] | create AGENT [--input JSON] [--idempotency-key K] | get ID | events ID [--after N] | watch ID | cancel ID"
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+const execUsage = `exec ls [--agent A] [--status S] [--limit N] [--cursor C]
+       | create AGENT [--input JSON] [--idempotency-key K] [--wait]
+       | get ID | events ID [--after N] | watch ID [--after N] [--poll] | cancel ID
+  events prints the whole log after N as {"events": [...]}, paging through it.
+  watch prints one JSON event per line and live step output as "step.delta <JSON>"
+  lines, until the execution ends. create --wait does the same from the first
+  event, then prints the final execution, and fails unless it completed.
+  Flags of every command: --url (WICKET_URL), --key (WICKET_API_KEY), --tenant.`
 
 func execCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, execUsage)
@@ -120,27 +131,22 @@ func execCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	fs := flag.NewFlagSet("exec "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	c := clientFlags(fs)
-	c.out = stdout
+	o := clientFlags(fs)
 	switch sub {
 	case "ls":
 		agent := fs.String("agent", "", "agent id")
-		status := fs.String("status", "", "status")
-		limit := fs.String("limit", "", "page size")
+		status := fs.String("status", "", "pending, running, blocked, completed, failed or cancelled")
+		limit := fs.Int("limit", 0, "page size (default 50, at most 1000)")
 		cursor := fs.String("cursor", "", "next_cursor of the previous page")
 		if _, err := parseArgs(fs, rest, 0, execUsage); err != nil {
 			return err
 		}
-		q := url.Values{}
-		for k, v := range map[string]string{"agent_id": *agent, "status": *status, "limit": *limit, "cursor": *cursor} {
-			if v != "" {
-				q.Set(k, v)
-			}
-		}
-		return c.do(ctx, "GET", "/v0/executions?"+q.Encode(), nil)
+		l, err := o.client().ListExecutions(ctx, client.ListOptions{AgentID: *agent, Status: *status, Cursor: *cursor, Limit: *limit})
+		return printAnswer(stdout, l, err)
 	case "create":
 		input := fs.String("input", "null", "input JSON")
-		idem := fs.String("idempotency-key", "", "Idempotency-Key")
+		idem := fs.String("idempotency-key", "", "Idempotency-Key: a retry with the same key returns the same execution")
+		wait := fs.Bool("wait", false, "print the events until the execution ends, then the execution; fail unless it completed")
 		pos, err := parseArgs(fs, rest, 1, execUsage)
 		if err != nil {
 			return err
@@ -148,69 +154,62 @@ func execCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if !json.Valid([]byte(*input)) {
 			return usageError{"exec create: --input is not valid JSON"}
 		}
-		var hdr map[string]string
-		if *idem != "" {
-			hdr = map[string]string{"Idempotency-Key": *idem}
+		c := o.client()
+		x, err := c.CreateExecution(ctx, wire.CreateExecutionRequest{AgentID: pos[0], Input: json.RawMessage(*input)}, *idem)
+		if err != nil || !*wait {
+			return printAnswer(stdout, x, err)
 		}
-		return c.doHeaders(ctx, "POST", "/v0/executions", map[string]any{"agent_id": pos[0], "input": json.RawMessage(*input)}, hdr)
-	case "get", "cancel", "events", "watch":
-		after := fs.Int("after", 0, "events after this seq")
+		if err := printStream(ctx, c, x.ID, client.WatchOptions{}, stdout); err != nil {
+			return err
+		}
+		final, err := c.GetExecution(ctx, x.ID)
+		if err := printAnswer(stdout, final, err); err != nil {
+			return err
+		}
+		if final.Status != "completed" {
+			return fmt.Errorf("execution %s %s", final.ID, final.Status)
+		}
+		return nil
+	case "get", "cancel":
 		pos, err := parseArgs(fs, rest, 1, execUsage)
 		if err != nil {
 			return err
 		}
-		id := url.PathEscape(pos[0])
-		switch sub {
-		case "get":
-			return c.do(ctx, "GET", "/v0/executions/"+id, nil)
-		case "cancel":
-			if err := c.do(ctx, "POST", "/v0/executions/"+id+"/cancel", nil); err != nil {
-				return err
-			}
-			fmt.Fprintln(stdout, "cancelled", pos[0])
-			return nil
-		case "events":
-			return c.do(ctx, "GET", fmt.Sprintf("/v0/executions/%s/events?after_seq=%d&limit=1000", id, *after), nil)
-		default:
-			return c.watch(ctx, "/v0/executions/"+id+"/stream")
+		c := o.client()
+		if sub == "get" {
+			x, err := c.GetExecution(ctx, pos[0])
+			return printAnswer(stdout, x, err)
 		}
+		if err := c.Cancel(ctx, pos[0]); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "cancelled", pos[0])
+		return nil
+	case "events":
+		after := fs.Uint64("after", 0, "events after this seq")
+		pos, err := parseArgs(fs, rest, 1, execUsage)
+		if err != nil {
+			return err
+		}
+		evs, err := o.client().EventsAfter(ctx, pos[0], *after)
+		return printAnswer(stdout, wire.EventList{Events: evs}, err)
+	case "watch":
+		after := fs.Uint64("after", 0, "events after this seq")
+		poll := fs.Bool("poll", false, "poll the event log instead of streaming it (no step deltas)")
+		pos, err := parseArgs(fs, rest, 1, execUsage)
+		if err != nil {
+			return err
+		}
+		err = printStream(ctx, o.client(), pos[0], client.WatchOptions{AfterSeq: *after, Poll: *poll}, stdout)
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return nil // interrupted
+		}
+		return err
 	}
 	return usageError{"usage: wicket " + execUsage}
 }
 
-// watch prints an execution's events as they arrive, one line each, until
-// the stream ends (after the terminal event) or ctx is done.
-func (c *apiClient) watch(ctx context.Context, path string) error {
-	req, err := http.NewRequestWithContext(ctx, "GET", strings.TrimRight(c.base, "/")+path, nil)
-	if err != nil {
-		return err
-	}
-	if c.key != "" {
-		req.Header.Set("Authorization", "Bearer "+c.key)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		data, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("watch: %s %s", resp.Status, bytes.TrimSpace(data))
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-			fmt.Fprintln(c.out, line)
-		}
-	}
-	if ctx.Err() != nil {
-		return nil
-	}
-	return sc.Err()
-}
-
-const agentUsage = "agent ls | get ID | rm ID | put ID --webhook-url URL --secret S [--bundle B]"
+const agentUsage = "agent ls | get ID | rm ID | put ID --webhook-url URL --secret S [--bundle B] (--bundle '' unbinds)"
 
 func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, agentUsage)
@@ -219,23 +218,25 @@ func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fs := flag.NewFlagSet("agent "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	c := clientFlags(fs)
-	c.out = stdout
+	o := clientFlags(fs)
 	switch sub {
 	case "ls":
 		if _, err := parseArgs(fs, rest, 0, agentUsage); err != nil {
 			return err
 		}
-		return c.do(ctx, "GET", "/v0/agents", nil)
+		as, err := o.client().Agents(ctx)
+		return printAnswer(stdout, wire.AgentList{Agents: as}, err)
 	case "get", "rm":
 		pos, err := parseArgs(fs, rest, 1, agentUsage)
 		if err != nil {
 			return err
 		}
+		c := o.client()
 		if sub == "get" {
-			return c.do(ctx, "GET", "/v0/agents/"+url.PathEscape(pos[0]), nil)
+			a, err := c.Agent(ctx, pos[0])
+			return printAnswer(stdout, a, err)
 		}
-		if err := c.do(ctx, "DELETE", "/v0/agents/"+url.PathEscape(pos[0]), nil); err != nil {
+		if err := c.DeleteAgent(ctx, pos[0]); err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "deleted", pos[0])
@@ -243,23 +244,22 @@ func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	case "put":
 		hook := fs.String("webhook-url", "", "webhook URL")
 		secret := fs.String("secret", os.Getenv("WICKET_AGENT_SECRET"), "HMAC secret (WICKET_AGENT_SECRET)")
-		bundle := fs.String("bundle", "", "bundle to bind")
+		bundle := fs.String("bundle", "", "bundle to bind ('' unbinds; omitted keeps the binding)")
 		pos, err := parseArgs(fs, rest, 1, agentUsage)
 		if err != nil {
 			return err
 		}
-		body := map[string]any{"id": pos[0]}
-		for k, v := range map[string]string{"webhook_url": *hook, "secret": *secret, "policy": *bundle} {
-			if v != "" {
-				body[k] = v
-			}
+		req := wire.AgentRequest{ID: pos[0], WebhookURL: *hook, Secret: *secret}
+		if flagSet(fs, "bundle") {
+			req.Policy = bundle
 		}
-		return c.do(ctx, "POST", "/v0/agents", body)
+		a, err := o.client().PutAgent(ctx, req)
+		return printAnswer(stdout, a, err)
 	}
 	return usageError{"usage: wicket " + agentUsage}
 }
 
-const approvalUsage = "approval ls [--status S] | get ID | grant ID --by NAME [--rationale R] [--request-hash H] | deny ID --by NAME [--rationale R]"
+const approvalUsage = "approval ls [--status S] | get ID | grant ID --by NAME [--rationale R] [--request-hash H] | deny ID --by NAME [--rationale R] [--request-hash H]"
 
 func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, approvalUsage)
@@ -268,21 +268,22 @@ func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	}
 	fs := flag.NewFlagSet("approval "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	c := clientFlags(fs)
-	c.out = stdout
+	o := clientFlags(fs)
 	switch sub {
 	case "ls":
 		status := fs.String("status", "", "pending, granted, denied or expired")
 		if _, err := parseArgs(fs, rest, 0, approvalUsage); err != nil {
 			return err
 		}
-		return c.do(ctx, "GET", "/v0/approvals?status="+url.QueryEscape(*status), nil)
+		as, err := o.client().Approvals(ctx, *status)
+		return printAnswer(stdout, wire.ApprovalList{Approvals: as}, err)
 	case "get":
 		pos, err := parseArgs(fs, rest, 1, approvalUsage)
 		if err != nil {
 			return err
 		}
-		return c.do(ctx, "GET", "/v0/approvals/"+url.PathEscape(pos[0]), nil)
+		a, err := o.client().Approval(ctx, pos[0])
+		return printAnswer(stdout, a, err)
 	case "grant", "deny":
 		by := fs.String("by", os.Getenv("USER"), "who decides")
 		rationale := fs.String("rationale", "", "why")
@@ -291,11 +292,13 @@ func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		if err != nil {
 			return err
 		}
-		body := map[string]any{"decided_by": *by, "rationale": *rationale}
-		if *hash != "" {
-			body["request_hash"] = *hash
+		c := o.client()
+		resolve := c.Deny
+		if sub == "grant" {
+			resolve = c.Grant
 		}
-		return c.do(ctx, "POST", "/v0/approvals/"+url.PathEscape(pos[0])+"/"+sub, body)
+		a, err := resolve(ctx, pos[0], wire.ResolveApprovalRequest{DecidedBy: *by, Rationale: *rationale, RequestHash: *hash})
+		return printAnswer(stdout, a, err)
 	}
 	return usageError{"usage: wicket " + approvalUsage}
 }
@@ -315,45 +318,48 @@ func tenantCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	fs := flag.NewFlagSet("tenant "+sub, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	c := clientFlags(fs)
-	c.out = stdout
+	o := clientFlags(fs)
 	switch sub {
 	case "ls":
 		if _, err := parseArgs(fs, rest, 0, tenantUsage); err != nil {
 			return err
 		}
-		return c.do(ctx, "GET", "/v0/tenants", nil)
+		ts, err := o.client().Tenants(ctx)
+		return printAnswer(stdout, wire.TenantList{Tenants: ts}, err)
 	case "create":
 		guards := fs.String("guards", "", "comma-separated guard bundles")
 		pos, err := parseArgs(fs, rest, 1, tenantUsage)
 		if err != nil {
 			return err
 		}
-		body := map[string]any{"id": pos[0]}
+		req := wire.TenantRequest{ID: pos[0]}
 		if *guards != "" {
-			body["guards"] = strings.Split(*guards, ",")
+			req.Guards = strings.Split(*guards, ",")
 		}
-		return c.do(ctx, "POST", "/v0/tenants", body)
+		t, err := o.client().CreateTenant(ctx, req)
+		return printAnswer(stdout, t, err)
 	case "key create":
-		role := fs.String("role", "client", "client, tenant-admin or admin")
+		role := fs.String("role", wire.RoleClient, "client, tenant-admin or admin")
 		principal := fs.String("principal", "", "who holds the key")
 		pos, err := parseArgs(fs, rest, 1, tenantUsage)
 		if err != nil {
 			return err
 		}
-		return c.do(ctx, "POST", "/v0/tenants/"+url.PathEscape(pos[0])+"/keys", map[string]any{"role": *role, "principal": *principal})
+		k, err := o.client().CreateKey(ctx, pos[0], wire.KeyRequest{Role: *role, Principal: *principal})
+		return printAnswer(stdout, k, err)
 	case "key ls":
 		pos, err := parseArgs(fs, rest, 1, tenantUsage)
 		if err != nil {
 			return err
 		}
-		return c.do(ctx, "GET", "/v0/tenants/"+url.PathEscape(pos[0])+"/keys", nil)
+		ks, err := o.client().Keys(ctx, pos[0])
+		return printAnswer(stdout, wire.KeyList{Keys: ks}, err)
 	case "key rm":
 		pos, err := parseArgs(fs, rest, 2, tenantUsage)
 		if err != nil {
 			return err
 		}
-		if err := c.do(ctx, "DELETE", "/v0/tenants/"+url.PathEscape(pos[0])+"/keys/"+url.PathEscape(pos[1]), nil); err != nil {
+		if err := o.client().DeleteKey(ctx, pos[0], pos[1]); err != nil {
 			return err
 		}
 		fmt.Fprintln(stdout, "revoked", pos[1])

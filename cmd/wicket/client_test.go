@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/rules"
+	"github.com/wicket-run/wicket/server/wire"
 )
 
 // TestClientCommands drives exec, agent, approval and tenant commands
@@ -105,5 +107,170 @@ func TestClientCommands(t *testing.T) {
 	}
 	if out := cli("agent", "rm", "cli"); !strings.Contains(out, "deleted cli") {
 		t.Errorf("agent rm: %s", out)
+	}
+}
+
+// TestExecStreamCommands covers exec create --wait, exec events over more
+// than one page, exec watch's line format, --tenant and agent unbinding.
+func TestExecStreamCommands(t *testing.T) {
+	env := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()},
+		Config: kernel.Config{LeaseTimeout: 5 * time.Second, DispatchTimeout: time.Second, ReapInterval: 20 * time.Millisecond}})
+	ctx := context.Background()
+	cli := func(args ...string) (string, error) {
+		t.Helper()
+		out, _, err := runCmd(t, ctx, append(args, "--url", env.URL, "--key", testkit.AdminKey)...)
+		return out, err
+	}
+	steps := func(n int) testkit.Handler {
+		return func(ctx context.Context, r *testkit.Run) (any, error) {
+			for i := range n {
+				if _, err := r.Step(ctx, "local", "count", i, testkit.StepOpts{}, func() (any, error) { return i, nil }); err != nil {
+					return nil, err
+				}
+			}
+			if n == 0 {
+				return nil, errors.New("nothing to do")
+			}
+			return n, nil
+		}
+	}
+	for id, n := range map[string]int{"long": 260, "short": 2, "broken": 0} {
+		a := testkit.NewAgent(id, "cli-secret-0123456789", env.URL, steps(n))
+		t.Cleanup(a.Close)
+		env.RegisterAgent(a, "")
+	}
+
+	// eventLines parses the event lines of watch and create --wait and
+	// returns them with what follows them.
+	eventLines := func(out string) ([]wire.Event, string) {
+		t.Helper()
+		var evs []wire.Event
+		for strings.HasPrefix(out, `{"execution_id"`) {
+			line, rest, _ := strings.Cut(out, "\n")
+			var ev wire.Event
+			if err := json.Unmarshal([]byte(line), &ev); err != nil {
+				t.Fatalf("line %q: %v", line, err)
+			}
+			evs = append(evs, ev)
+			out = rest
+		}
+		return evs, out
+	}
+	checkLog := func(evs []wire.Event, terminal string) {
+		t.Helper()
+		for i, ev := range evs {
+			if ev.Seq != uint64(i+1) {
+				t.Fatalf("event %d has seq %d", i, ev.Seq)
+			}
+		}
+		if len(evs) == 0 || evs[len(evs)-1].Type != terminal {
+			t.Fatalf("%d events, want the last to be %s", len(evs), terminal)
+		}
+	}
+
+	// create --wait: the events, then the final execution.
+	out, err := cli("exec", "create", "short", "--input", `{"n":2}`, "--wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, rest := eventLines(out)
+	checkLog(evs, "execution.completed")
+	var x wire.Execution
+	if err := json.Unmarshal([]byte(rest), &x); err != nil || x.Status != "completed" || x.ID != evs[0].ExecutionID || string(x.Output) != "2" {
+		t.Fatalf("final execution %q: %v", rest, err)
+	}
+	if !strings.HasPrefix(rest, "{\n  \"id\": ") {
+		t.Fatalf("the final execution is not indented JSON: %q", rest)
+	}
+	out, err = cli("exec", "create", "broken", "--wait")
+	if err == nil || !strings.Contains(err.Error(), "failed") {
+		t.Fatalf("create --wait of a failing execution: %v", err)
+	}
+	evs, rest = eventLines(out)
+	checkLog(evs, "execution.failed")
+	if !strings.Contains(rest, `"status": "failed"`) {
+		t.Fatalf("final execution: %s", rest)
+	}
+
+	// events: the whole log, past the first 1000.
+	out, err = cli("exec", "create", "long", "--wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	watched, _ := eventLines(out)
+	checkLog(watched, "execution.completed")
+	if len(watched) <= 1000 {
+		t.Fatalf("only %d events", len(watched))
+	}
+	id := watched[0].ExecutionID
+	var list wire.EventList
+	out, err = cli("exec", "events", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		t.Fatal(err)
+	}
+	checkLog(list.Events, "execution.completed")
+	if len(list.Events) != len(watched) {
+		t.Fatalf("events printed %d, watched %d", len(list.Events), len(watched))
+	}
+	out, err = cli("exec", "events", id, "--after", "1000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list = wire.EventList{}
+	if err := json.Unmarshal([]byte(out), &list); err != nil || len(list.Events) != len(watched)-1000 || list.Events[0].Seq != 1001 {
+		t.Fatalf("events --after 1000: %d events, %v", len(list.Events), err)
+	}
+
+	// watch, streaming and polling, from a seq.
+	for _, mode := range [][]string{nil, {"--poll"}} {
+		out, err := cli(append([]string{"exec", "watch", id, "--after", "5"}, mode...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, rest := eventLines(out)
+		if rest != "" || len(got) != len(watched)-5 || got[0].Seq != 6 || got[len(got)-1].Type != "execution.completed" {
+			t.Fatalf("watch %v: %d events, rest %q", mode, len(got), rest)
+		}
+	}
+	if _, err := cli("exec", "watch", "nope"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Fatalf("watch of an unknown execution: %v", err)
+	}
+
+	// --tenant: an admin acting in another tenant.
+	if _, err := cli("tenant", "create", "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := cli("agent", "put", "there", "--webhook-url", "http://127.0.0.1:9/", "--secret", "cli-secret-0123456789", "--tenant", "acme"); err != nil || !strings.Contains(out, `"tenant": "acme"`) {
+		t.Fatalf("agent put --tenant: %s %v", out, err)
+	}
+	if out, err := cli("agent", "ls", "--tenant", "acme"); err != nil || !strings.Contains(out, `"there"`) || strings.Contains(out, `"short"`) {
+		t.Fatalf("agent ls --tenant: %s %v", out, err)
+	}
+	if out, err := cli("exec", "ls", "--tenant", "acme"); err != nil || !strings.Contains(out, `"executions": []`) {
+		t.Fatalf("exec ls --tenant: %s %v", out, err)
+	}
+
+	// agent put --bundle binds, an omitted --bundle keeps, --bundle '' unbinds.
+	if _, err := env.Admin("PUT", "/v0/bundles/b", map[string]any{"engine": "rules", "files": map[string]string{"rules.yaml": "default_action: allow\n"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bundle", "b"}, `"bundle": "b"`},
+		{nil, `"bundle": "b"`},
+		{[]string{"--bundle", ""}, ""},
+	} {
+		out, err := cli(append([]string{"agent", "put", "short"}, step.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(out, `"bundle"`); got != (step.want != "") || (step.want != "" && !strings.Contains(out, step.want)) {
+			t.Fatalf("agent put %v: %s", step.args, out)
+		}
 	}
 }
