@@ -236,6 +236,11 @@ func TestSDKAgentKilledMidRun(t *testing.T) {
 				if out.Charge != "charged 1250" || r.count("charge-start") != 2 || r.count("charge-done") != 1 {
 					t.Fatalf("safe_to_retry orphan: output %s, journal %q", x.Output, r.lines())
 				}
+				// Both runs of the body saw the same step id: the key a
+				// payment provider would deduplicate the charge on.
+				if r.count("charge-start 1250 "+chargeID) != 2 {
+					t.Fatalf("journal %q: both runs should carry step id %s", r.lines(), chargeID)
+				}
 			}
 			evs := r.checkLog(id)
 			if n := testkit.Count(evs, kernel.EvDispatchClaimed); n < 2 {

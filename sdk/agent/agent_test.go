@@ -242,8 +242,11 @@ type greetOut struct {
 func TestToolsAndLocalSteps(t *testing.T) {
 	h := start(t, kernel.Config{})
 	var c counter
+	var bodyIDs []string
 	greet := agent.NewTool("greet", func(ctx context.Context, in greetIn) (greetOut, error) {
 		c.inc("greet")
+		sid, _ := agent.StepID(ctx)
+		bodyIDs = append(bodyIDs, sid)
 		return greetOut{Greeting: "hello " + in.Name}, nil
 	}, agent.WithEffect(agent.ReadOnly))
 	var leases []agent.Lease
@@ -305,7 +308,11 @@ func TestToolsAndLocalSteps(t *testing.T) {
 		t.Fatal(err)
 	}
 	kinds := map[string]int{}
+	var greetIDs []string
 	for _, s := range steps {
+		if s.Target == "greet" {
+			greetIDs = append(greetIDs, s.ID)
+		}
 		kinds[s.Kind+":"+s.Target]++
 		if s.Status != "succeeded" {
 			t.Fatalf("step %s %s", s.Target, s.Status)
@@ -313,6 +320,9 @@ func TestToolsAndLocalSteps(t *testing.T) {
 		if s.Target == "greet" && s.Effect != agent.ReadOnly {
 			t.Fatalf("greet effect %q", s.Effect)
 		}
+	}
+	if fmt.Sprint(bodyIDs) != fmt.Sprint(greetIDs) && fmt.Sprint(bodyIDs) != fmt.Sprint([]string{greetIDs[1], greetIDs[0]}) {
+		t.Fatalf("tool bodies saw step ids %v, the kernel recorded %v", bodyIDs, greetIDs)
 	}
 	want := map[string]int{"local:wicket.now": 1, "local:wicket.new_id": 1, "tool_call:greet": 2, "local:dice": 1}
 	if fmt.Sprint(kinds) != fmt.Sprint(want) {

@@ -23,6 +23,14 @@ import (
 // ParseRefusal and RaiseForRefusal read back (the seeds' "rebuno_refusal").
 const RefusalMarker = "rebuno_refusal"
 
+// Headers the Transport adds to the responses it hands back.
+const (
+	// HeaderStepID carries the llm_call step's id.
+	HeaderStepID = "Wicket-Step-Id"
+	// HeaderReplay is "true" on a response rebuilt from the record.
+	HeaderReplay = "Wicket-Replay"
+)
+
 // maxLLMBody bounds a request or response body the Transport records.
 const maxLLMBody = 32 << 20
 
@@ -62,6 +70,10 @@ type Transport struct {
 	// Idempotency of the llm_call steps (empty: the kernel's default,
 	// safe_to_retry).
 	Idempotency string
+	// IdempotencyHeader, when set (e.g. "Idempotency-Key"), names a request
+	// header the Transport sets to the step id on the provider request, so
+	// that a provider honouring it applies a re-run orphan once.
+	IdempotencyHeader string
 }
 
 // NewHTTPClient returns an *http.Client whose requests become llm_call
@@ -170,6 +182,9 @@ func (t *Transport) usage(body []byte) *wire.Usage {
 // proceed sends the request to the provider and records the answer.
 func (t *Transport) proceed(ctx context.Context, ex *Execution, req *http.Request, body []byte, stepID string) (*http.Response, error) {
 	out := req.Clone(ctx)
+	if t.IdempotencyHeader != "" {
+		out.Header.Set(t.IdempotencyHeader, stepID)
+	}
 	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.ContentLength = int64(len(body))
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
@@ -181,6 +196,7 @@ func (t *Transport) proceed(ctx context.Context, ex *Execution, req *http.Reques
 		}
 		return nil, err
 	}
+	resp.Header.Set(HeaderStepID, stepID)
 	ct := resp.Header.Get("Content-Type")
 	if resp.StatusCode/100 == 2 && strings.HasPrefix(ct, "text/event-stream") {
 		resp.Body = &teeStream{ctx: ctx, ex: ex, t: t, stepID: stepID, src: resp.Body, status: resp.StatusCode, contentType: ct}
@@ -235,7 +251,7 @@ func replayed(req *http.Request, d *wire.StepDecision) (*http.Response, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: recorded LLM body of step %s: %w", short(d.StepID), err)
 	}
-	return response(req, r.Status, r.ContentType, body, map[string]string{"Wicket-Step-Id": d.StepID, "Wicket-Replay": "true"}), nil
+	return response(req, r.Status, r.ContentType, body, map[string]string{HeaderStepID: d.StepID, HeaderReplay: "true"}), nil
 }
 
 // refusalResponse is the answer to a refused request (seeds: 403, or 429

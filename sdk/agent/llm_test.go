@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -50,13 +51,22 @@ func TestLLMCallRecordedOnceReplayedExactly(t *testing.T) {
 			}
 			ps := httptest.NewServer(prov)
 			defer ps.Close()
-			hc := agent.NewHTTPClient(nil)
+			var keys []string // Idempotency-Key headers the provider got
+			var keysMu sync.Mutex
+			hc := &http.Client{Transport: &agent.Transport{IdempotencyHeader: "Idempotency-Key",
+				Base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					keysMu.Lock()
+					keys = append(keys, r.Header.Get("Idempotency-Key"))
+					keysMu.Unlock()
+					return http.DefaultTransport.RoundTrip(r)
+				})}}
 			deploy := agent.NewTool("deploy", func(ctx context.Context, in string) (string, error) { return "deployed " + in, nil })
 
 			type got struct {
 				body   []byte
 				replay string
 				status int
+				stepID string
 			}
 			runs := make(chan got, 4)
 			ready := make(chan struct{})
@@ -66,7 +76,7 @@ func TestLLMCallRecordedOnceReplayedExactly(t *testing.T) {
 				if err != nil {
 					return nil, err
 				}
-				runs <- got{body: data, replay: resp.Header.Get("Wicket-Replay"), status: resp.StatusCode}
+				runs <- got{body: data, replay: resp.Header.Get(agent.HeaderReplay), status: resp.StatusCode, stepID: resp.Header.Get(agent.HeaderStepID)}
 				if _, err := deploy.Call(ctx, "prod"); err != nil {
 					return nil, err // Blocked on the first run
 				}
@@ -168,6 +178,9 @@ func TestLLMCallRecordedOnceReplayedExactly(t *testing.T) {
 			if llm == nil || llm.Target != "fake-1" || llm.Status != "succeeded" || llm.Usage == nil || llm.Usage.TotalTokens == 0 {
 				t.Fatalf("llm step %+v", llm)
 			}
+			if r1.stepID != llm.ID || r2.stepID != llm.ID || len(keys) != 1 || keys[0] != llm.ID {
+				t.Fatalf("step id %s: responses carried %q and %q, provider got idempotency keys %q", llm.ID, r1.stepID, r2.stepID, keys)
+			}
 			var rec agent.LLMResponse
 			if err := json.Unmarshal(llm.Result, &rec); err != nil || rec.Stream != stream || rec.Body != string(r1.body) {
 				t.Fatalf("recorded %+v (%v)", rec, err)
@@ -181,6 +194,10 @@ func TestLLMCallRecordedOnceReplayedExactly(t *testing.T) {
 }
 
 var errStop = errors.New("stop watching")
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // Refused LLM calls come back as 403/429 answers carrying the marker, which
 // RaiseForRefusal turns into typed errors; the provider is not called.

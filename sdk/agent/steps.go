@@ -80,7 +80,7 @@ func Invoke(ctx context.Context, kind, target string, args any, opts StepOptions
 	default:
 		return nil, ex.refused(d, target)
 	}
-	res, usage, berr := runBody(ctx, body)
+	res, usage, berr := runBody(withStepID(ctx, d.StepID), body)
 	if berr != nil {
 		rec := errorJSON(berr)
 		if err := ex.Fail(ctx, d.StepID, rec); err != nil {
@@ -95,6 +95,22 @@ func Invoke(ctx context.Context, kind, target string, args any, opts StepOptions
 		return nil, err
 	}
 	return res, nil
+}
+
+type stepKey struct{}
+
+func withStepID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, stepKey{}, id)
+}
+
+// StepID returns the id of the step whose body ctx belongs to. The id is
+// the same on every attempt of the same effect, so it is the natural
+// idempotency key for the provider a body calls: a safe_to_retry step
+// orphaned by a crash runs again under the same id, and a provider that
+// honours idempotency keys then applies it once.
+func StepID(ctx context.Context) (string, bool) {
+	id, ok := ctx.Value(stepKey{}).(string)
+	return id, ok && id != ""
 }
 
 // refused maps a decision other than proceed and replay to its error,

@@ -79,7 +79,8 @@ func main() {
 			idem = agent.SafeToRetry
 		}
 		return agent.NewTool("charge", func(ctx context.Context, cents int) (string, error) {
-			note("charge-start %d", cents)
+			sid, _ := agent.StepID(ctx)
+			note("charge-start %d %s", cents, sid)
 			if err := hang(ctx); err != nil {
 				return "", err
 			}
