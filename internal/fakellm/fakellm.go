@@ -105,15 +105,14 @@ func writeErr(w http.ResponseWriter, status int, typ, msg string) {
 	json.NewEncoder(w).Encode(map[string]any{"error": map[string]string{"type": typ, "message": msg}})
 }
 
-// Listen serves a new Provider on addr ("127.0.0.1:0" for any free port)
-// and returns it with its base URL and a function that stops it.
-func Listen(addr string) (*Provider, string, func() error, error) {
+// Listen serves p on addr ("127.0.0.1:0" for any free port) and returns
+// its base URL and a function that stops it. Set p's fields before.
+func Listen(addr string, p *Provider) (string, func() error, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("fakellm: listen: %w", err)
+		return "", nil, fmt.Errorf("fakellm: listen: %w", err)
 	}
-	p := &Provider{}
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
-	return p, "http://" + ln.Addr().String(), srv.Close, nil
+	return "http://" + ln.Addr().String(), srv.Close, nil
 }

@@ -258,11 +258,16 @@ func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 	<-beat
 
 	if u := ex.Unwinding(); u != nil {
-		log.Debug("dispatch ends", "why", u)
+		var b *Blocked
+		if errors.As(u, &b) {
+			log.Info("dispatch ends: the execution waits for an approval", "approval_id", b.ApprovalID, "step_id", b.StepID)
+		} else {
+			log.Info("dispatch ends without a verdict", "why", u)
+		}
 		return
 	}
 	if cause := context.Cause(ctx); cause != nil {
-		log.Debug("dispatch ends", "why", cause)
+		log.Info("dispatch ends without a verdict", "why", cause)
 		return
 	}
 	if herr != nil && ends(herr) {

@@ -382,10 +382,10 @@ func (s *teeStream) Read(p []byte) (int, error) {
 	}
 	if err != nil {
 		s.finish(err)
-		if err == io.EOF {
-			return n, io.EOF
+		if s.err != nil {
+			return n, s.err // the stream broke, or its record failed
 		}
-		return n, s.err
+		return n, io.EOF
 	}
 	return n, nil
 }
@@ -406,7 +406,11 @@ func (s *teeStream) Close() error {
 			}
 		}
 	}
-	return s.src.Close()
+	cerr := s.src.Close()
+	if s.err != nil {
+		return s.err
+	}
+	return cerr
 }
 
 // take keeps p and posts each event it completes as a delta.

@@ -1,0 +1,354 @@
+package examples_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/internal/fakellm"
+	"github.com/wicket-run/wicket/internal/testkit"
+	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/rules"
+	"github.com/wicket-run/wicket/sdk/agent"
+	"github.com/wicket-run/wicket/sdk/client"
+)
+
+// Each test builds one example, runs it as a real process against a real
+// kernel (testkit: bbolt in a temp dir, HTTP on loopback, the rules
+// engine), and drives an execution through it with the client SDK, as a
+// user would with the CLI.
+
+// timeout bounds each wait; machines running the tests are slow and noisy.
+const timeout = 30 * time.Second
+
+// example is a running example process and the kernel it talks to.
+type example struct {
+	t      *testing.T
+	admin  *client.Client
+	id     string
+	addr   string
+	log    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+	err    error // of cmd.Wait, once exited is closed
+}
+
+// run builds examples/<name>, starts a kernel, and starts the example
+// against it with agent id <name> on a free loopback port.
+func run(t *testing.T, name string) *example {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, name)
+	if out, err := exec.Command("go", "build", "-o", bin, "./"+name).CombinedOutput(); err != nil {
+		t.Fatalf("go build ./%s: %v\n%s", name, err, out)
+	}
+	env := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+	e := &example{t: t, admin: client.New(env.URL, client.WithAPIKey(testkit.AdminKey)), id: name,
+		addr: freeAddr(t), log: filepath.Join(dir, name+".log"), exited: make(chan struct{})}
+
+	// The process writes straight into a file: what it logged before an
+	// effect is visible as soon as the effect is.
+	out, err := os.Create(e.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	e.cmd = exec.Command(bin, "--kernel", env.URL, "--listen", e.addr, "--admin-key", testkit.AdminKey, "--id", name)
+	e.cmd.Stdout, e.cmd.Stderr = out, out
+	if err := e.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { e.err = e.cmd.Wait(); close(e.exited) }()
+	t.Cleanup(e.stop) // runs before the kernel's cleanup: the agent goes first
+	return e
+}
+
+// stop asks the example to shut down (SIGTERM), kills it if it does not,
+// and prints its output if the test failed.
+func (e *example) stop() {
+	select {
+	case <-e.exited:
+		e.t.Errorf("%s exited early: %v", e.id, e.err)
+	default:
+		_ = e.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-e.exited:
+			if e.err != nil {
+				e.t.Errorf("%s did not exit cleanly on SIGTERM: %v", e.id, e.err)
+			}
+		case <-time.After(15 * time.Second):
+			e.t.Errorf("%s did not exit within 15s of SIGTERM; killing it", e.id)
+			_ = e.cmd.Process.Kill()
+			<-e.exited
+		}
+	}
+	if e.t.Failed() {
+		e.t.Logf("output of %s:\n%s", e.id, e.output())
+	}
+}
+
+// output returns what the example has written to stdout and stderr.
+func (e *example) output() string {
+	b, err := os.ReadFile(e.log)
+	if err != nil {
+		return "(" + err.Error() + ")"
+	}
+	return string(b)
+}
+
+// count returns how many lines of the output contain s.
+func (e *example) count(s string) int {
+	n := 0
+	for _, l := range strings.Split(e.output(), "\n") {
+		if strings.Contains(l, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// registered waits until the example has registered itself with its
+// webhook URL (and, with bound, bound itself to a policy bundle).
+func (e *example) registered(bound bool) {
+	e.t.Helper()
+	want := "http://" + e.addr + "/webhook"
+	deadline := time.Now().Add(timeout)
+	for {
+		a, err := e.admin.Agent(context.Background(), e.id)
+		if err == nil && a.WebhookURL == want && (!bound || a.Bundle != "") {
+			return
+		}
+		select {
+		case <-e.exited:
+			e.t.Fatalf("%s exited before registering: %v", e.id, e.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s not registered after %v (last answer %+v, %v)", e.id, timeout, a, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// create starts an execution of the example with input.
+func (e *example) create(input string) *client.Execution {
+	e.t.Helper()
+	x, err := e.admin.CreateExecution(context.Background(), client.CreateExecutionRequest{AgentID: e.id, Input: json.RawMessage(input)}, "")
+	if err != nil {
+		e.t.Fatalf("create: %v", err)
+	}
+	return x
+}
+
+// wait waits until the execution is finished and checks that it completed.
+func (e *example) wait(id string) *client.Execution {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	x, err := e.admin.Wait(ctx, id)
+	if err != nil {
+		e.t.Fatalf("wait for %s: %v", id, err)
+	}
+	if x.Status != "completed" {
+		e.t.Fatalf("execution %s is %s: error %s, reason %q", id, x.Status, x.Error, x.Reason)
+	}
+	return x
+}
+
+// status polls the execution until its status is want.
+func (e *example) status(id, want string) *client.Execution {
+	e.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		x, err := e.admin.GetExecution(context.Background(), id)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		if x.Status == want {
+			return x
+		}
+		if client.IsTerminalStatus(x.Status) || time.Now().After(deadline) {
+			e.t.Fatalf("execution %s is %s, want %s (error %s, reason %q)", id, x.Status, want, x.Error, x.Reason)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// freeAddr returns a loopback address that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func TestHello(t *testing.T) {
+	t.Parallel()
+	e := run(t, "hello")
+	e.registered(false)
+	x := e.wait(e.create(`{"name":"Ada"}`).ID)
+
+	var out struct {
+		Greeting string    `json:"greeting"`
+		At       time.Time `json:"at"`
+	}
+	if err := json.Unmarshal(x.Output, &out); err != nil {
+		t.Fatalf("output %s: %v", x.Output, err)
+	}
+	if !strings.HasPrefix(out.Greeting, "Hello, Ada!") || out.At.IsZero() {
+		t.Fatalf("output %s", x.Output)
+	}
+	if want := "It is " + out.At.Format("15:04") + " UTC."; !strings.HasSuffix(out.Greeting, want) {
+		t.Fatalf("greeting %q does not end with the recorded time (%q)", out.Greeting, want)
+	}
+	if n := e.count("tool greet:"); n != 1 {
+		t.Fatalf("the greet body ran %d times, want 1", n)
+	}
+}
+
+func TestApproval(t *testing.T) {
+	t.Parallel()
+	e := run(t, "approval")
+	e.registered(true)
+	ctx := context.Background()
+	id := e.create(`{"order_id":"A-1001","reason":"arrived broken"}`).ID
+
+	// The refund waits for a human.
+	x := e.status(id, "blocked")
+	approvals, err := e.admin.Approvals(ctx, "pending")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine []client.Approval
+	for _, a := range approvals {
+		if a.ExecutionID == id {
+			mine = append(mine, a)
+		}
+	}
+	if len(mine) != 1 || mine[0].Target != "payments.refund" || mine[0].ID != x.BlockedOn || mine[0].Message == "" {
+		t.Fatalf("pending approvals of %s (blocked on %q): %+v", id, x.BlockedOn, mine)
+	}
+	if n := e.count("tool payments.refund:"); n != 0 {
+		t.Fatalf("the refund ran before the approval (%d times)", n)
+	}
+	if _, err := e.admin.Grant(ctx, mine[0].ID, client.ResolveApprovalRequest{DecidedBy: "alice", Rationale: "test"}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The execution resumes: the lookup replays, the refund runs once.
+	x = e.wait(id)
+	var out struct {
+		RefundID    string `json:"refund_id"`
+		OrderID     string `json:"order_id"`
+		AmountCents int64  `json:"amount_cents"`
+	}
+	if err := json.Unmarshal(x.Output, &out); err != nil || out.OrderID != "A-1001" || out.RefundID == "" || out.AmountCents <= 0 {
+		t.Fatalf("output %s (%v)", x.Output, err)
+	}
+	if n := e.count("tool orders.lookup:"); n != 1 {
+		t.Fatalf("the lookup body ran %d times, want 1 (replayed after the approval)", n)
+	}
+	if n := e.count("tool payments.refund:"); n != 1 {
+		t.Fatalf("the refund body ran %d times, want 1", n)
+	}
+	if n := e.count("handler: execution"); n < 2 {
+		t.Fatalf("the handler ran %d times, want 2 (before and after the approval)", n)
+	}
+
+	evs, err := e.admin.AllEvents(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for _, ev := range evs {
+		seen[ev.Type]++
+	}
+	for _, typ := range []string{"approval.requested", "approval.granted", "execution.blocked", "execution.completed"} {
+		if seen[typ] != 1 {
+			t.Errorf("%d %s events, want 1", seen[typ], typ)
+		}
+	}
+	if last := evs[len(evs)-1].Type; last != client.EventExecutionCompleted {
+		t.Errorf("last event %s", last)
+	}
+}
+
+func TestLLM(t *testing.T) {
+	t.Parallel()
+	e := run(t, "llm")
+	e.registered(false)
+	ctx := context.Background()
+	const prompt = "Tell me about durable execution"
+	id := e.create(`{"prompt":"` + prompt + `"}`).ID
+
+	// Watch the execution as `wicket exec watch` does, to count the live
+	// deltas of the streamed call. They are ephemeral: a watcher that
+	// connects late misses them, so they are only logged.
+	var deltas int
+	watched := make(chan error, 1)
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	go func() {
+		watched <- e.admin.Watch(wctx, id, 0, func(it client.StreamItem) error {
+			if it.Delta != nil {
+				deltas++
+			}
+			return nil
+		})
+	}()
+
+	x := e.wait(id)
+	var out struct {
+		Reply    string `json:"reply"`
+		Streamed string `json:"streamed"`
+	}
+	if err := json.Unmarshal(x.Output, &out); err != nil {
+		t.Fatalf("output %s: %v", x.Output, err)
+	}
+	// The fake numbers its completions; the number is the provider's own.
+	reply := regexp.MustCompile("^" + strings.Replace(regexp.QuoteMeta(fakellm.Reply(prompt, 999)), "999", `\d+`, 1) + "$")
+	if !reply.MatchString(out.Reply) || !reply.MatchString(out.Streamed) {
+		t.Fatalf("output %s does not carry the fake's replies (%s)", x.Output, reply)
+	}
+
+	steps, err := e.admin.Steps(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streamed, plain int
+	for _, s := range steps {
+		if s.Kind != agent.KindLLMCall {
+			continue
+		}
+		var rec agent.LLMResponse
+		if s.Status != "succeeded" || s.Target != "fake-1" || s.Usage == nil || json.Unmarshal(s.Result, &rec) != nil || rec.Status != 200 {
+			t.Fatalf("llm_call step %+v", s)
+		}
+		if rec.Stream {
+			streamed++
+		} else {
+			plain++
+		}
+	}
+	if plain != 1 || streamed != 1 {
+		t.Fatalf("%d plain and %d streamed llm_call steps, want 1 and 1: %+v", plain, streamed, steps)
+	}
+	if err := <-watched; err != nil {
+		t.Fatalf("watch: %v", err)
+	}
+	t.Logf("the watcher saw %d step deltas", deltas)
+	if x.Totals.LLMCalls != 2 {
+		t.Errorf("execution totals %+v, want 2 llm calls", x.Totals)
+	}
+}
