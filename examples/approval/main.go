@@ -170,6 +170,12 @@ func main() {
 		opts = append(opts, client.WithAPIKey(*adminKey))
 	}
 	admin := client.New(*kernelURL, opts...)
+	// The kernel may still be starting (go run compiles it first): wait.
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	if err := admin.WaitReady(wctx); err != nil {
+		log.Fatalf("is the kernel running (go run ./cmd/wicket serve)? %v", err)
+	}
+	cancel()
 	bundle := *id + "-policy"
 	b, err := admin.PutBundleFiles(ctx, bundle, client.BundleFilesRequest{Engine: "rules", Files: map[string]string{"rules.yaml": policy}})
 	if err != nil {

@@ -227,6 +227,12 @@ func main() {
 		opts = append(opts, client.WithAPIKey(*adminKey))
 	}
 	admin := client.New(*kernelURL, opts...)
+	// The kernel may still be starting (go run compiles it first): wait.
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	if err := admin.WaitReady(wctx); err != nil {
+		log.Fatalf("is the kernel running (go run ./cmd/wicket serve)? %v", err)
+	}
+	cancel()
 	webhook := "http://" + ln.Addr().String() + "/webhook"
 	if _, err := admin.PutAgent(ctx, client.AgentRequest{ID: *id, WebhookURL: webhook, Secret: *secret}); err != nil {
 		log.Fatalf("register agent %s with %s: %v", *id, *kernelURL, err)

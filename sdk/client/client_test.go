@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -1249,5 +1250,39 @@ func TestWatchGivesUp(t *testing.T) {
 			t.Errorf("poll %v: %v after %s", poll, err, time.Since(start))
 		}
 		t.Log(err)
+	}
+}
+
+// WaitReady waits for a kernel that starts late, and gives up with the
+// last error when its context ends.
+func TestWaitReady(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+
+	c := client.New("http://" + addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	err = c.WaitReady(ctx)
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "not ready") {
+		t.Fatalf("WaitReady with no kernel: %v", err)
+	}
+
+	env, _ := start(t)
+	done := make(chan error, 1)
+	go func() { done <- c.WaitReady(testCtx(t)) }()
+	time.Sleep(200 * time.Millisecond)
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen again on %s: %v", addr, err)
+	}
+	srv := &http.Server{Handler: env.Server.Handler()}
+	go srv.Serve(ln)
+	defer srv.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("WaitReady once the kernel serves: %v", err)
 	}
 }

@@ -2,9 +2,11 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/wicket-run/wicket/server/wire"
 )
@@ -156,4 +158,25 @@ func (c *Client) Health(ctx context.Context) error {
 // *APIError while it shuts down.
 func (c *Client) Ready(ctx context.Context) error {
 	return c.Do(ctx, http.MethodGet, "/v0/ready", nil, nil, nil)
+}
+
+// WaitReady polls Ready until the kernel takes traffic, backing off from
+// 50ms to 1s between tries: for an agent or a script that may start before
+// its kernel. It returns nil once ready, or the last error when ctx ends.
+func (c *Client) WaitReady(ctx context.Context) error {
+	wait := 50 * time.Millisecond
+	for {
+		err := c.Ready(ctx)
+		if err == nil {
+			return nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("kernel at %s not ready: %w", c.base, err)
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
