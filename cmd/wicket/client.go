@@ -66,8 +66,12 @@ func printAnswer[T any](w io.Writer, v T, err error) error {
 // printStream watches an execution and prints each event as one line of
 // JSON, and each live step delta as "step.delta <JSON>", until the
 // terminal event.
-func printStream(ctx context.Context, c *client.Client, id string, o client.WatchOptions, w io.Writer) error {
+func printStream(ctx context.Context, c *client.Client, id string, o client.WatchOptions, brief bool, w io.Writer) error {
 	return c.WatchWith(ctx, id, o, func(it client.StreamItem) error {
+		if brief {
+			_, err := fmt.Fprintln(w, briefItem(it))
+			return err
+		}
 		prefix, v := "", any(it.Event)
 		if it.Delta != nil {
 			prefix, v = client.EventStepDelta+" ", it.Delta
@@ -79,6 +83,58 @@ func printStream(ctx context.Context, c *client.Client, id string, o client.Watc
 		_, err = fmt.Fprintf(w, "%s%s\n", prefix, b)
 		return err
 	})
+}
+
+// briefItem is one event or delta as a short line for people:
+// "  7  step.allowed          tool_call greet  rule=lookups".
+func briefItem(it client.StreamItem) string {
+	if it.Delta != nil {
+		return fmt.Sprintf("%4s  %-22s %s #%d %s", "", client.EventStepDelta, shortID(it.Delta.StepID), it.Delta.Seq, clip(string(it.Delta.Data), 80))
+	}
+	return briefEvent(*it.Event)
+}
+
+// briefEvent summarises one event on a line: its seq, type, and the payload
+// fields a reader looks for first.
+func briefEvent(ev wire.Event) string {
+	var p map[string]any
+	_ = json.Unmarshal(ev.Payload, &p)
+	var parts []string
+	for _, k := range []string{"kind", "target", "occurrence", "approval_id", "dispatch_attempt", "rule_id", "reason", "decided_by", "status"} {
+		v, ok := p[k]
+		if !ok || v == nil || v == "" {
+			continue
+		}
+		switch k {
+		case "kind", "target":
+			parts = append(parts, fmt.Sprint(v))
+		case "approval_id":
+			parts = append(parts, "approval="+shortID(fmt.Sprint(v)))
+		case "dispatch_attempt":
+			parts = append(parts, fmt.Sprintf("attempt=%v", v))
+		case "occurrence":
+			if f, ok := v.(float64); ok && f > 0 {
+				parts = append(parts, fmt.Sprintf("#%v", v))
+			}
+		default:
+			parts = append(parts, fmt.Sprintf("%s=%v", k, v))
+		}
+	}
+	return strings.TrimRight(fmt.Sprintf("%4d  %-22s %s", ev.Seq, ev.Type, clip(strings.Join(parts, "  "), 100)), " ")
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n-1] + "…"
+	}
+	return s
 }
 
 // parseArgs parses fs and checks the number of positional arguments.
@@ -116,12 +172,13 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 }
 
 const execUsage = `exec ls [--agent A] [--status S] [--limit N] [--cursor C]
-       | create AGENT [--input JSON] [--idempotency-key K] [--wait]
-       | get ID | events ID [--after N] | watch ID [--after N] [--poll] | cancel ID
+       | create AGENT [--input JSON] [--idempotency-key K] [--wait [--brief]]
+       | get ID | events ID [--after N] [--brief] | watch ID [--after N] [--poll] [--brief] | cancel ID
   events prints the whole log after N as {"events": [...]}, paging through it.
   watch prints one JSON event per line and live step output as "step.delta <JSON>"
   lines, until the execution ends. create --wait does the same from the first
   event, then prints the final execution, and fails unless it completed.
+  --brief prints one short line per event (seq, type, the payload's key fields).
   Flags of every command: --url (WICKET_URL), --key (WICKET_API_KEY), --tenant.`
 
 func execCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -147,6 +204,7 @@ func execCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		input := fs.String("input", "null", "input JSON")
 		idem := fs.String("idempotency-key", "", "Idempotency-Key: a retry with the same key returns the same execution")
 		wait := fs.Bool("wait", false, "print the events until the execution ends, then the execution; fail unless it completed")
+		brief := fs.Bool("brief", false, "with --wait: one short line per event instead of its JSON")
 		pos, err := parseArgs(fs, rest, 1, execUsage)
 		if err != nil {
 			return err
@@ -159,7 +217,7 @@ func execCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err != nil || !*wait {
 			return printAnswer(stdout, x, err)
 		}
-		if err := printStream(ctx, c, x.ID, client.WatchOptions{}, stdout); err != nil {
+		if err := printStream(ctx, c, x.ID, client.WatchOptions{}, *brief, stdout); err != nil {
 			return err
 		}
 		final, err := c.GetExecution(ctx, x.ID)
@@ -187,20 +245,30 @@ func execCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return nil
 	case "events":
 		after := fs.Uint64("after", 0, "events after this seq")
+		brief := fs.Bool("brief", false, "one short line per event instead of JSON")
 		pos, err := parseArgs(fs, rest, 1, execUsage)
 		if err != nil {
 			return err
 		}
 		evs, err := o.client().EventsAfter(ctx, pos[0], *after)
-		return printAnswer(stdout, wire.EventList{Events: evs}, err)
+		if err != nil || !*brief {
+			return printAnswer(stdout, wire.EventList{Events: evs}, err)
+		}
+		for _, ev := range evs {
+			if _, err := fmt.Fprintln(stdout, briefEvent(ev)); err != nil {
+				return err
+			}
+		}
+		return nil
 	case "watch":
 		after := fs.Uint64("after", 0, "events after this seq")
 		poll := fs.Bool("poll", false, "poll the event log instead of streaming it (no step deltas)")
+		brief := fs.Bool("brief", false, "one short line per event instead of JSON")
 		pos, err := parseArgs(fs, rest, 1, execUsage)
 		if err != nil {
 			return err
 		}
-		err = printStream(ctx, o.client(), pos[0], client.WatchOptions{AfterSeq: *after, Poll: *poll}, stdout)
+		err = printStream(ctx, o.client(), pos[0], client.WatchOptions{AfterSeq: *after, Poll: *poll}, *brief, stdout)
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil // interrupted
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -233,6 +234,26 @@ func TestExecStreamCommands(t *testing.T) {
 		got, rest := eventLines(out)
 		if rest != "" || len(got) != len(watched)-5 || got[0].Seq != 6 || got[len(got)-1].Type != "execution.completed" {
 			t.Fatalf("watch %v: %d events, rest %q", mode, len(got), rest)
+		}
+	}
+	// --brief: one line per event, seq and type first, same count.
+	for _, args := range [][]string{{"exec", "events", id, "--brief"}, {"exec", "watch", id, "--brief"}} {
+		out, err := cli(args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		if len(lines) != len(watched) {
+			t.Fatalf("%v: %d lines, want %d", args, len(lines), len(watched))
+		}
+		for i, l := range lines {
+			f := strings.Fields(l)
+			if len(f) < 2 || f[0] != fmt.Sprint(watched[i].Seq) || f[1] != watched[i].Type {
+				t.Fatalf("%v line %d: %q, want seq %d type %s", args, i, l, watched[i].Seq, watched[i].Type)
+			}
+		}
+		if !strings.Contains(lines[6], "local  count") {
+			t.Fatalf("%v: a step line does not name its kind and target: %q", args, lines[6])
 		}
 	}
 	if _, err := cli("exec", "watch", "nope"); err == nil || !strings.Contains(err.Error(), "404") {
