@@ -87,9 +87,21 @@ func TestBundles(t *testing.T) {
 	var b wire.Bundle
 	put("research", "application/json", []byte(`{"engine":"rules","files":{"rules.yaml":"default_action: deny\n"},"files_base64":{"data.json":"`+
 		base64.StdEncoding.EncodeToString([]byte(`{"x":1}`))+`"}}`)).want(t, http.StatusOK).decode(t, &b)
-	if b.Name != "research" || b.Engine != "rules" || b.Revision != "1" || len(b.Digest) != 64 || b.Size == 0 {
+	if b.Name != "research" || b.Engine != "rules" || len(b.Revision) != 12 || len(b.Digest) != 64 || b.Size == 0 {
 		t.Fatalf("bundle %+v", b)
 	}
+	// The made-up revision follows the content: the same files keep it,
+	// other files get another.
+	var same, other wire.Bundle
+	put("research", "application/json", []byte(`{"engine":"rules","files":{"rules.yaml":"default_action: deny\n"},"files_base64":{"data.json":"`+
+		base64.StdEncoding.EncodeToString([]byte(`{"x":1}`))+`"}}`)).want(t, http.StatusOK).decode(t, &same)
+	put("research", "application/json", []byte(`{"engine":"rules","files":{"rules.yaml":"default_action: allow\n"},"files_base64":{"data.json":"`+
+		base64.StdEncoding.EncodeToString([]byte(`{"x":1}`))+`"}}`)).want(t, http.StatusOK).decode(t, &other)
+	if same.Revision != b.Revision || other.Revision == b.Revision || len(other.Revision) != 12 {
+		t.Fatalf("revisions %q, same files %q, other files %q", b.Revision, same.Revision, other.Revision)
+	}
+	put("research", "application/json", []byte(`{"engine":"rules","files":{"rules.yaml":"default_action: deny\n"},"files_base64":{"data.json":"`+
+		base64.StdEncoding.EncodeToString([]byte(`{"x":1}`))+`"}}`)).want(t, http.StatusOK)
 	// The stored archive holds the files, the made-up manifest included.
 	r := e.admin("GET", "/v0/bundles/research?archive=1", nil).want(t, http.StatusOK)
 	if r.header.Get("Content-Type") != "application/gzip" {

@@ -2,11 +2,15 @@ package server
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
+	"fmt"
 	"mime"
 	"net/http"
 	"path"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -61,7 +65,7 @@ func (s *Server) putBundle(c *call) (int, any, error) {
 // bundleFiles turns the JSON form into a file map. Text files come from
 // "files", binary ones from "files_base64". The engine must match
 // bundle.yaml's; without a bundle.yaml a minimal one is made from the name
-// and the engine.
+// and the engine, with a revision derived from the content.
 func bundleFiles(name string, body []byte) (map[string][]byte, error) {
 	var req wire.BundleFilesRequest
 	if err := decode(body, &req); err != nil {
@@ -108,8 +112,26 @@ func bundleFiles(name string, body []byte) (map[string][]byte, error) {
 	if !engineName.MatchString(req.Engine) {
 		return nil, errorf(kernel.CodeValidation, "engine %q is invalid", req.Engine)
 	}
-	files[manifestFile] = []byte("name: " + strconv.Quote(name) + "\nrevision: \"1\"\nengine: " + req.Engine + "\n")
+	files[manifestFile] = []byte("name: " + strconv.Quote(name) + "\nrevision: " + strconv.Quote(contentRevision(files)) + "\nengine: " + req.Engine + "\n")
 	return files, nil
+}
+
+// contentRevision names the revision of a bundle sent without a manifest:
+// the first 12 hex digits of a sha256 over its files (paths in order, each
+// path and content length-prefixed), so that different content never shares
+// a revision and the same content keeps one.
+func contentRevision(files map[string][]byte) string {
+	paths := make([]string, 0, len(files))
+	for p := range files {
+		paths = append(paths, p)
+	}
+	sort.Strings(paths)
+	h := sha256.New()
+	for _, p := range paths {
+		fmt.Fprintf(h, "%d:%s%d:", len(p), p, len(files[p]))
+		h.Write(files[p])
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12]
 }
 
 // checkBundlePath refuses paths that are not plain relative paths.

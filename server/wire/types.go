@@ -300,7 +300,8 @@ type PolicyResponse struct {
 // BundleFilesRequest is the JSON form of PUT /v0/bundles/{name}: files by
 // path, as text (Files) or base64 (FilesBase64, for binaries such as
 // policy.wasm). Engine must match bundle.yaml's; without a bundle.yaml a
-// minimal one is made from the name and Engine.
+// minimal one is made from the name and Engine, with a revision derived
+// from the files (the first 12 hex digits of a sha256 over them).
 type BundleFilesRequest struct {
 	Engine      string            `json:"engine,omitempty"`
 	Files       map[string]string `json:"files,omitempty"`
