@@ -36,7 +36,6 @@ import (
 	"flag"
 	"log"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -147,18 +146,12 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/webhook", a)
+	// Listen first, so the URL to register is known; webhooks that arrive
+	// before Serve starts wait in the listener's backlog.
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			log.Fatal(err)
-		}
-	}()
 
 	// Upload the policy as a bundle first, then register (upsert) the agent
 	// bound to it: the agent never exists without its policy, so no
@@ -188,16 +181,13 @@ func main() {
 	log.Printf("agent %s is registered (policy bundle %s revision %s) and serving %s; now run:\n\tgo run ./cmd/wicket exec create %s --input '{\"order_id\":\"A-1001\",\"reason\":\"arrived broken\"}'",
 		*id, b.Name, b.Revision, webhook, *id)
 
-	<-ctx.Done()
-	log.Print("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := a.Shutdown(sctx); err != nil {
-		log.Printf("agent shutdown: %v", err)
+	// Serve until SIGINT/SIGTERM, then shut down gracefully: running
+	// handlers get a few seconds to finish, and whatever does not finish
+	// is re-delivered by the kernel once its lease expires.
+	if err := a.Serve(ctx, ln); err != nil {
+		log.Fatal(err)
 	}
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Printf("http shutdown: %v", err)
-	}
+	log.Print("stopped")
 }
 
 // env returns the environment variable key, or def when it is empty.

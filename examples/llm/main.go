@@ -171,13 +171,12 @@ func main() {
 
 	// The fake provider, on a loopback port of its own. It pauses between
 	// streamed chunks so that a watcher sees them arrive.
-	pln, err := net.Listen("tcp", "127.0.0.1:0")
+	providerURL, stopProvider, err := fakellm.Listen("127.0.0.1:0", &fakellm.Provider{Delay: 100 * time.Millisecond})
 	if err != nil {
 		log.Fatal(err)
 	}
-	provider := &http.Server{Handler: &fakellm.Provider{Delay: 100 * time.Millisecond}, ReadHeaderTimeout: 10 * time.Second}
-	go provider.Serve(pln)
-	llm := &chat{baseURL: "http://" + pln.Addr().String(), model: *model, hc: agent.NewHTTPClient(nil)}
+	defer stopProvider()
+	llm := &chat{baseURL: providerURL, model: *model, hc: agent.NewHTTPClient(nil)}
 
 	handle := func(ctx context.Context, in input) (output, error) {
 		if in.Prompt == "" {
@@ -205,18 +204,12 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/webhook", a)
+	// Listen first, so the URL to register is known; webhooks that arrive
+	// before Serve starts wait in the listener's backlog.
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			log.Fatal(err)
-		}
-	}()
 
 	// Register (upsert) the agent: the kernel sends its webhooks, signed
 	// with the secret, to this URL.
@@ -240,17 +233,13 @@ func main() {
 	log.Printf("agent %s is registered and serving %s (fake LLM at %s); now run:\n\tgo run ./cmd/wicket exec create %s --input '{\"prompt\":\"Tell me about durable execution\"}' --wait",
 		*id, webhook, llm.baseURL, *id)
 
-	<-ctx.Done()
-	log.Print("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := a.Shutdown(sctx); err != nil {
-		log.Printf("agent shutdown: %v", err)
+	// Serve until SIGINT/SIGTERM, then shut down gracefully: running
+	// handlers get a few seconds to finish, and whatever does not finish
+	// is re-delivered by the kernel once its lease expires.
+	if err := a.Serve(ctx, ln); err != nil {
+		log.Fatal(err)
 	}
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Printf("http shutdown: %v", err)
-	}
-	_ = provider.Shutdown(sctx)
+	log.Print("stopped")
 }
 
 // env returns the environment variable key, or def when it is empty.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"runtime/debug"
@@ -335,6 +336,45 @@ func (a *Agent) Shutdown(ctx context.Context) error {
 		<-done
 		return ctx.Err()
 	}
+}
+
+// ShutdownGrace is how long Serve lets running handlers finish once its
+// context ends.
+const ShutdownGrace = 10 * time.Second
+
+// Serve serves the agent's webhooks on ln (every path: the path of the
+// registered webhook_url is the caller's choice) until ctx ends, then shuts
+// down gracefully: new webhooks get 503, running handlers get ShutdownGrace
+// to finish (see Shutdown), and the HTTP server closes. It returns nil after
+// a shutdown caused by ctx, or the server's error.
+//
+//	ln, _ := net.Listen("tcp", "127.0.0.1:5001")
+//	// register http://127.0.0.1:5001/webhook with the kernel, then:
+//	err := a.Serve(ctx, ln)
+func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: a, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		_ = a.Shutdown(context.Background())
+		return fmt.Errorf("agent: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownGrace)
+	defer cancel()
+	aerr := a.Shutdown(sctx)
+	herr := srv.Shutdown(sctx)
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("agent: serve: %w", err)
+	}
+	if aerr != nil {
+		return fmt.Errorf("agent: shutdown: %w", aerr)
+	}
+	if herr != nil {
+		return fmt.Errorf("agent: http shutdown: %w", herr)
+	}
+	return nil
 }
 
 func terminal(status string) bool {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -661,6 +662,45 @@ func TestConfigErrors(t *testing.T) {
 		if _, err := agent.New(cfg); err == nil {
 			t.Errorf("%s: no error", name)
 		}
+	}
+}
+
+// Serve serves webhooks until its context ends, lets a running handler
+// finish, and returns nil.
+func TestServe(t *testing.T) {
+	h := start(t, kernel.Config{})
+	release := make(chan struct{})
+	a, err := agent.New(agent.Config{ID: "served", Secret: []byte(secret), KernelURL: h.env.URL,
+		Handler: agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+			<-release
+			return "served", nil
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.register("served", "http://"+ln.Addr().String()+"/any/path", false)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Serve(ctx, ln) }()
+	id := h.create("served", nil)
+	for a.Running() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel() // shut down while the handler runs: it gets to finish
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if x := h.status(id, kernel.ExecCompleted); string(x.Output) != `"served"` {
+		t.Fatalf("output %s", x.Output)
+	}
+	if _, err := http.Post("http://"+ln.Addr().String()+"/any/path", "application/json", nil); err == nil {
+		t.Fatal("still serving after Serve returned")
 	}
 }
 
