@@ -4,13 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +24,7 @@ import (
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/rules"
+	"github.com/wicket-run/wicket/sdk/agent"
 	"github.com/wicket-run/wicket/sdk/client"
 	"github.com/wicket-run/wicket/server/wire"
 )
@@ -341,5 +346,120 @@ func TestSDKLLMCallReplayedAfterAgentKill(t *testing.T) {
 			}
 			r.checkLog(id)
 		})
+	}
+}
+
+// The kernel (a real `wicket serve`) is SIGKILLed while SDK agents are in
+// the middle of their executions. Their kernel calls fail, so the SDK ends
+// each dispatch without a verdict (KernelError) instead of failing the
+// execution; after the restart the leases expire, the executions are
+// delivered again, every step whose completion the kernel acknowledged
+// replays (its body never runs again), and all of them complete.
+func TestSDKAgentSurvivesKernelKill(t *testing.T) {
+	dir := t.TempDir()
+	addr := freeAddr(t)
+	p := startServe(t, dir, addr)
+	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
+
+	const steps, n = 12, 6
+	var mu sync.Mutex
+	runs := map[string]int{}   // tool body runs by execution/step
+	acked := map[string]bool{} // Call returned: the kernel acknowledged the completion
+	work := agent.NewTool("work", func(ctx context.Context, in struct {
+		X string
+		I int
+	}) (int, error) { mu.Lock(); runs[fmt.Sprint(in.X, "/", in.I)]++; mu.Unlock(); time.Sleep(15 * time.Millisecond); return in.I * in.I, nil }, agent.WithIdempotency(agent.SafeToRetry))
+	var kernelErrors atomic.Int64
+	a, err := agent.New(agent.Config{ID: "survivor", Secret: []byte(sdkSecret), KernelURL: p.url, HeartbeatInterval: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: agent.Typed(func(ctx context.Context, x string) (int, error) {
+			sum := 0
+			for i := range steps {
+				v, err := work.Call(ctx, struct {
+					X string
+					I int
+				}{x, i})
+				if err != nil {
+					if errors.As(err, new(*agent.KernelError)) {
+						kernelErrors.Add(1)
+					}
+					return 0, err
+				}
+				mu.Lock()
+				acked[fmt.Sprint(x, "/", i)] = true
+				mu.Unlock()
+				sum += v
+			}
+			return sum, nil
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a)
+	defer srv.Close()
+	admin := client.New(p.url, client.WithAPIKey(testkit.AdminKey))
+	ctx := context.Background()
+	if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: "survivor", WebhookURL: srv.URL + "/webhook", Secret: sdkSecret}); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]string, n)
+	for i := range n {
+		raw, _ := json.Marshal(fmt.Sprint("x", i))
+		x, err := admin.CreateExecution(ctx, wire.CreateExecutionRequest{AgentID: "survivor", Input: raw}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = x.ID
+	}
+	time.Sleep(80 * time.Millisecond) // a few steps in
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	_ = p.cmd.Wait()
+	mu.Lock()
+	ackedAtKill := map[string]bool{}
+	for k := range acked {
+		ackedAtKill[k] = true
+	}
+	mu.Unlock()
+	time.Sleep(300 * time.Millisecond) // the agents hit the dead kernel
+	for a.Running() > 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	p2 := startServe(t, dir, addr)
+	defer func() { _ = p2.cmd.Process.Kill(); _ = p2.cmd.Wait() }()
+	want := 0
+	for i := range steps {
+		want += i * i
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for _, id := range ids {
+		x, err := admin.Wait(wctx, id)
+		if err != nil {
+			t.Fatalf("wait %s: %v\nkernel log:\n%s", id, err, p2.stderr.String())
+		}
+		if x.Status != "completed" || string(x.Output) != fmt.Sprint(want) {
+			t.Fatalf("%s: %s %s %s", id, x.Status, x.Output, x.Error)
+		}
+		evs, err := testkit.AllEvents(p2.url, testkit.AdminKey, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := testkit.CheckLog(evs); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for k := range ackedAtKill {
+		if runs[k] != 1 {
+			t.Errorf("step %s was acknowledged before the kill but its body ran %d times", k, runs[k])
+		}
+	}
+	if len(ackedAtKill) == 0 || len(ackedAtKill) == n*steps {
+		t.Logf("%d of %d steps were acknowledged at the kill: the test proves less this run", len(ackedAtKill), n*steps)
+	}
+	if kernelErrors.Load() == 0 {
+		t.Log("no handler saw the dead kernel: the kill landed between steps of every execution")
 	}
 }
