@@ -81,6 +81,22 @@ func benchSDK(b *testing.B, conc int) {
 	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "steps/s")
+	waitSettled(b, env, admin)
+}
+
+// waitSettled waits until no execution is running, so that the kernel is
+// not closed under an agent still completing one.
+func waitSettled(b *testing.B, env *testkit.Env, admin *client.Client) {
+	for {
+		l, err := admin.ListExecutions(context.Background(), client.ListOptions{Status: "running"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(l.Executions) == 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func benchRaw(b *testing.B, conc int) {
