@@ -349,6 +349,12 @@ func TestSDKLLMCallReplayedAfterAgentKill(t *testing.T) {
 	}
 }
 
+// workIn is the input of the survivor test's tool.
+type workIn struct {
+	X string
+	I int
+}
+
 // The kernel (a real `wicket serve`) is SIGKILLed while SDK agents are in
 // the middle of their executions. Their kernel calls fail, so the SDK ends
 // each dispatch without a verdict (KernelError) instead of failing the
@@ -365,20 +371,20 @@ func TestSDKAgentSurvivesKernelKill(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[string]int{}   // tool body runs by execution/step
 	acked := map[string]bool{} // Call returned: the kernel acknowledged the completion
-	work := agent.NewTool("work", func(ctx context.Context, in struct {
-		X string
-		I int
-	}) (int, error) { mu.Lock(); runs[fmt.Sprint(in.X, "/", in.I)]++; mu.Unlock(); time.Sleep(15 * time.Millisecond); return in.I * in.I, nil }, agent.WithIdempotency(agent.SafeToRetry))
+	work := agent.NewTool("work", func(ctx context.Context, in workIn) (int, error) {
+		mu.Lock()
+		runs[fmt.Sprint(in.X, "/", in.I)]++
+		mu.Unlock()
+		time.Sleep(15 * time.Millisecond)
+		return in.I * in.I, nil
+	}, agent.WithIdempotency(agent.SafeToRetry))
 	var kernelErrors atomic.Int64
 	a, err := agent.New(agent.Config{ID: "survivor", Secret: []byte(sdkSecret), KernelURL: p.url, HeartbeatInterval: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Handler: agent.Typed(func(ctx context.Context, x string) (int, error) {
 			sum := 0
 			for i := range steps {
-				v, err := work.Call(ctx, struct {
-					X string
-					I int
-				}{x, i})
+				v, err := work.Call(ctx, workIn{x, i})
 				if err != nil {
 					if errors.As(err, new(*agent.KernelError)) {
 						kernelErrors.Add(1)
