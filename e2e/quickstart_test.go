@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -18,6 +19,24 @@ import (
 // the kernel), `wicket exec create hello --wait --brief`, then
 // `wicket exec events ID --brief`. Only the addresses differ from the
 // README, so that the test runs beside anything on 8080 and 5001.
+// syncBuffer is a bytes.Buffer a process writes to while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 func TestReadmeQuickStart(t *testing.T) {
 	wicket := wicketBinary(t)
 	hello := filepath.Join(t.TempDir(), "hello")
@@ -28,7 +47,7 @@ func TestReadmeQuickStart(t *testing.T) {
 	kernelAddr, agentAddr := freeAddr(t), freeAddr(t)
 	url := "http://" + kernelAddr
 
-	var serveOut, helloOut bytes.Buffer
+	var serveOut, helloOut syncBuffer
 	serve := exec.Command(wicket, "serve", "--data", filepath.Join(dir, "wicket-data"), "--addr", kernelAddr)
 	serve.Stdout, serve.Stderr = &serveOut, &serveOut
 	agent := exec.Command(hello, "--kernel", url, "--listen", agentAddr)

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -70,7 +69,7 @@ type sdkRig struct {
 	provider string
 	id       string
 	cmd      *exec.Cmd
-	out      *bytes.Buffer
+	out      *syncBuffer
 	life     int
 }
 
@@ -104,7 +103,7 @@ func (r *sdkRig) start() {
 		args = append(args, "--provider", r.provider)
 	}
 	cmd := exec.Command(sdkAgentBinary(r.t), args...)
-	r.out = &bytes.Buffer{}
+	r.out = &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = r.out, r.out
 	if err := cmd.Start(); err != nil {
 		r.t.Fatal(err)
