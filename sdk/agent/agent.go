@@ -252,7 +252,7 @@ func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 	beat := make(chan struct{})
 	go func() {
 		defer close(beat)
-		ex.heartbeat(ctx, a.cfg.HeartbeatInterval, stop, func(err error) { log.Warn("heartbeat", "err", err) })
+		ex.heartbeat(ctx, a.cfg.HeartbeatInterval, stop, log)
 	}()
 	out, herr := a.call(hctx, x.Input)
 	close(stop)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -721,5 +722,56 @@ func TestShutdownRefusesNewWebhooks(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("after Shutdown: %d", resp.StatusCode)
+	}
+}
+
+// lockedLog is a log destination a test reads while the agent writes.
+type lockedLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A heartbeat interval longer than the kernel's lease is reported: here
+// the steps keep the lease alive, but a slow body would lose it.
+func TestHeartbeatLongerThanLeaseWarns(t *testing.T) {
+	h := start(t, fast()) // 500ms leases
+	var logs lockedLog
+	tick := agent.NewTool("tick", func(ctx context.Context, i int) (int, error) { return i, nil })
+	a, err := agent.New(agent.Config{ID: "slowbeat", Secret: []byte(secret), KernelURL: h.env.URL, HeartbeatInterval: 700 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Handler: agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+			for i := 0; i < 40; i++ { // a step every 25ms renews the lease
+				if _, err := tick.Call(ctx, i); err != nil {
+					return nil, err
+				}
+				time.Sleep(25 * time.Millisecond)
+			}
+			return "ok", nil
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a)
+	defer srv.Close()
+	h.register("slowbeat", srv.URL, false)
+	id := h.create("slowbeat", nil)
+	h.status(id, kernel.ExecCompleted)
+	if !strings.Contains(logs.String(), "heartbeat interval is longer than the kernel's lease") {
+		t.Fatalf("no warning in the log:\n%s", logs.String())
+	}
+	if strings.Count(logs.String(), "heartbeat interval is longer") != 1 {
+		t.Fatalf("the warning should come once:\n%s", logs.String())
 	}
 }

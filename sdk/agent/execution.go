@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -167,17 +168,21 @@ func (e *Execution) Delta(ctx context.Context, stepID string, seq int64, data js
 	return e.mutate(ctx, "stream delta", "/steps/"+url.PathEscape(stepID)+"/stream", wire.StreamDelta{Seq: seq, Data: data}, nil)
 }
 
-// Heartbeat renews the lease. A superseded lease returns LeaseSuperseded
-// and an execution that has ended returns Terminated; both cancel the
-// handler's context.
-func (e *Execution) Heartbeat(ctx context.Context) error {
+// Heartbeat renews the lease and returns when it now expires (zero while
+// the dispatch is parked on an approval: no timer runs then). A superseded
+// lease returns LeaseSuperseded and an execution that has ended returns
+// Terminated; both cancel the handler's context.
+func (e *Execution) Heartbeat(ctx context.Context) (time.Time, error) {
 	var hr wire.HeartbeatResponse
 	err := e.mutate(ctx, "heartbeat", "/heartbeat", struct{}{}, &hr)
 	var ae *client.APIError
 	if errors.As(err, &ae) && ae.Code == wire.CodeConflict {
-		return e.remember(&Terminated{Reason: ae.Message})
+		return time.Time{}, e.remember(&Terminated{Reason: ae.Message})
 	}
-	return err
+	if err != nil || hr.LeaseUntil == nil {
+		return time.Time{}, err
+	}
+	return *hr.LeaseUntil, nil
 }
 
 // settleTimeout bounds a Complete or Fail that runs after the handler's
@@ -192,10 +197,12 @@ func settle(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // heartbeat renews the lease every interval until stop is closed, or until
 // the kernel says the lease is superseded or the execution has ended (both
-// cancel the handler through remember).
-func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, stop <-chan struct{}, onErr func(error)) {
+// cancel the handler through remember). It warns once when the kernel's
+// lease is shorter than the interval: the lease would lapse between beats.
+func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, stop <-chan struct{}, log *slog.Logger) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	warned := false
 	for {
 		select {
 		case <-stop:
@@ -204,9 +211,14 @@ func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, stop 
 			return
 		case <-t.C:
 			hctx, cancel := context.WithTimeout(ctx, interval)
-			err := e.Heartbeat(hctx)
+			until, err := e.Heartbeat(hctx)
 			cancel()
 			if err == nil {
+				if left := time.Until(until); !until.IsZero() && left < interval && !warned {
+					warned = true
+					log.Warn("the heartbeat interval is longer than the kernel's lease: the lease lapses between beats; lower Config.HeartbeatInterval",
+						"interval", interval, "lease_left", left.Round(time.Millisecond))
+				}
 				continue
 			}
 			var ls *LeaseSuperseded
@@ -214,7 +226,7 @@ func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, stop 
 			if errors.As(err, &ls) || errors.As(err, &tm) {
 				return
 			}
-			onErr(err) // transient: the next beat may get through
+			log.Warn("heartbeat", "err", err) // transient: the next beat may get through
 		}
 	}
 }
