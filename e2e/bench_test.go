@@ -14,6 +14,7 @@ import (
 	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
@@ -251,4 +252,74 @@ func benchKernel(b *testing.B, so bbolt.Options) {
 	b.ReportMetric(float64(s1.Updates-s0.Updates)/commits, "updates/commit")
 	b.ReportMetric(float64(el.Microseconds())/commits, "µs/commit")
 	b.ReportMetric(float64(s1.DB.TxStats.GetWrite()-s0.DB.TxStats.GetWrite())/commits, "writes/commit")
+}
+
+// BenchmarkDispatchLatency measures how soon a webhook follows the event
+// that queues its dispatch, over real HTTP with fsync on: one op is one
+// execution created (POST /v0/executions, start measured before the
+// request is sent) until its webhook reaches the agent; "resume" is an
+// approval granted until the new dispatch's webhook arrives.
+//
+//	go test -run '^$' -bench BenchmarkDispatchLatency -benchtime 300x ./e2e/
+func BenchmarkDispatchLatency(b *testing.B) {
+	b.Run("create", func(b *testing.B) {
+		env := testkit.Start(b, testkit.Options{})
+		_, leases := leaseAgent(b, env, "bench")
+		lat := make([]time.Duration, 0, b.N)
+		answered := make([]time.Duration, 0, b.N) // the create request alone
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			t0 := time.Now()
+			var x kernel.Execution
+			if _, err := env.Admin("POST", "/v0/executions", map[string]any{"agent_id": "bench", "input": i}, &x); err != nil {
+				b.Fatal(err)
+			}
+			answered = append(answered, time.Since(t0))
+			p := <-leases
+			lat = append(lat, time.Since(t0))
+			if p.ExecutionID != x.ID {
+				b.Fatalf("webhook for %s, created %s", p.ExecutionID, x.ID)
+			}
+		}
+		b.StopTimer()
+		reportLatency(b, lat)
+		b.ReportMetric(float64(percentile(answered, 0.5).Microseconds()), "create-answer-p50-µs")
+	})
+	b.Run("resume", func(b *testing.B) {
+		env := testkit.Start(b, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+		agent, leases := leaseAgent(b, env, "bench")
+		if _, err := env.Admin("POST", "/v0/policies/bench", map[string]any{"bundle": "default_action: allow\nrules:\n  - id: gate\n    priority: 1\n    when: {target: gate}\n    then: {decision: require_approval}\n"}, nil); err != nil {
+			b.Fatal(err)
+		}
+		lat := make([]time.Duration, 0, b.N)
+		b.ResetTimer()
+		for i := 0; i < b.N; i++ {
+			b.StopTimer()
+			id := env.CreateExecution("bench", i)
+			p := <-leases
+			var d kernel.StepDecision
+			lease := kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}
+			if err := agent.Client.Do(context.Background(), "POST", "/v0/executions/"+id+"/steps", &lease,
+				map[string]any{"kind": "tool_call", "target": "gate", "args": i}, &d); err != nil || d.Decision != kernel.DecisionBlocked {
+				b.Fatalf("submit: %+v %v", d, err)
+			}
+			b.StartTimer()
+			t0 := time.Now()
+			if _, err := env.Admin("POST", "/v0/approvals/"+d.ApprovalID+"/grant", map[string]any{"decided_by": "bench"}, nil); err != nil {
+				b.Fatal(err)
+			}
+			p = <-leases
+			lat = append(lat, time.Since(t0))
+			if p.ExecutionID != id {
+				b.Fatalf("webhook for %s, resumed %s", p.ExecutionID, id)
+			}
+		}
+		b.StopTimer()
+		reportLatency(b, lat)
+	})
+}
+
+func reportLatency(b *testing.B, lat []time.Duration) {
+	b.ReportMetric(float64(percentile(lat, 0.5).Microseconds()), "p50-µs")
+	b.ReportMetric(float64(percentile(lat, 0.99).Microseconds()), "p99-µs")
 }
