@@ -138,6 +138,83 @@ func (k *Kernel) claimDue(ctx context.Context) (int, error) {
 	return len(refs), nil
 }
 
+// claimNow claims, at the end of r's transaction, the dispatches r queued
+// due now, as far as delivery slots are free, so that their webhooks leave
+// as soon as the transaction commits instead of one more commit later (the
+// dispatcher's claim). It claims a copy of each execution: what the caller
+// already holds (and may return, e.g. a created execution) stays as the
+// caller left it. Nothing is claimed before Start or after Close; the
+// dispatcher claims what is left.
+func (k *Kernel) claimNow(r *rec) error {
+	if len(r.dueNow) == 0 || !k.running() {
+		return nil
+	}
+	for _, e := range r.dueNow {
+		if e.Dispatch.State != DispatchQueued || e.Dispatch.DueAt.After(r.now) || e.Status.Terminal() {
+			continue
+		}
+		select {
+		case k.sem <- struct{}{}:
+		default:
+			return nil // all slots busy: the dispatcher takes the rest
+		}
+		r.slots++
+		c := *e
+		d, err := k.claim(r, &c)
+		if err != nil {
+			return err
+		}
+		if d != nil {
+			r.claimed = append(r.claimed, *d)
+		}
+	}
+	return nil
+}
+
+// DeliveriesInFlight returns how many webhook deliveries hold a delivery
+// slot (at most Config.DeliveryConcurrency).
+func (k *Kernel) DeliveriesInFlight() int { return len(k.sem) }
+
+// running reports whether the background loops run (after Start, before Close).
+func (k *Kernel) running() bool {
+	k.runMu.Lock()
+	defer k.runMu.Unlock()
+	return k.runCtx != nil && !k.closed
+}
+
+// releaseSlots frees n delivery slots.
+func (k *Kernel) releaseSlots(n int) {
+	for range n {
+		<-k.sem
+	}
+}
+
+// startClaimed starts the deliveries r claimed, each on the slot it holds,
+// and frees the slots r holds beyond them. After Close the deliveries are
+// not started: their dispatches are recovered at the next start, like any
+// delivery a stopping kernel leaves behind.
+func (k *Kernel) startClaimed(r *rec) {
+	if r == nil || r.slots == 0 {
+		return
+	}
+	k.runMu.Lock()
+	defer k.runMu.Unlock()
+	if k.closed || k.runCtx == nil {
+		k.releaseSlots(r.slots)
+		return
+	}
+	k.releaseSlots(r.slots - len(r.claimed))
+	ctx := k.runCtx
+	for _, d := range r.claimed {
+		k.wg.Add(1)
+		go func(d Delivery) {
+			defer k.wg.Done()
+			defer func() { <-k.sem }()
+			k.deliver(ctx, d)
+		}(d)
+	}
+}
+
 // claim starts the next attempt of e's dispatch: the occurrence counters
 // restart, the previous attempt is superseded, the lease timer starts.
 func (k *Kernel) claim(r *rec, e *Execution) (*Delivery, error) {

@@ -114,6 +114,9 @@ func (k *Kernel) CreateExecution(ctx context.Context, req CreateExecution) (e *E
 func (k *Kernel) queueDispatch(r *rec, e *Execution, dispatchID string, due time.Time, reason string) error {
 	e.Dispatch = DispatchState{ID: dispatchID, State: DispatchQueued, DueAt: due}
 	r.queued = true
+	if !due.After(r.now) {
+		r.dueNow = append(r.dueNow, e)
+	}
 	return r.event(e, EvDispatchQueued, map[string]any{"dispatch_id": dispatchID, "reason": reason})
 }
 

@@ -90,6 +90,12 @@ type Kernel struct {
 	sem       chan struct{} // bounds deliveries in flight
 	closeOnce sync.Once
 
+	// runMu guards runCtx and closed: deliveries start (wg.Add) only while
+	// the kernel runs, never once Close waits for them.
+	runMu  sync.Mutex
+	runCtx context.Context // the background loops' context; nil before Start
+	closed bool
+
 	agentsMu sync.RWMutex
 	agents   map[string]*Agent // tenant\x00id → agent; filled lazily
 
@@ -139,6 +145,9 @@ func (k *Kernel) Start(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k.cancel = cancel
+	k.runMu.Lock()
+	k.runCtx = ctx
+	k.runMu.Unlock()
 	k.wg.Add(2)
 	go func() { defer k.wg.Done(); k.dispatchLoop(ctx) }()
 	go func() { defer k.wg.Done(); k.reapLoop(ctx) }()
@@ -149,6 +158,9 @@ func (k *Kernel) Start(ctx context.Context) error {
 // does not close the store.
 func (k *Kernel) Close(ctx context.Context) error {
 	k.closeOnce.Do(func() {
+		k.runMu.Lock()
+		k.closed = true
+		k.runMu.Unlock()
 		if k.cancel != nil {
 			k.cancel()
 		}
@@ -214,15 +226,29 @@ func (k *Kernel) notify(ids ...string) {
 func (k *Kernel) update(ctx context.Context, fn func(r *rec) error) ([]string, error) {
 	var touched []string
 	var queued bool
+	var last *rec // the latest run of fn: the committed one when err is nil
+	var slots int // delivery slots held by runs that did not commit
 	err := k.store.Update(ctx, func(tx Tx) error {
+		if last != nil { // fn runs again (another function of the batch failed)
+			slots += last.slots
+		}
 		r := &rec{tx: tx, now: k.now()}
+		last = r
 		if err := fn(r); err != nil {
+			return err
+		}
+		if err := k.claimNow(r); err != nil {
 			return err
 		}
 		touched, queued = r.touched, r.queued
 		return nil
 	})
+	if last != nil && err != nil {
+		slots += last.slots
+	}
+	k.releaseSlots(slots)
 	if err == nil {
+		k.startClaimed(last)
 		k.notify(touched...)
 		if queued {
 			k.poke()
@@ -237,6 +263,13 @@ type rec struct {
 	now     time.Time
 	touched []string
 	queued  bool // a dispatch was queued: wake the dispatcher after commit
+	// dueNow are the executions whose dispatch was queued due now: claimNow
+	// claims them in the same transaction when a delivery slot is free.
+	dueNow []*Execution
+	// claimed are the deliveries claimed in this transaction, each holding
+	// one of slots delivery slots; they start once it commits.
+	claimed []Delivery
+	slots   int
 }
 
 // event appends an event to e's log; it refuses to append after the

@@ -67,7 +67,7 @@ func (m *metrics) decision(d string) {
 
 // write renders the text exposition format (version 0.0.4), sorted so the
 // output is stable.
-func (m *metrics) write(w io.Writer, ready bool, streams int) {
+func (m *metrics) write(w io.Writer, ready bool, streams, deliveries int) {
 	m.mu.Lock()
 	reqs := make([]reqKey, 0, len(m.requests))
 	for k := range m.requests {
@@ -108,6 +108,8 @@ func (m *metrics) write(w io.Writer, ready bool, streams int) {
 	m.mu.Unlock()
 	bw.WriteString("# HELP wicket_event_streams Open event streams (SSE).\n# TYPE wicket_event_streams gauge\n")
 	fmt.Fprintf(bw, "wicket_event_streams %d\n", streams)
+	bw.WriteString("# HELP wicket_deliveries_in_flight Webhook deliveries holding a delivery slot.\n# TYPE wicket_deliveries_in_flight gauge\n")
+	fmt.Fprintf(bw, "wicket_deliveries_in_flight %d\n", deliveries)
 	r := 0
 	if ready {
 		r = 1

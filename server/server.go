@@ -274,6 +274,6 @@ func (s *Server) readyz(*call) (int, any, error) {
 func (s *Server) metricsz(c *call) (int, any, error) {
 	c.w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	c.w.WriteHeader(http.StatusOK)
-	s.metrics.write(c.w, s.ready.Load(), s.deltas.count())
+	s.metrics.write(c.w, s.ready.Load(), s.deltas.count(), s.k.DeliveriesInFlight())
 	return 0, nil, nil
 }
