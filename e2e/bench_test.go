@@ -56,6 +56,7 @@ func benchSubmitComplete(b *testing.B, conc int, setup func(env *testkit.Env) st
 	var idx atomic.Int64
 	lat := make([][]time.Duration, conc)
 	b.ResetTimer()
+	st0 := env.Store.Stats()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for w := range conc {
@@ -92,6 +93,11 @@ func benchSubmitComplete(b *testing.B, conc int, setup func(env *testkit.Env) st
 	wg.Wait()
 	el := time.Since(start)
 	b.StopTimer()
+	st1 := env.Store.Stats()
+	if c := st1.Commits - st0.Commits; c > 0 {
+		b.ReportMetric(float64(st1.Updates-st0.Updates)/float64(c), "updates/commit")
+		b.ReportMetric(float64(st1.DB.TxStats.GetWrite()-st0.DB.TxStats.GetWrite())/float64(c), "page-writes/commit")
+	}
 	var all []time.Duration
 	for _, l := range lat {
 		all = append(all, l...)
