@@ -21,6 +21,7 @@ type PolicyError struct {
 	RuleID string
 }
 
+// Error implements error.
 func (e *PolicyError) Error() string {
 	return fmt.Sprintf("agent: step %s (%s) denied by policy: %s%s", short(e.StepID), e.Target, e.Reason, rule(e.RuleID))
 }
@@ -34,6 +35,7 @@ type RateLimited struct {
 	RuleID string
 }
 
+// Error implements error.
 func (e *RateLimited) Error() string {
 	return fmt.Sprintf("agent: step %s (%s) rate limited: %s%s", short(e.StepID), e.Target, e.Reason, rule(e.RuleID))
 }
@@ -56,6 +58,7 @@ type Blocked struct {
 	Execution bool
 }
 
+// Error implements error.
 func (e *Blocked) Error() string {
 	if e.Execution {
 		return "agent: execution is blocked on an approval of another step"
@@ -71,6 +74,7 @@ type Terminated struct {
 	Reason string
 }
 
+// Error implements error.
 func (e *Terminated) Error() string {
 	if e.Reason != "" {
 		return "agent: execution is terminal: " + e.Reason
@@ -87,6 +91,7 @@ type LeaseSuperseded struct {
 	Attempt    int
 }
 
+// Error implements error.
 func (e *LeaseSuperseded) Error() string {
 	return fmt.Sprintf("agent: lease superseded: dispatch %s attempt %d is no longer current", e.DispatchID, e.Attempt)
 }
@@ -104,6 +109,7 @@ type ToolError struct {
 	Err      error
 }
 
+// Error implements error.
 func (e *ToolError) Error() string {
 	if e.Err != nil {
 		return fmt.Sprintf("agent: step %s (%s) failed: %v", short(e.StepID), e.Target, e.Err)
@@ -152,6 +158,7 @@ type ArgsError struct {
 	Err    error
 }
 
+// Error implements error.
 func (e *ArgsError) Error() string {
 	return fmt.Sprintf("agent: arguments of %s are not JSON-serialisable: %v", e.Target, e.Err)
 }
@@ -168,6 +175,7 @@ type KernelError struct {
 	Err error
 }
 
+// Error implements error.
 func (e *KernelError) Error() string { return "agent: kernel " + e.Op + ": " + e.Err.Error() }
 
 // Unwrap returns the underlying error.

@@ -548,6 +548,7 @@ type Refusal struct {
 	Reason string
 }
 
+// Error implements error.
 func (r *Refusal) Error() string {
 	if r.Reason != "" {
 		return RefusalMarker + ": " + r.Decision + " reason=" + r.Reason
