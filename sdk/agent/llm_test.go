@@ -323,3 +323,82 @@ func TestDefaultUsage(t *testing.T) {
 		}
 	}
 }
+
+// The Transport's bad paths: a body that is not JSON or is missing is
+// refused before anything is submitted; a provider that cannot be reached
+// or breaks off a stream records the step as failed, and the caller gets
+// an error, not a partial answer.
+func TestLLMBadPaths(t *testing.T) {
+	h := start(t, kernel.Config{})
+	down := httptest.NewServer(http.NotFoundHandler())
+	downURL := down.URL
+	down.Close() // nothing listens there now
+	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"par\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		hj, ok := w.(http.Hijacker)
+		if !ok {
+			t.Error("no hijacker")
+			return
+		}
+		conn, _, _ := hj.Hijack()
+		conn.Close() // the connection drops mid-stream
+	}))
+	defer broken.Close()
+	hc := agent.NewHTTPClient(nil)
+
+	got := make(chan map[string]error, 1)
+	_, url := h.serve("badllm", 0, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		out := map[string]error{}
+		post := func(name, target string, body io.Reader) {
+			req, _ := http.NewRequestWithContext(ctx, "POST", target, body)
+			resp, err := hc.Do(req)
+			if err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			out[name] = err
+		}
+		post("not json", downURL+"/v1/chat/completions", strings.NewReader("hello"))
+		post("no body", downURL+"/v1/chat/completions", nil)
+		post("provider down", downURL+"/v1/chat/completions", strings.NewReader(`{"model":"m-down"}`))
+		post("stream broken", broken.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m-broken","stream":true}`))
+		got <- out
+		return "ok", nil
+	}))
+	h.register("badllm", url, false)
+	id := h.create("badllm", nil)
+	out := <-got
+	if !errors.As(out["not json"], new(*agent.ArgsError)) {
+		t.Errorf("not JSON: %v", out["not json"])
+	}
+	if out["no body"] == nil || !strings.Contains(out["no body"].Error(), "needs a JSON body") {
+		t.Errorf("no body: %v", out["no body"])
+	}
+	if out["provider down"] == nil || !strings.Contains(out["provider down"].Error(), "connect") {
+		t.Errorf("provider down: %v", out["provider down"])
+	}
+	if out["stream broken"] == nil || !strings.Contains(out["stream broken"].Error(), "LLM stream") {
+		t.Errorf("stream broken: %v", out["stream broken"])
+	}
+	h.status(id, kernel.ExecCompleted)
+	steps, err := h.admin.Steps(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byTarget := map[string]wire.Step{}
+	for _, s := range steps {
+		byTarget[s.Target] = s
+	}
+	if len(steps) != 2 {
+		t.Fatalf("want only the two requests that reached submission recorded, got %+v", steps)
+	}
+	for target, want := range map[string]string{"m-down": "connect", "m-broken": "stream broken"} {
+		s := byTarget[target]
+		if s.Status != "failed" || !strings.Contains(string(s.Error), want) {
+			t.Errorf("step %s: %s %s, want failed mentioning %q", target, s.Status, s.Error, want)
+		}
+	}
+	h.checkLog(id)
+}
