@@ -102,7 +102,10 @@ type Agent struct {
 type run struct {
 	lease  Lease
 	cancel context.CancelCauseFunc
-	done   chan struct{}
+	// prev is the run this one replaced for its execution, under another
+	// dispatch; it is cancelled once this run has checked with the kernel
+	// that its own lease is the current one.
+	prev *run
 }
 
 // ErrShutdown is the cause of the context of handlers still running when
@@ -204,17 +207,25 @@ func (a *Agent) start(p wire.WebhookPayload) bool {
 	if a.closed {
 		return false
 	}
-	if old, ok := a.runs[p.ExecutionID]; ok {
+	old := a.runs[p.ExecutionID]
+	if old != nil {
 		if old.lease == lease {
 			return true // a duplicate delivery of the running dispatch
 		}
-		if old.lease.DispatchID == lease.DispatchID && old.lease.Attempt > lease.Attempt {
-			return true // a stale delivery: the newer attempt runs
+		if old.lease.DispatchID == lease.DispatchID {
+			if old.lease.Attempt > lease.Attempt {
+				return true // a stale delivery: the newer attempt runs
+			}
+			// A later attempt of the same dispatch: the old one has lost
+			// the lease for certain.
+			old.cancel(&LeaseSuperseded{DispatchID: old.lease.DispatchID, Attempt: old.lease.Attempt})
+			old = nil
 		}
-		old.cancel(&LeaseSuperseded{DispatchID: old.lease.DispatchID, Attempt: old.lease.Attempt})
+		// Another dispatch: which one is current, only the kernel knows;
+		// the new run asks before it cancels the old one.
 	}
 	ctx, cancel := context.WithCancelCause(a.base)
-	r := &run{lease: lease, cancel: cancel, done: make(chan struct{})}
+	r := &run{lease: lease, cancel: cancel, prev: old}
 	a.runs[p.ExecutionID] = r
 	a.wg.Add(1)
 	go a.run(ctx, p.ExecutionID, r)
@@ -225,7 +236,6 @@ func (a *Agent) start(p wire.WebhookPayload) bool {
 // then complete or fail the execution unless the dispatch merely ended.
 func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 	defer a.wg.Done()
-	defer close(r.done)
 	defer func() {
 		a.mu.Lock()
 		if a.runs[executionID] == r {
@@ -241,9 +251,18 @@ func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 		log.Warn("read execution; the dispatch ends and the kernel will re-deliver it", "err", err)
 		return
 	}
-	if terminal(x.Status) {
+	if client.IsTerminalStatus(x.Status) {
 		log.Debug("execution already ended", "status", x.Status)
 		return
+	}
+	if x.Lease == nil || x.Lease.DispatchID != r.lease.DispatchID || x.Lease.Attempt != r.lease.Attempt {
+		// A late or replayed webhook: another attempt holds the execution
+		// (or none does). Running the handler could change nothing.
+		log.Info("stale webhook: the lease is not the execution's current one; ignored", "current", x.Lease)
+		return
+	}
+	if r.prev != nil {
+		r.prev.cancel(&LeaseSuperseded{DispatchID: r.prev.lease.DispatchID, Attempt: r.prev.lease.Attempt})
 	}
 	ex := &Execution{ID: x.ID, AgentID: x.AgentID, Lease: r.lease, Input: x.Input, Labels: x.Labels, k: a.kernel, cancel: r.cancel}
 	hctx := withExecution(ctx, ex)
@@ -275,21 +294,18 @@ func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 		log.Info("dispatch ends without a verdict", "why", herr)
 		return
 	}
+	var raw json.RawMessage
+	if herr == nil {
+		if raw, err = encodeJSON(out); err != nil {
+			herr = fmt.Errorf("output is not JSON-serialisable: %w", err)
+		}
+	}
 	if herr != nil {
 		var pe *panicError
 		if errors.As(herr, &pe) {
 			log.Error("handler panicked", "panic", pe.value, "stack", string(pe.stack))
 		}
 		if err := ex.mutate(ctx, "fail execution", "/fail", wire.ExecutionFailRequest{Error: errorJSON(herr)}, nil); err != nil {
-			log.Warn("fail execution", "err", err)
-		}
-		return
-	}
-	raw, err := encodeArgs(out)
-	if err != nil {
-		log.Error("handler output is not JSON-serialisable; failing the execution", "err", err)
-		msg, _ := json.Marshal(map[string]string{"message": "output is not JSON-serialisable: " + err.Error()})
-		if err := ex.mutate(ctx, "fail execution", "/fail", wire.ExecutionFailRequest{Error: msg}, nil); err != nil {
 			log.Warn("fail execution", "err", err)
 		}
 		return
@@ -375,10 +391,6 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("agent: http shutdown: %w", herr)
 	}
 	return nil
-}
-
-func terminal(status string) bool {
-	return status == "completed" || status == "failed" || status == "cancelled"
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {

@@ -775,3 +775,58 @@ func TestHeartbeatLongerThanLeaseWarns(t *testing.T) {
 		t.Fatalf("the warning should come once:\n%s", logs.String())
 	}
 }
+
+// A webhook whose lease is not the execution's current one (a late or
+// replayed delivery of another dispatch) neither runs the handler nor
+// disturbs the handler that holds the lease.
+func TestStaleWebhookIgnored(t *testing.T) {
+	h := start(t, kernel.Config{})
+	var runs atomic.Int64
+	release := make(chan struct{})
+	causes := make(chan error, 2)
+	a, url := h.serve("stale", 0, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		runs.Add(1)
+		select {
+		case <-release:
+			return "finished", nil
+		case <-ctx.Done():
+			causes <- context.Cause(ctx)
+			return nil, context.Cause(ctx)
+		}
+	}))
+	h.register("stale", url, false)
+	id := h.create("stale", nil)
+	for a.Running() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	for _, p := range []wire.WebhookPayload{
+		{ExecutionID: id, DispatchID: "another-dispatch", DispatchAttempt: 1},
+		{ExecutionID: id, DispatchID: "another-dispatch", DispatchAttempt: 7},
+	} {
+		body, _ := json.Marshal(p)
+		req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
+		req.Header.Set(wire.HeaderSignature, wire.Sign([]byte(secret), body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			t.Fatalf("stale webhook: %d", resp.StatusCode)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // let the stale runs read the execution and give up
+	select {
+	case c := <-causes:
+		t.Fatalf("a stale webhook cancelled the running handler: %v", c)
+	default:
+	}
+	if runs.Load() != 1 {
+		t.Fatalf("handler ran %d times, want 1", runs.Load())
+	}
+	close(release)
+	if x := h.status(id, kernel.ExecCompleted); string(x.Output) != `"finished"` {
+		t.Fatalf("output %s", x.Output)
+	}
+	h.checkLog(id)
+}

@@ -62,7 +62,7 @@ func Invoke(ctx context.Context, kind, target string, args any, opts StepOptions
 	if err != nil {
 		return nil, err
 	}
-	raw, err := encodeArgs(args)
+	raw, err := encodeJSON(args)
 	if err != nil {
 		return nil, &ArgsError{Target: target, Err: err}
 	}
@@ -163,10 +163,10 @@ func errorJSON(err error) json.RawMessage {
 	return b
 }
 
-// encodeArgs encodes a step's arguments; json.RawMessage and []byte holding
-// JSON are sent as they are.
-func encodeArgs(args any) (json.RawMessage, error) {
-	switch a := args.(type) {
+// encodeJSON encodes a step's arguments or a handler's output; a
+// json.RawMessage is sent as it is once checked to be JSON.
+func encodeJSON(v any) (json.RawMessage, error) {
+	switch a := v.(type) {
 	case nil:
 		return json.RawMessage("null"), nil
 	case json.RawMessage:
@@ -175,7 +175,7 @@ func encodeArgs(args any) (json.RawMessage, error) {
 		}
 		return a, nil
 	}
-	return json.Marshal(args)
+	return json.Marshal(v)
 }
 
 func isSet(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
