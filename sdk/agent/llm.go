@@ -91,7 +91,9 @@ type LLMResponse struct {
 	Stream      bool   `json:"stream,omitempty"`
 	Body        string `json:"body,omitempty"`
 	BodyBase64  string `json:"body_base64,omitempty"`
-	// Message is set on a recorded transport error (no answer came).
+	// Message is set when no whole answer came (the provider could not be
+	// reached, or its stream broke off); such a record replays as a
+	// *ToolError, never as an answer.
 	Message string `json:"message,omitempty"`
 }
 
@@ -239,12 +241,11 @@ func replayed(req *http.Request, d *wire.StepDecision) (*http.Response, error) {
 		raw = d.Error
 	}
 	var r LLMResponse
-	if err := json.Unmarshal(raw, &r); err != nil || (r.Status == 0 && r.Message == "") {
-		// An orphan the kernel failed as indeterminate, or a record of
-		// another shape: not an answer to give back.
-		return nil, &ToolError{StepID: d.StepID, Target: req.URL.String(), Recorded: raw, Replayed: true}
-	}
-	if r.Status == 0 {
+	if err := json.Unmarshal(raw, &r); err != nil || r.Status == 0 || r.Message != "" {
+		// No whole answer was recorded: the provider could not be reached
+		// or broke off its stream (Message says which), the kernel failed
+		// an orphan as indeterminate, or the record has another shape. The
+		// recorded error is all there is to give back.
 		return nil, &ToolError{StepID: d.StepID, Target: req.URL.String(), Recorded: raw, Replayed: true}
 	}
 	body, err := r.bytes()

@@ -348,7 +348,8 @@ func TestLLMBadPaths(t *testing.T) {
 	defer broken.Close()
 	hc := agent.NewHTTPClient(nil)
 
-	got := make(chan map[string]error, 1)
+	got := make(chan map[string]error, 2)
+	deploy := agent.NewTool("deploy", func(ctx context.Context, in string) (string, error) { return in, nil })
 	_, url := h.serve("badllm", 0, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
 		out := map[string]error{}
 		post := func(name, target string, body io.Reader) {
@@ -365,9 +366,13 @@ func TestLLMBadPaths(t *testing.T) {
 		post("provider down", downURL+"/v1/chat/completions", strings.NewReader(`{"model":"m-down"}`))
 		post("stream broken", broken.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m-broken","stream":true}`))
 		got <- out
+		// Park on an approval: the next dispatch replays the failures.
+		if _, err := deploy.Call(ctx, "x"); err != nil {
+			return nil, err
+		}
 		return "ok", nil
 	}))
-	h.register("badllm", url, false)
+	h.register("badllm", url, true)
 	id := h.create("badllm", nil)
 	out := <-got
 	if !errors.As(out["not json"], new(*agent.ArgsError)) {
@@ -382,6 +387,21 @@ func TestLLMBadPaths(t *testing.T) {
 	if out["stream broken"] == nil || !strings.Contains(out["stream broken"].Error(), "LLM stream") {
 		t.Errorf("stream broken: %v", out["stream broken"])
 	}
+	x := h.status(id, kernel.ExecBlocked)
+	if _, err := h.admin.Grant(context.Background(), x.BlockedOn, wire.ResolveApprovalRequest{DecidedBy: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	// The recorded failures replay as ToolErrors: no provider is asked.
+	again := <-got
+	for _, name := range []string{"provider down", "stream broken"} {
+		var te *agent.ToolError
+		if !errors.As(again[name], &te) || !te.Replayed {
+			t.Errorf("%s on replay: %v, want a replayed ToolError", name, again[name])
+		}
+	}
+	if !errors.As(again["not json"], new(*agent.ArgsError)) {
+		t.Errorf("not JSON on replay: %v", again["not json"])
+	}
 	h.status(id, kernel.ExecCompleted)
 	steps, err := h.admin.Steps(context.Background(), id)
 	if err != nil {
@@ -391,8 +411,8 @@ func TestLLMBadPaths(t *testing.T) {
 	for _, s := range steps {
 		byTarget[s.Target] = s
 	}
-	if len(steps) != 2 {
-		t.Fatalf("want only the two requests that reached submission recorded, got %+v", steps)
+	if len(steps) != 3 {
+		t.Fatalf("want the two requests that reached submission and the deploy recorded, got %+v", steps)
 	}
 	for target, want := range map[string]string{"m-down": "connect", "m-broken": "stream broken"} {
 		s := byTarget[target]
