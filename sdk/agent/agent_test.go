@@ -830,3 +830,21 @@ func TestStaleWebhookIgnored(t *testing.T) {
 	}
 	h.checkLog(id)
 }
+
+// An input that does not decode into the typed handler's input fails the
+// execution with the decoding error, before the handler runs.
+func TestTypedInputMismatchFails(t *testing.T) {
+	h := start(t, kernel.Config{})
+	var ran atomic.Bool
+	_, url := h.serve("typed", 0, agent.Typed(func(ctx context.Context, in struct{ N int }) (int, error) {
+		ran.Store(true)
+		return in.N, nil
+	}))
+	h.register("typed", url, false)
+	id := h.create("typed", map[string]string{"N": "not a number"})
+	x := h.status(id, kernel.ExecFailed)
+	if x.Status != kernel.ExecFailed || !strings.Contains(string(x.Error), "decode input") || ran.Load() {
+		t.Fatalf("execution %s %s (handler ran: %v)", x.Status, x.Error, ran.Load())
+	}
+	h.checkLog(id)
+}
