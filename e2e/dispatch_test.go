@@ -84,7 +84,7 @@ func TestNoClaimBeforeStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	k, err := kernel.New(st, webhook.New(), nil, kernel.Config{ReapInterval: 20 * time.Millisecond})
+	k, err := kernel.New(st, webhook.New(), nil, nil, kernel.Config{ReapInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

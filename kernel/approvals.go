@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/wicket-run/wicket/kernel/policy"
 )
 
 // ListApprovals lists a tenant's approvals, newest first.
@@ -118,11 +120,11 @@ func (k *Kernel) denyApprovedStep(r *rec, e *Execution, a *Approval, reason stri
 		return nil
 	}
 	s.Status = StepDenied
-	info := StepDecisionInfo{Action: "deny", Reason: reason, RuleID: a.RuleID}
-	if s.Decision != nil {
-		info.Bundle = s.Decision.Bundle
+	v := StepVerdict{Action: policy.Deny, Reason: reason, RuleID: a.RuleID}
+	if s.Verdict != nil {
+		v.Bundle = s.Verdict.Bundle
 	}
-	s.Decision = &info
+	s.Verdict = &v
 	if err := r.tx.PutStep(s); err != nil {
 		return err
 	}

@@ -41,9 +41,6 @@ type BundleLoader interface {
 	RulesBundle(name string, rulesYAML []byte) (BundleSource, error)
 }
 
-// SetBundleLoader installs the loader (call before serving).
-func (k *Kernel) SetBundleLoader(l BundleLoader) { k.bundles = l }
-
 func (k *Kernel) loader() (BundleLoader, error) {
 	if k.bundles == nil {
 		return nil, Errorf(CodeUnavailable, "no policy engines are configured")
@@ -230,45 +227,30 @@ type EvalRequest struct {
 	Args    json.RawMessage
 	Effect  string
 	// Idempotency defaults as for a submission.
-	Idempotency string
+	Idempotency Idempotency
 	Labels      map[string]string
 }
 
-// EvalResult is what a dry run answers: the decision and what produced it.
-type EvalResult struct {
-	Decision   policy.Action    `json:"decision"`
-	Reason     string           `json:"reason,omitempty"`
-	RuleID     string           `json:"rule_id,omitempty"`
-	Bundle     policy.BundleRef `json:"bundle"`
-	EvalTimeNS int64            `json:"eval_ns"`
-	Approval   *policy.Approval `json:"approval,omitempty"`
-	RateLimits []RateLimitRule  `json:"rate_limits,omitempty"`
-}
-
-// EvalPolicy runs the agent's policy on a step without recording anything.
-func (k *Kernel) EvalPolicy(ctx context.Context, req EvalRequest) (*EvalResult, error) {
-	sr := StepRequest{Kind: req.Kind, Target: req.Target, Args: req.Args, Effect: req.Effect, Idempotency: req.Idempotency}
-	if err := validateStep(&sr); err != nil {
-		return nil, err
-	}
-	if len(sr.Args) == 0 {
-		sr.Args = json.RawMessage("null")
-	}
-	agent, err := k.Agent(ctx, req.Tenant, req.AgentID)
+// EvalPolicy runs the agent's policy on a step without recording anything
+// and returns the verdict: the action and the bundle and rule behind it.
+// Execution limits are not applied (there is no execution).
+func (k *Kernel) EvalPolicy(ctx context.Context, req EvalRequest) (*Verdict, error) {
+	sub, err := newSubmission(StepRequest{Kind: req.Kind, Target: req.Target, Args: req.Args, Effect: req.Effect, Idempotency: req.Idempotency})
 	if err != nil {
 		return nil, err
 	}
-	args, h, err := canonArgs(sr.Args)
+	var preq *PolicyRequest
+	err = k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		preq, err = policyRequest(tx, req.Tenant, req.AgentID)
+		return err
+	})
 	if err != nil {
-		return nil, Errorf(CodeValidation, "args: %v", err)
+		return nil, err
 	}
-	in := &policy.Input{Tenant: req.Tenant, AgentID: req.AgentID, ExecutionID: "dry-run",
-		Step:      policy.Step{Kind: sr.Kind, Target: sr.Target, Args: args, ArgsHash: h, Idempotency: sr.Idempotency, Effect: sr.Effect},
+	preq.Input = &policy.Input{Tenant: req.Tenant, AgentID: req.AgentID, ExecutionID: "dry-run",
+		Step: policy.Step{Kind: sub.Kind, Target: sub.Target, Args: sub.Args, ArgsHash: sub.argsHash,
+			Idempotency: string(sub.Idempotency), Effect: sub.Effect},
 		Execution: policy.Execution{Status: string(ExecRunning), Labels: req.Labels, CreatedAt: k.now()}}
-	res, err := k.policy.Decide(ctx, agent, in)
-	if err != nil {
-		return nil, err
-	}
-	return &EvalResult{Decision: res.Decision.Decision, Reason: res.Decision.Reason, RuleID: res.Decision.RuleID,
-		Bundle: res.Bundle, EvalTimeNS: res.EvalTime.Nanoseconds(), Approval: res.Decision.Approval, RateLimits: res.RateLimits}, nil
+	return k.decide(ctx, preq)
 }

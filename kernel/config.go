@@ -6,12 +6,15 @@ import (
 	"time"
 )
 
-// Approval-expiry behaviours (Config.ApprovalExpiry).
+// ApprovalExpiry is what an expired approval does (Config.ApprovalExpiry).
+type ApprovalExpiry string
+
+// Approval-expiry behaviours.
 const (
 	// ExpireFailsExecution fails the execution with reason approval_expired (default).
-	ExpireFailsExecution = "fail_execution"
+	ExpireFailsExecution ApprovalExpiry = "fail_execution"
 	// ExpireDeniesStep denies the step and resumes the execution.
-	ExpireDeniesStep = "deny_step"
+	ExpireDeniesStep ApprovalExpiry = "deny_step"
 )
 
 // Config holds the kernel's operational settings. The zero value of a field
@@ -34,12 +37,27 @@ type Config struct {
 	// ApprovalTimeout is the default lifetime of an approval (default 24h).
 	ApprovalTimeout time.Duration
 	// ApprovalExpiry is ExpireFailsExecution (default) or ExpireDeniesStep.
-	ApprovalExpiry string
+	ApprovalExpiry ApprovalExpiry
 	// ReapInterval is how often expired leases and approvals are looked for (default 1s).
 	ReapInterval time.Duration
 	// Logger receives operational logs (default slog.Default()).
 	Logger *slog.Logger
+	// Clock is the kernel's time: event times, lease and approval expiry,
+	// execution deadlines and max_duration (default SystemClock). Tests set
+	// a clock they move by hand.
+	Clock Clock
 }
+
+// Clock tells the kernel the time. Now must be safe for concurrent use.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the machine's clock.
+type SystemClock struct{}
+
+// Now implements Clock.
+func (SystemClock) Now() time.Time { return time.Now() }
 
 // DefaultConfig returns the defaults `wicket serve` documents (README,
 // Configuration).
@@ -89,6 +107,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = SystemClock{}
 	}
 	return c
 }

@@ -14,10 +14,12 @@ const (
 	CodeNotFound        = "not_found"
 	CodeConflict        = "conflict"
 	CodeLeaseSuperseded = "lease_superseded"
-	CodeTooLarge        = "too_large"
-	CodeRateLimited     = "rate_limited"
-	CodeInternal        = "internal"
-	CodeUnavailable     = "unavailable"
+	// CodeStepIDDivergence: the step id an agent computed is not the kernel's.
+	CodeStepIDDivergence = "step_id_divergence"
+	CodeTooLarge         = "too_large"
+	CodeRateLimited      = "rate_limited"
+	CodeInternal         = "internal"
+	CodeUnavailable      = "unavailable"
 )
 
 // Sentinel errors callers branch on with errors.Is. Each matches a *Error

@@ -50,7 +50,7 @@ func (w window) roll(now time.Time, length time.Duration) window {
 
 // rateLimit checks every limit and, when all admit the call, counts it in
 // each (in the caller's transaction, so counting is exact and durable).
-func (k *Kernel) rateLimit(r *rec, e *Execution, req *StepRequest, rules []RateLimitRule) (limited bool, reason, ruleID string, err error) {
+func (k *Kernel) rateLimit(r *rec, e *Execution, rules []RateLimitRule) (limited bool, reason, ruleID string, err error) {
 	if len(rules) == 0 {
 		return false, "", "", nil
 	}

@@ -48,19 +48,29 @@ func (s StepStatus) Terminal() bool {
 	return s == StepSucceeded || s == StepFailed || s == StepCancelled
 }
 
+// Idempotency is what may happen to a step found in flight after its
+// dispatch attempt ended (docs/durability.md).
+type Idempotency string
+
 // Idempotency modes of a step.
 const (
-	SafeToRetry = "safe_to_retry"
-	AtMostOnce  = "at_most_once"
+	// SafeToRetry steps proceed again under the new attempt, same step id
+	// (default for llm_call and local).
+	SafeToRetry Idempotency = "safe_to_retry"
+	// AtMostOnce steps fail "indeterminate" instead (default for tool_call).
+	AtMostOnce Idempotency = "at_most_once"
 )
 
-// Dispatch states kept on the execution.
+// DispatchStatus is where an execution's dispatch stands.
+type DispatchStatus string
+
+// Dispatch statuses kept on the execution.
 const (
-	DispatchNone       = ""           // no dispatch (terminal, or never queued)
-	DispatchQueued     = "queued"     // waiting in the due index until DueAt
-	DispatchDelivering = "delivering" // claimed; webhook POST in flight; lease held
-	DispatchAcked      = "acked"      // agent acknowledged; lease held
-	DispatchParked     = "parked"     // a step is blocked on an approval; no lease timer
+	DispatchNone       DispatchStatus = ""           // no dispatch (terminal, or never queued)
+	DispatchQueued     DispatchStatus = "queued"     // waiting in the due index until DueAt
+	DispatchDelivering DispatchStatus = "delivering" // claimed; webhook POST in flight; lease held
+	DispatchAcked      DispatchStatus = "acked"      // agent acknowledged; lease held
+	DispatchParked     DispatchStatus = "parked"     // a step is blocked on an approval; no lease timer
 )
 
 // Lease is the (dispatch_id, dispatch_attempt) pair an agent holds.
@@ -76,8 +86,8 @@ type DispatchState struct {
 	ID string `json:"id,omitempty"`
 	// Attempt is the number of the last claimed attempt of ID (0: never claimed).
 	Attempt int `json:"attempt"`
-	// State is one of the Dispatch* constants.
-	State string `json:"state,omitempty"`
+	// State is one of the Dispatch* statuses.
+	State DispatchStatus `json:"state,omitempty"`
 	// DueAt is when a queued dispatch may be claimed.
 	DueAt time.Time `json:"due_at,omitzero"`
 	// LeaseUntil is when a claimed attempt's lease expires.
@@ -127,8 +137,9 @@ type Execution struct {
 	BlockedOn string `json:"blocked_on,omitempty"`
 }
 
-// StepDecisionInfo is the decision record of a step.
-type StepDecisionInfo struct {
+// StepVerdict is the part of a [Verdict] a step records: the action and
+// what produced it.
+type StepVerdict struct {
 	Action   policy.Action    `json:"action"`
 	Reason   string           `json:"reason,omitempty"`
 	RuleID   string           `json:"rule_id,omitempty"`
@@ -146,16 +157,18 @@ type Step struct {
 	Args        json.RawMessage `json:"args"`
 	ArgsHash    string          `json:"args_hash"`
 	Occurrence  int             `json:"occurrence"`
-	Idempotency string          `json:"idempotency"`
+	Idempotency Idempotency     `json:"idempotency"`
 	Effect      string          `json:"effect,omitempty"`
 	Status      StepStatus      `json:"status"`
 	Result      json.RawMessage `json:"result,omitempty"`
 	Error       json.RawMessage `json:"error,omitempty"`
 	Usage       *Usage          `json:"usage,omitempty"`
 	// Lease is the (dispatch_id, attempt) under which the step was last told proceed.
-	Lease      Lease             `json:"lease"`
-	Decision   *StepDecisionInfo `json:"decision,omitempty"`
-	ApprovalID string            `json:"approval_id,omitempty"`
+	Lease Lease `json:"lease"`
+	// Verdict is what decided the step: the policy verdict, or the limit
+	// that denied it.
+	Verdict    *StepVerdict `json:"decision,omitempty"`
+	ApprovalID string       `json:"approval_id,omitempty"`
 	// Seq is the seq of the step's first event (step.proposed); it orders steps.
 	Seq         uint64     `json:"seq"`
 	CreatedAt   time.Time  `json:"created_at"`

@@ -6,8 +6,7 @@
 // # Basics
 //
 //	host := plugins.NewHost(plugins.Options{}, rules.New(), rego.New(), wasm.New(cfg))
-//	k.SetPolicy(host)
-//	k.SetBundleLoader(host)
+//	k, err := kernel.New(store, deliverer, host, host, kernel.Config{})
 //
 // # Decisions
 //
@@ -47,8 +46,6 @@ type Options struct {
 	// DefaultPolicy applies to agents bound to no bundle: "allow" (default),
 	// "deny", or the name of a bundle of the agent's tenant.
 	DefaultPolicy string
-	// Guards returns a tenant's guard bundles (nil: none).
-	Guards func(ctx context.Context, tenant string) ([]string, error)
 }
 
 // Host implements kernel.Policy and kernel.BundleLoader.
@@ -245,56 +242,49 @@ func (h *Host) get(tenant, name string) (*loaded, func()) {
 	}
 }
 
-// answer is one bundle's contribution.
-type answer struct {
-	d   *policy.Decision
-	ref policy.BundleRef
-}
-
-// Decide implements kernel.Policy.
-func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input) (kernel.PolicyResult, error) {
+// Decide implements kernel.Policy: the tenant's guards, then the agent's
+// bundle, composed with policy.Combine; nothing matched means the agent
+// bundle's default_action (or the kernel default when the agent has no
+// bundle). A bundle that is not loaded or fails to answer denies the step.
+func (h *Host) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.Verdict, error) {
 	start := time.Now()
-	var guards []string
-	if h.opts.Guards != nil {
-		g, err := h.opts.Guards(ctx, in.Tenant)
-		if err != nil {
-			return failClosed(kernel.DefaultBundleRef, fmt.Sprintf("cannot read the tenant's guard bundles: %v", err), start), nil
-		}
-		guards = g
-	}
-	agentBundle := agent.Bundle
+	in := req.Input
+	def := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}
+	agentBundle := req.Bundle
 	if agentBundle == "" {
 		switch h.opts.DefaultPolicy {
 		case "", "allow", "deny":
-			if len(guards) == 0 {
-				res, _ := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}.Decide(ctx, agent, in)
-				res.EvalTime = time.Since(start)
-				return res, nil
+			if len(req.Guards) == 0 {
+				v := def.Verdict(in.Step.Kind)
+				v.EvalTime = time.Since(start)
+				return v, nil
 			}
 		default:
 			agentBundle = h.opts.DefaultPolicy
 		}
 	}
-	var answers []answer
+	var answers []*policy.Answer
+	var refs []policy.BundleRef
 	var limits []kernel.RateLimitRule
-	eval := func(name string) (*loaded, *kernel.PolicyResult) {
+	// eval evaluates one bundle; it returns the bundle, or the fail-closed
+	// verdict when the bundle cannot answer.
+	eval := func(name string) (*loaded, *kernel.Verdict) {
 		l, done := h.get(in.Tenant, name)
 		defer done()
 		if l == nil {
-			r := failClosed(policy.BundleRef{Name: name}, fmt.Sprintf("bundle %q is not loaded (fail closed)", name), start)
-			return nil, &r
+			v := failClosed(policy.BundleRef{Name: name}, fmt.Sprintf("bundle %q is not loaded (fail closed)", name), start)
+			return nil, &v
 		}
-		d, err := l.ev.Evaluate(ctx, in)
+		a, err := l.ev.Evaluate(ctx, in)
 		if err == nil {
-			err = d.Validate()
+			err = a.Validate()
 		}
 		if err != nil {
-			r := failClosed(l.ref, fmt.Sprintf("%s bundle %q failed (fail closed): %v", l.ref.Engine, name, err), start)
-			return nil, &r
+			v := failClosed(l.ref, fmt.Sprintf("%s bundle %q failed (fail closed): %v", l.ref.Engine, name, err), start)
+			return nil, &v
 		}
-		if d != nil {
-			answers = append(answers, answer{d: d, ref: l.ref})
-		}
+		answers = append(answers, a)
+		refs = append(refs, l.ref)
 		for _, dl := range l.limits {
 			if dl.matches(in) {
 				limits = append(limits, dl.rule)
@@ -302,7 +292,7 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 		}
 		return l, nil
 	}
-	for _, g := range guards {
+	for _, g := range req.Guards {
 		if _, fail := eval(g); fail != nil {
 			return *fail, nil
 		}
@@ -315,28 +305,21 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 		}
 		agentLoaded = l
 	}
-	var best *answer
-	for i := range answers {
-		if best == nil || answers[i].d.Decision.Rank() > best.d.Decision.Rank() {
-			best = &answers[i]
-		}
-	}
-	res := kernel.PolicyResult{}
-	switch {
-	case best != nil:
-		res.Decision, res.Bundle = *best.d, best.ref
-		if rl := best.d.RateLimit; rl != nil {
-			limits = append([]kernel.RateLimitRule{{ID: best.ref.Name + "/" + orRule(best.d.RuleID), RateLimit: *rl}}, limits...)
+	var v kernel.Verdict
+	switch i := policy.Strictest(answers); {
+	case i >= 0:
+		v = kernel.VerdictOf(answers[i], refs[i])
+		if rl := answers[i].RateLimit; rl != nil {
+			limits = append([]kernel.RateLimitRule{{ID: refs[i].Name + "/" + orRule(answers[i].RuleID), RateLimit: *rl}}, limits...)
 		}
 	case agentLoaded != nil:
-		res.Decision, res.Bundle = *policy.ApplyDefault(nil, agentLoaded.def, in.Step.Kind), agentLoaded.ref
+		v = kernel.VerdictOf(policy.ApplyDefault(nil, agentLoaded.def, in.Step.Kind), agentLoaded.ref)
 	default: // only guards, none matched: the kernel default applies
-		d, _ := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}.Decide(ctx, agent, in)
-		res.Decision, res.Bundle = d.Decision, d.Bundle
+		v = def.Verdict(in.Step.Kind)
 	}
-	res.RateLimits = limits
-	res.EvalTime = time.Since(start)
-	return res, nil
+	v.RateLimits = limits
+	v.EvalTime = time.Since(start)
+	return v, nil
 }
 
 func (dl declaredLimit) matches(in *policy.Input) bool {
@@ -354,8 +337,8 @@ func (dl declaredLimit) matches(in *policy.Input) bool {
 	return false
 }
 
-func failClosed(ref policy.BundleRef, reason string, start time.Time) kernel.PolicyResult {
-	return kernel.PolicyResult{Decision: policy.Decision{Decision: policy.Deny, Reason: reason, RuleID: "engine_error"}, Bundle: ref, EvalTime: time.Since(start)}
+func failClosed(ref policy.BundleRef, reason string, start time.Time) kernel.Verdict {
+	return kernel.Verdict{Action: policy.Deny, Reason: reason, RuleID: "engine_error", Bundle: ref, EvalTime: time.Since(start)}
 }
 
 func orAllow(s string) string {

@@ -31,14 +31,24 @@ func input(target, effect string) *policy.Input {
 	return &policy.Input{Tenant: "acme", AgentID: "a", Step: policy.Step{Kind: "tool_call", Target: target, Effect: effect, Args: []byte("null")}}
 }
 
-func TestHostComposition(t *testing.T) {
+// decide asks h for a verdict on in, for an agent bound to bundle ("" for
+// none) in a tenant whose guards are the tenant's in guards.
+func decide(t *testing.T, h *plugins.Host, bundle string, in *policy.Input) kernel.Verdict {
+	t.Helper()
 	guards := map[string][]string{"acme": {"no-destructive"}}
-	h := plugins.NewHost(plugins.Options{Guards: func(_ context.Context, tenant string) ([]string, error) { return guards[tenant], nil }}, rules.New())
+	v, err := h.Decide(context.Background(), &kernel.PolicyRequest{Input: in, Guards: guards[in.Tenant], Bundle: bundle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func TestHostComposition(t *testing.T) {
+	h := plugins.NewHost(plugins.Options{}, rules.New())
 	defer h.Close()
 	load(t, h, "acme", rulesSrc("no-destructive", "1", "rules:\n  - id: no-destructive\n    priority: 1\n    when: {effect: destructive}\n    then: {decision: deny, reason: guard}\n", ""))
 	load(t, h, "acme", rulesSrc("agent", "1", "default_action: allow\nrules:\n  - id: approve-deploys\n    priority: 1\n    when: {target: deploy}\n    then: {decision: require_approval}\n  - id: allow-rm\n    priority: 2\n    when: {target: rm}\n    then: {decision: allow}\n",
 		"rate_limits:\n  - {id: searches, targets: [\"search*\"], max_calls: 5, window: 1m}\n"))
-	agent := &kernel.Agent{ID: "a", Tenant: "acme", Bundle: "agent"}
 	ctx := context.Background()
 	for _, tc := range []struct {
 		target, effect string
@@ -52,44 +62,41 @@ func TestHostComposition(t *testing.T) {
 		{"search.web", "", policy.Allow, "default_action", "agent", 1}, // manifest limit matches
 		{"other", "", policy.Allow, "default_action", "agent", 0},
 	} {
-		res, err := h.Decide(ctx, agent, input(tc.target, tc.effect))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Decision.Decision != tc.want || res.Decision.RuleID != tc.rule || res.Bundle.Name != tc.bundle || len(res.RateLimits) != tc.limits {
-			t.Errorf("%s/%s: %+v from %s limits %v, want %s by %s from %s with %d limits", tc.target, tc.effect, res.Decision, res.Bundle.Name, res.RateLimits, tc.want, tc.rule, tc.bundle, tc.limits)
+		res := decide(t, h, "agent", input(tc.target, tc.effect))
+		if res.Action != tc.want || res.RuleID != tc.rule || res.Bundle.Name != tc.bundle || len(res.RateLimits) != tc.limits {
+			t.Errorf("%s/%s: %+v from %s limits %v, want %s by %s from %s with %d limits", tc.target, tc.effect, res, res.Bundle.Name, res.RateLimits, tc.want, tc.rule, tc.bundle, tc.limits)
 		}
 	}
-	if res, _ := h.Decide(ctx, agent, input("search.web", "")); res.RateLimits[0].ID != "agent/searches" {
+	if res := decide(t, h, "agent", input("search.web", "")); res.RateLimits[0].ID != "agent/searches" {
 		t.Errorf("declared limit id %q", res.RateLimits[0].ID)
 	}
 
 	// A bound bundle that is not loaded denies (fail closed).
-	res, _ := h.Decide(ctx, &kernel.Agent{ID: "b", Tenant: "acme", Bundle: "missing"}, input("x", ""))
-	if res.Decision.Decision != policy.Deny || res.Decision.RuleID != "engine_error" || !strings.Contains(res.Decision.Reason, "not loaded") {
-		t.Errorf("missing bundle: %+v", res.Decision)
+	res := decide(t, h, "missing", input("x", ""))
+	if res.Action != policy.Deny || res.RuleID != "engine_error" || !strings.Contains(res.Reason, "not loaded") {
+		t.Errorf("missing bundle: %+v", res)
 	}
 	// Another tenant's bundle of the same name is invisible.
-	res, _ = h.Decide(ctx, &kernel.Agent{ID: "c", Tenant: "other", Bundle: "agent"}, &policy.Input{Tenant: "other", Step: policy.Step{Kind: "tool_call", Target: "rm"}})
-	if res.Decision.Decision != policy.Deny || !strings.Contains(res.Decision.Reason, "not loaded") {
-		t.Errorf("cross-tenant bundle: %+v", res.Decision)
+	res = decide(t, h, "agent", &policy.Input{Tenant: "other", Step: policy.Step{Kind: "tool_call", Target: "rm"}})
+	if res.Action != policy.Deny || !strings.Contains(res.Reason, "not loaded") {
+		t.Errorf("cross-tenant bundle: %+v", res)
 	}
 	// No bundle: the kernel default, unless the operator set one.
-	res, _ = h.Decide(ctx, &kernel.Agent{ID: "d", Tenant: "nog"}, &policy.Input{Tenant: "nog", Step: policy.Step{Kind: "tool_call", Target: "x"}})
-	if res.Decision.Decision != policy.Allow || res.Bundle.Name != "kernel-default" {
-		t.Errorf("unbound agent: %+v %s", res.Decision, res.Bundle.Name)
+	res = decide(t, h, "", &policy.Input{Tenant: "nog", Step: policy.Step{Kind: "tool_call", Target: "x"}})
+	if res.Action != policy.Allow || res.Bundle.Name != "kernel-default" {
+		t.Errorf("unbound agent: %+v %s", res, res.Bundle.Name)
 	}
 	hd := plugins.NewHost(plugins.Options{DefaultPolicy: "deny"}, rules.New())
 	defer hd.Close()
-	if res, _ := hd.Decide(ctx, &kernel.Agent{ID: "d"}, &policy.Input{Step: policy.Step{Kind: "tool_call", Target: "x"}}); res.Decision.Decision != policy.Deny {
-		t.Errorf("--default-policy deny: %+v", res.Decision)
+	if res := decide(t, hd, "", &policy.Input{Step: policy.Step{Kind: "tool_call", Target: "x"}}); res.Action != policy.Deny {
+		t.Errorf("--default-policy deny: %+v", res)
 	}
 
 	// A new revision swaps in atomically.
 	load(t, h, "acme", rulesSrc("agent", "2", "default_action: deny\nrules: []\n", ""))
-	res, _ = h.Decide(ctx, agent, input("rm", ""))
-	if res.Decision.Decision != policy.Deny || res.Bundle.Revision != "2" {
-		t.Errorf("after swap: %+v rev %s", res.Decision, res.Bundle.Revision)
+	res = decide(t, h, "agent", input("rm", ""))
+	if res.Action != policy.Deny || res.Bundle.Revision != "2" {
+		t.Errorf("after swap: %+v rev %s", res, res.Bundle.Revision)
 	}
 	// A broken bundle is refused and changes nothing.
 	if _, err := h.Compile(ctx, "acme", rulesSrc("agent", "3", "rules:\n  - id: x\n    when: {arguments: {a: {}}}\n    then: {decision: allow}\n", "")); err == nil {

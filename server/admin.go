@@ -109,7 +109,7 @@ func (s *Server) evalPolicy(c *call) (int, any, error) {
 		return 0, nil, errorf(kernel.CodeValidation, "agent_id is required")
 	}
 	res, err := s.k.EvalPolicy(c.ctx, kernel.EvalRequest{Tenant: c.tenant, AgentID: req.AgentID, Kind: req.Step.Kind,
-		Target: req.Step.Target, Args: req.Step.Args, Effect: req.Step.Effect, Idempotency: req.Step.Idempotency, Labels: req.Labels})
+		Target: req.Step.Target, Args: req.Step.Args, Effect: req.Step.Effect, Idempotency: kernel.Idempotency(req.Step.Idempotency), Labels: req.Labels})
 	if err != nil {
 		return 0, nil, err
 	}

@@ -196,12 +196,12 @@ func TestPolicyEval(t *testing.T) {
 	var res wire.PolicyEvalResponse
 	e.admin("POST", "/v0/policy/eval", map[string]any{"agent_id": "bot", "step": map[string]any{"kind": "tool_call", "target": "wire_money", "args": map[string]any{"a": 1}}}).
 		want(t, http.StatusOK).decode(t, &res)
-	if res.Decision != "require_approval" || res.RuleID != "needs_human" || res.Bundle.Name != "test-policy" || res.Approval == nil {
+	if res.Action != "require_approval" || res.RuleID != "needs_human" || res.Bundle.Name != "test-policy" || res.Approval == nil {
 		t.Fatalf("eval %+v", res)
 	}
 	e.admin("POST", "/v0/policy/eval", map[string]any{"agent_id": "bot", "step": map[string]any{"kind": "tool_call", "target": "limited"}}).
 		want(t, http.StatusOK).decode(t, &res)
-	if res.Decision != "allow" || len(res.RateLimits) != 1 || res.RateLimits[0].ID != "one_per_minute" {
+	if res.Action != "allow" || len(res.RateLimits) != 1 || res.RateLimits[0].ID != "one_per_minute" {
 		t.Fatalf("eval %+v", res)
 	}
 	// A dry run records nothing.

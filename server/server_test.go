@@ -130,10 +130,11 @@ func TestWireCodesMatchKernel(t *testing.T) {
 		{wire.CodeConflict, kernel.CodeConflict}, {wire.CodeLeaseSuperseded, kernel.CodeLeaseSuperseded},
 		{wire.CodeTooLarge, kernel.CodeTooLarge}, {wire.CodeRateLimited, kernel.CodeRateLimited},
 		{wire.CodeInternal, kernel.CodeInternal}, {wire.CodeUnavailable, kernel.CodeUnavailable},
-		{wire.DecisionProceed, kernel.DecisionProceed}, {wire.DecisionReplay, kernel.DecisionReplay},
-		{wire.DecisionDenied, kernel.DecisionDenied}, {wire.DecisionRateLimited, kernel.DecisionRateLimited},
-		{wire.DecisionBlocked, kernel.DecisionBlocked}, {wire.DecisionExecutionBlocked, kernel.DecisionExecutionBlocked},
-		{wire.DecisionExecutionTerminal, kernel.DecisionExecutionTerminal},
+		{wire.DecisionProceed, string(kernel.DecisionProceed)}, {wire.DecisionReplay, string(kernel.DecisionReplay)},
+		{wire.DecisionDenied, string(kernel.DecisionDenied)}, {wire.DecisionRateLimited, string(kernel.DecisionRateLimited)},
+		{wire.DecisionBlocked, string(kernel.DecisionBlocked)}, {wire.DecisionExecutionBlocked, string(kernel.DecisionExecutionBlocked)},
+		{wire.DecisionExecutionTerminal, string(kernel.DecisionExecutionTerminal)},
+		{wire.CodeStepIDDivergence, kernel.CodeStepIDDivergence},
 		{wire.RoleAdmin, kernel.RoleAdmin}, {wire.RoleTenantAdmin, kernel.RoleTenantAdmin}, {wire.RoleClient, kernel.RoleClient},
 	}
 	for _, p := range pairs {

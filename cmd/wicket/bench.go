@@ -54,7 +54,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer st.Close()
 	sender := webhook.New()
 	defer sender.Close()
-	k, err := kernel.New(st, sender, nil, kernel.Config{Logger: discardLogger()})
+	k, err := kernel.New(st, sender, nil, nil, kernel.Config{Logger: discardLogger()})
 	if err != nil {
 		return err
 	}

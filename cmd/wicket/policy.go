@@ -139,8 +139,8 @@ func checkCase(ctx context.Context, ev policy.Evaluator, def policy.Action, tc b
 		return fmt.Errorf("evaluate: %w", err)
 	}
 	d = policy.ApplyDefault(d, def, in.Step.Kind)
-	if d.Decision != tc.Expect.Decision {
-		return fmt.Errorf("decision %s (rule %q: %s), want %s", d.Decision, d.RuleID, d.Reason, tc.Expect.Decision)
+	if d.Action != tc.Expect.Decision {
+		return fmt.Errorf("decision %s (rule %q: %s), want %s", d.Action, d.RuleID, d.Reason, tc.Expect.Decision)
 	}
 	if tc.Expect.RuleID != "" && d.RuleID != tc.Expect.RuleID {
 		return fmt.Errorf("rule_id %q, want %q", d.RuleID, tc.Expect.RuleID)

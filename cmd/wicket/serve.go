@@ -73,7 +73,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.DurationVar(&o.dispatchTimeout, "dispatch-timeout", envDuration("WICKET_DISPATCH_TIMEOUT", d.DispatchTimeout), "timeout of one webhook POST (WICKET_DISPATCH_TIMEOUT)")
 	fs.IntVar(&o.dispatchMaxAttempts, "dispatch-max-attempts", envInt("WICKET_DISPATCH_MAX_ATTEMPTS", d.DispatchMaxAttempts), "delivery attempts before dispatch_exhausted (WICKET_DISPATCH_MAX_ATTEMPTS)")
 	fs.DurationVar(&o.approvalTimeout, "approval-timeout", envDuration("WICKET_APPROVAL_TIMEOUT", d.ApprovalTimeout), "default approval lifetime (WICKET_APPROVAL_TIMEOUT)")
-	fs.StringVar(&o.approvalExpiry, "approval-expiry", envString("WICKET_APPROVAL_EXPIRY", d.ApprovalExpiry), "on expiry: fail_execution or deny_step (WICKET_APPROVAL_EXPIRY)")
+	fs.StringVar(&o.approvalExpiry, "approval-expiry", envString("WICKET_APPROVAL_EXPIRY", string(d.ApprovalExpiry)), "on expiry: fail_execution or deny_step (WICKET_APPROVAL_EXPIRY)")
 	fs.StringVar(&o.defaultPolicy, "default-policy", envString("WICKET_DEFAULT_POLICY", "allow"), "policy of agents bound to no bundle: allow, deny or a bundle name (WICKET_DEFAULT_POLICY)")
 	fs.StringVar(&o.logLevel, "log-level", envString("WICKET_LOG_LEVEL", "info"), "debug, info, warn or error (WICKET_LOG_LEVEL)")
 	fs.StringVar(&o.logFormat, "log-format", envString("WICKET_LOG_FORMAT", "text"), "text or json (WICKET_LOG_FORMAT)")
@@ -154,22 +154,20 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer st.Close()
 
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
-		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log}
+		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: kernel.ApprovalExpiry(o.approvalExpiry), Logger: log}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
 	sender := webhook.New()
 	defer sender.Close()
-	k, err := kernel.New(st, sender, nil, cfg)
+	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache")})
+	defer wasmEngine.Close()
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy}, rules.New(), rego.New(), wasmEngine)
+	defer host.Close()
+	k, err := kernel.New(st, sender, host, host, cfg)
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache")})
-	defer wasmEngine.Close()
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards}, rules.New(), rego.New(), wasmEngine)
-	defer host.Close()
-	k.SetPolicy(host)
-	k.SetBundleLoader(host)
 	if err := k.LoadBundles(ctx); err != nil {
 		return err
 	}

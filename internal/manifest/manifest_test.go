@@ -111,8 +111,8 @@ agents:
 		if err != nil {
 			t.Fatalf("%s: %v", tc.agent, err)
 		}
-		if string(res.Decision) != tc.want {
-			t.Errorf("%s %s/%s: %s (%s), want %s", tc.agent, tc.target, tc.effect, res.Decision, res.Reason, tc.want)
+		if string(res.Action) != tc.want {
+			t.Errorf("%s %s/%s: %s (%s), want %s", tc.agent, tc.target, tc.effect, res.Action, res.Reason, tc.want)
 		}
 	}
 	key, err := e.Kernel.AuthenticateKey(ctx, "acme-ci-key-0123456789")

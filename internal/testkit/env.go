@@ -63,13 +63,11 @@ func Start(t testing.TB, o Options) *Env {
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
-	k, err := kernel.New(st, webhook.New(), nil, o.Config)
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy}, o.Engines...)
+	k, err := kernel.New(st, webhook.New(), host, host, o.Config)
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
 	}
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, Guards: k.TenantGuards}, o.Engines...)
-	k.SetPolicy(host)
-	k.SetBundleLoader(host)
 	if err := k.LoadBundles(context.Background()); err != nil {
 		t.Fatalf("load bundles: %v", err)
 	}

@@ -30,10 +30,10 @@ func submit(tx kernel.Tx, tenant, execID string, n int) error {
 		ID: stepID, ExecutionID: execID, Tenant: tenant, Kind: "tool_call", Target: "web.search",
 		Args: benchArgs, ArgsHash: fmt.Sprintf("%064x", n*31+7), Idempotency: kernel.SafeToRetry,
 		Effect: "read_only", Status: kernel.StepExecuting, Lease: e.Lease,
-		Decision: &kernel.StepDecisionInfo{Action: "allow", RuleID: "allow-search", EvalTime: 42 * time.Microsecond},
+		Verdict: &kernel.StepVerdict{Action: "allow", RuleID: "allow-search", EvalTime: 42 * time.Microsecond},
 		Seq:      seq + 1, CreatedAt: now,
 	}
-	st.Decision.Bundle.Name, st.Decision.Bundle.Revision, st.Decision.Bundle.Engine = "research", "3", "rules"
+	st.Verdict.Bundle.Name, st.Verdict.Bundle.Revision, st.Verdict.Bundle.Engine = "research", "3", "rules"
 	if err := tx.PutStep(st); err != nil {
 		return err
 	}

@@ -373,8 +373,8 @@ func testSteps(t *testing.T, s kernel.Store) {
 	done.Status = kernel.StepSucceeded
 	done.Result = json.RawMessage(`{"hits":["a","b"]}`)
 	done.Usage = &kernel.Usage{InputTokens: 10, OutputTokens: 20, TotalTokens: 30, CostUSD: 0.001}
-	done.Decision = &kernel.StepDecisionInfo{Action: "allow", RuleID: "r1", EvalTime: 1500}
-	done.Decision.Bundle.Name = "research"
+	done.Verdict = &kernel.StepVerdict{Action: "allow", RuleID: "r1", EvalTime: 1500}
+	done.Verdict.Bundle.Name = "research"
 	done.CompletedAt = &completed
 	update(t, s, func(tx kernel.Tx) error { c := done; return tx.PutStep(&c) })
 	view(t, s, func(tx kernel.ReadTx) error {

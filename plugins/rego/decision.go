@@ -16,7 +16,7 @@ import (
 // decoded is what generateDecision hands back through OPA's result set: the
 // decision read straight from the result term, or why it could not be read.
 type decoded struct {
-	d   *policy.Decision
+	d   *policy.Answer
 	err error
 }
 
@@ -50,7 +50,7 @@ var (
 
 // decodeDecision reads a decision object; an empty object is no match
 // (nil, nil). Errors complete the sentence "rego: entrypoint data.x.y ...".
-func decodeDecision(v ast.Value) (*policy.Decision, error) {
+func decodeDecision(v ast.Value) (*policy.Answer, error) {
 	obj, ok := v.(ast.Object)
 	if !ok {
 		return nil, fmt.Errorf("returned %s, want an object with a decision field", describe(v))
@@ -61,7 +61,7 @@ func decodeDecision(v ast.Value) (*policy.Decision, error) {
 		return nil, nil
 	}
 	f := fields{obj: obj}
-	var d policy.Decision
+	var d policy.Answer
 	dt := f.get(keyDecision)
 	if isAbsent(dt) {
 		return nil, fmt.Errorf("returned an object without a decision field (keys: %s)", keyList(obj))
@@ -70,7 +70,7 @@ func decodeDecision(v ast.Value) (*policy.Decision, error) {
 	if !ok {
 		return nil, fmt.Errorf("returned an invalid decision: field decision is %s, want a string", describe(dt.Value))
 	}
-	d.Decision = policy.Action(s)
+	d.Action = policy.Action(s)
 
 	var err error
 	if d.Reason, err = f.str("reason", keyReason); err != nil {

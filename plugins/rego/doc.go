@@ -33,7 +33,7 @@
 // an array or a set of strings. An empty object is no match too, so that an
 // entrypoint built from ref-head rules (decision.decision := "deny" if ...)
 // answers nothing when none of them holds. Any other value (a string, a set, a field of
-// the wrong type, an unknown field, a decision [policy.Decision.Validate]
+// the wrong type, an unknown field, a decision [policy.Answer.Validate]
 // refuses, a conflict between rules) is an evaluation error, which the kernel
 // turns into a denial.
 //

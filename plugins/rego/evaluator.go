@@ -41,7 +41,7 @@ func newEvaluator(entry string, pq opa.PreparedEvalQuery) *evaluator {
 // builtin error, conflicting rule outputs, ctx done) or answers something
 // that is not a valid decision object. A cancelled or expired ctx stops the
 // evaluation and the error wraps ctx.Err().
-func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Decision, error) {
+func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Answer, error) {
 	pq := e.pq.Load()
 	if pq == nil {
 		return nil, fmt.Errorf("rego: evaluate %s: %w", e.entry, errClosed)

@@ -78,7 +78,7 @@ var _ policy.Evaluator = (*evaluator)(nil)
 // "wasm: evaluation timed out after 100ms", "wasm: trap: unreachable",
 // "wasm: output is not valid JSON: …" and so on (policy-sdk/ABI.md §3). The
 // instance that failed is closed, never returned to the pool.
-func (ev *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Decision, error) {
+func (ev *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Answer, error) {
 	if in == nil {
 		return nil, errors.New("wasm: nil input")
 	}
@@ -282,7 +282,7 @@ func (ev *evaluator) drain() {
 }
 
 // decodeOutput validates a module's output as the answer format of docs/policy.md.
-func decodeOutput(out []byte) (*policy.Decision, error) {
+func decodeOutput(out []byte) (*policy.Answer, error) {
 	trimmed := strings.TrimSpace(string(out))
 	if trimmed == "" || trimmed == "null" {
 		return nil, nil
@@ -311,7 +311,7 @@ func decodeOutput(out []byte) (*policy.Decision, error) {
 	}
 	dec := json.NewDecoder(strings.NewReader(trimmed))
 	dec.DisallowUnknownFields()
-	var d policy.Decision
+	var d policy.Answer
 	if err := dec.Decode(&d); err != nil {
 		return nil, fmt.Errorf("wasm: output is not a decision: %w", err)
 	}

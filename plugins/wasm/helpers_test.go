@@ -203,7 +203,7 @@ func input(kind, target, effect string, args map[string]any) *policy.Input {
 
 // wantDecision evaluates in and checks the answer's action and rule (nil
 // want means no match).
-func wantDecision(tb testing.TB, ev policy.Evaluator, in *policy.Input, action policy.Action, rule string) *policy.Decision {
+func wantDecision(tb testing.TB, ev policy.Evaluator, in *policy.Input, action policy.Action, rule string) *policy.Answer {
 	tb.Helper()
 	d, err := ev.Evaluate(context.Background(), in)
 	if err != nil {
@@ -215,7 +215,7 @@ func wantDecision(tb testing.TB, ev policy.Evaluator, in *policy.Input, action p
 		}
 		return nil
 	}
-	if d == nil || d.Decision != action || d.RuleID != rule {
+	if d == nil || d.Action != action || d.RuleID != rule {
 		tb.Fatalf("evaluate %s: got %+v, want %s/%s", in.Step.Target, d, action, rule)
 	}
 	return d

@@ -39,7 +39,7 @@ func TestConcurrentEvaluations(t *testing.T) {
 							errs <- fmt.Errorf("worker %d: %s: %w", w, c.name, err)
 							return
 						}
-						if (d == nil) != (c.action == "") || (d != nil && (d.Decision != c.action || d.RuleID != c.rule)) {
+						if (d == nil) != (c.action == "") || (d != nil && (d.Action != c.action || d.RuleID != c.rule)) {
 							errs <- fmt.Errorf("worker %d: %s: got %+v, want %s/%s", w, c.name, d, c.action, c.rule)
 							return
 						}

@@ -939,7 +939,7 @@ func TestBundlesAndEval(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Decision != tc.decision || r.RuleID != tc.rule || r.Bundle.Name != "guard" || r.Bundle.Digest != b.Digest {
+		if r.Action != tc.decision || r.RuleID != tc.rule || r.Bundle.Name != "guard" || r.Bundle.Digest != b.Digest {
 			t.Errorf("eval %s: %+v", tc.target, r)
 		}
 	}

@@ -174,8 +174,9 @@ type BundleRef struct {
 	Engine   string `json:"engine"`
 }
 
-// StepPolicyDecision is the recorded policy decision of a step.
-type StepPolicyDecision struct {
+// StepVerdict is the recorded policy verdict of a step: the action and
+// what produced it.
+type StepVerdict struct {
 	Action   string    `json:"action"`
 	Reason   string    `json:"reason,omitempty"`
 	RuleID   string    `json:"rule_id,omitempty"`
@@ -185,25 +186,25 @@ type StepPolicyDecision struct {
 
 // Step is a step as the API shows it.
 type Step struct {
-	ID          string              `json:"id"`
-	ExecutionID string              `json:"execution_id"`
-	Kind        string              `json:"kind"`
-	Target      string              `json:"target"`
-	Args        json.RawMessage     `json:"args"`
-	ArgsHash    string              `json:"args_hash"`
-	Occurrence  int                 `json:"occurrence"`
-	Idempotency string              `json:"idempotency"`
-	Effect      string              `json:"effect,omitempty"`
-	Status      string              `json:"status"`
-	Result      json.RawMessage     `json:"result,omitempty"`
-	Error       json.RawMessage     `json:"error,omitempty"`
-	Usage       *Usage              `json:"usage,omitempty"`
-	Lease       *Lease              `json:"lease,omitempty"`
-	Decision    *StepPolicyDecision `json:"decision,omitempty"`
-	ApprovalID  string              `json:"approval_id,omitempty"`
-	Seq         uint64              `json:"seq"`
-	CreatedAt   time.Time           `json:"created_at"`
-	CompletedAt *time.Time          `json:"completed_at,omitempty"`
+	ID          string          `json:"id"`
+	ExecutionID string          `json:"execution_id"`
+	Kind        string          `json:"kind"`
+	Target      string          `json:"target"`
+	Args        json.RawMessage `json:"args"`
+	ArgsHash    string          `json:"args_hash"`
+	Occurrence  int             `json:"occurrence"`
+	Idempotency string          `json:"idempotency"`
+	Effect      string          `json:"effect,omitempty"`
+	Status      string          `json:"status"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	Error       json.RawMessage `json:"error,omitempty"`
+	Usage       *Usage          `json:"usage,omitempty"`
+	Lease       *Lease          `json:"lease,omitempty"`
+	Verdict     *StepVerdict    `json:"decision,omitempty"`
+	ApprovalID  string          `json:"approval_id,omitempty"`
+	Seq         uint64          `json:"seq"`
+	CreatedAt   time.Time       `json:"created_at"`
+	CompletedAt *time.Time      `json:"completed_at,omitempty"`
 }
 
 // StepList is the answer of GET /v0/executions/{id}/steps.
@@ -357,10 +358,11 @@ type RateLimit struct {
 	OnLimiterError string `json:"on_limiter_error,omitempty"`
 }
 
-// PolicyEvalResponse is the answer of a policy dry run: the decision and
-// which bundle and rule produced it. Nothing is recorded.
+// PolicyEvalResponse is the answer of a policy dry run: the verdict (the
+// action, and which bundle and rule produced it). Nothing is recorded.
 type PolicyEvalResponse struct {
-	Decision   string          `json:"decision"`
+	// Action is allow, deny, require_approval or abort.
+	Action     string          `json:"decision"`
 	Reason     string          `json:"reason,omitempty"`
 	RuleID     string          `json:"rule_id,omitempty"`
 	Bundle     BundleRef       `json:"bundle"`

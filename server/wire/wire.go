@@ -15,6 +15,9 @@ const (
 	HeaderSignature = "Rebuno-Signature"
 	// HeaderDispatchID is the dispatch id of the caller's lease.
 	HeaderDispatchID = "Rebuno-Dispatch-Id"
+	// HeaderStepID optionally carries, on a step submission, the step id the
+	// agent computed; a different kernel id is 409 step_id_divergence.
+	HeaderStepID = "Rebuno-Step-Id"
 	// HeaderDispatchAttempt is the dispatch attempt (a decimal integer >= 1) of the caller's lease.
 	HeaderDispatchAttempt = "Rebuno-Dispatch-Attempt"
 	// HeaderIdempotencyKey makes a retried POST /v0/executions return the first execution.
@@ -62,6 +65,7 @@ const (
 	CodeMethodNotAllowed = "method_not_allowed" // 405
 	CodeConflict         = "conflict"           // 409
 	CodeLeaseSuperseded  = "lease_superseded"   // 409
+	CodeStepIDDivergence = "step_id_divergence" // 409
 	CodeTooLarge         = "too_large"          // 413
 	CodeRateLimited      = "rate_limited"       // 429
 	CodeInternal         = "internal"           // 500

@@ -117,7 +117,7 @@ func BenchmarkCodecStep(b *testing.B) {
 		Kind: "tool_call", Target: "web.search", Args: json.RawMessage(`{"query":"durable execution kernels for AI agents","max_results":10}`),
 		ArgsHash: strings.Repeat("b", 64), Idempotency: kernel.SafeToRetry, Status: kernel.StepSucceeded, Result: json.RawMessage(`{"hits":["a","b"]}`),
 		Lease:    kernel.Lease{DispatchID: "0196a000-0000-7000-8000-00000000d001", Attempt: 1},
-		Decision: &kernel.StepDecisionInfo{Action: "allow", RuleID: "allow-search", EvalTime: time.Microsecond}, Seq: 4, CreatedAt: now, CompletedAt: &now}
+		Verdict: &kernel.StepVerdict{Action: "allow", RuleID: "allow-search", EvalTime: time.Microsecond}, Seq: 4, CreatedAt: now, CompletedAt: &now}
 	bin := encodeStep(s)
 	js, err := encodeJSON(s)
 	if err != nil {

@@ -249,7 +249,7 @@ func encodeExecution(e *kernel.Execution) []byte {
 	b = appendStr(b, e.ID)
 	b = appendStr(b, e.Tenant)
 	b = appendStr(b, e.IdempotencyKey)
-	b = appendStr(b, e.Dispatch.State)
+	b = appendStr(b, string(e.Dispatch.State))
 	b = appendTime(b, e.Dispatch.DueAt)
 	b = appendTime(b, e.Dispatch.LeaseUntil)
 	// The rest.
@@ -291,7 +291,7 @@ func encodeStep(s *kernel.Step) []byte {
 	args := orNull(s.Args)
 	size := 128 + len(s.ID) + len(s.ExecutionID) + len(s.Tenant) + len(s.Kind) + len(s.Target) +
 		len(s.ArgsHash) + len(s.Idempotency) + len(s.Effect) + len(s.Status) + len(s.Lease.DispatchID) + len(s.ApprovalID)
-	if d := s.Decision; d != nil {
+	if d := s.Verdict; d != nil {
 		size += 48 + len(d.Action) + len(d.Reason) + len(d.RuleID) + len(d.Bundle.Name) +
 			len(d.Bundle.Revision) + len(d.Bundle.Digest) + len(d.Bundle.Engine)
 	}
@@ -303,7 +303,7 @@ func encodeStep(s *kernel.Step) []byte {
 	b = appendStr(b, s.Target)
 	b = appendStr(b, s.ArgsHash)
 	b = appendInt(b, int64(s.Occurrence))
-	b = appendStr(b, s.Idempotency)
+	b = appendStr(b, string(s.Idempotency))
 	b = appendStr(b, s.Effect)
 	b = appendStr(b, string(s.Status))
 	b = appendBool(b, s.Usage != nil)
@@ -315,8 +315,8 @@ func encodeStep(s *kernel.Step) []byte {
 	}
 	b = appendStr(b, s.Lease.DispatchID)
 	b = appendInt(b, int64(s.Lease.Attempt))
-	b = appendBool(b, s.Decision != nil)
-	if d := s.Decision; d != nil {
+	b = appendBool(b, s.Verdict != nil)
+	if d := s.Verdict; d != nil {
 		b = appendStr(b, string(d.Action))
 		b = appendStr(b, d.Reason)
 		b = appendStr(b, d.RuleID)
@@ -586,7 +586,7 @@ func decodeExecution(b []byte) (*kernel.Execution, error) {
 	e.ID = r.str()
 	e.Tenant = r.str()
 	e.IdempotencyKey = r.str()
-	e.Dispatch.State = r.str()
+	e.Dispatch.State = kernel.DispatchStatus(r.str())
 	e.Dispatch.DueAt = r.time()
 	e.Dispatch.LeaseUntil = r.time()
 	e.AgentID = r.str()
@@ -664,7 +664,7 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 	s.Target = r.str()
 	s.ArgsHash = r.str()
 	s.Occurrence = r.int()
-	s.Idempotency = r.str()
+	s.Idempotency = kernel.Idempotency(r.str())
 	s.Effect = r.str()
 	s.Status = kernel.StepStatus(r.str())
 	if r.bool() {
@@ -673,7 +673,7 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 	s.Lease.DispatchID = r.str()
 	s.Lease.Attempt = r.int()
 	if r.bool() {
-		d := new(kernel.StepDecisionInfo)
+		d := new(kernel.StepVerdict)
 		d.Action = policy.Action(r.str())
 		d.Reason = r.str()
 		d.RuleID = r.str()
@@ -682,7 +682,7 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 		d.Bundle.Digest = r.str()
 		d.Bundle.Engine = r.str()
 		d.EvalTime = time.Duration(r.varint())
-		s.Decision = d
+		s.Verdict = d
 	}
 	s.ApprovalID = r.str()
 	s.Seq = r.uvarint()
