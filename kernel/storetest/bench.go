@@ -31,7 +31,7 @@ func submit(tx kernel.Tx, tenant, execID string, n int) error {
 		Args: benchArgs, ArgsHash: fmt.Sprintf("%064x", n*31+7), Idempotency: kernel.SafeToRetry,
 		Effect: "read_only", Status: kernel.StepExecuting, Lease: e.Lease,
 		Verdict: &kernel.StepVerdict{Action: "allow", RuleID: "allow-search", EvalTime: 42 * time.Microsecond},
-		Seq:      seq + 1, CreatedAt: now,
+		Seq:     seq + 1, CreatedAt: now,
 	}
 	st.Verdict.Bundle.Name, st.Verdict.Bundle.Revision, st.Verdict.Bundle.Engine = "research", "3", "rules"
 	if err := tx.PutStep(st); err != nil {

@@ -77,7 +77,7 @@ func BenchmarkStepPath(b *testing.B) {
 			st := &kernel.Step{ID: stepID, ExecutionID: ex.ID, Tenant: ex.Tenant, Kind: "tool_call", Target: "web.search",
 				Args: args, ArgsHash: stepID, Idempotency: kernel.SafeToRetry, Status: kernel.StepExecuting, Lease: ex.Lease,
 				Verdict: &kernel.StepVerdict{Action: "allow", RuleID: "allow-search", EvalTime: time.Microsecond},
-				Seq:      ex.LastSeq + 1, CreatedAt: now}
+				Seq:     ex.LastSeq + 1, CreatedAt: now}
 			if err := tx.PutStep(st); err != nil {
 				return err
 			}
