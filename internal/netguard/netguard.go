@@ -24,11 +24,13 @@
 // kernel or on a private network.
 //
 // Options.Allow and Options.Deny add prefixes. Among every default and
-// configured prefix that contains an address, the longest decides; at equal
-// length a deny wins; no match allows. So --deny 10.0.0.0/8 with --allow
-// 10.1.2.0/24 admits only that /24 of the 10/8, and --allow 169.254.10.5/32
-// admits one link-local agent. The kernel's own listeners are refused
-// whatever the prefixes say.
+// configured prefix that contains an address, the longest decides; between
+// equal prefixes a configured deny beats a configured allow, which beats a
+// default; no match allows. So --deny 10.0.0.0/8 with --allow 10.1.2.0/24
+// admits only that /24 of the 10/8, --allow 169.254.10.5/32 admits one
+// link-local agent, and --allow 169.254.0.0/16 admits link-local but not
+// the metadata endpoints inside it (their /32 defaults are longer). The
+// kernel's own listeners are refused whatever the prefixes say.
 //
 // IPv4-mapped IPv6 addresses (::ffff:a.b.c.d) are checked as the IPv4
 // address, and NAT64 addresses (64:ff9b::/96) as the IPv4 address they
@@ -76,8 +78,15 @@ func (e *ForbiddenError) Is(target error) bool { return target == ErrForbidden }
 type rule struct {
 	prefix netip.Prefix
 	deny   bool
+	rank   int // breaks ties between equal prefixes: rankDefault < rankAllow < rankDeny
 	reason string
 }
+
+const (
+	rankDefault = iota
+	rankAllow
+	rankDeny
+)
 
 // DefaultDeny are the prefixes refused unless a longer (or equal) allow
 // prefix admits them, with the reason a refusal gives. Metadata endpoints
@@ -146,14 +155,14 @@ func New(o Options) *Guard {
 		g.resolver = net.DefaultResolver
 	}
 	for _, d := range DefaultDeny {
-		g.rules = append(g.rules, rule{prefix: d.Prefix, deny: true, reason: d.Reason})
+		g.rules = append(g.rules, rule{prefix: d.Prefix, deny: true, rank: rankDefault, reason: d.Reason})
 	}
 	for _, p := range o.Deny {
 		p = normPrefix(p)
-		g.rules = append(g.rules, rule{prefix: p, deny: true, reason: "denied by " + what + " " + p.String()})
+		g.rules = append(g.rules, rule{prefix: p, deny: true, rank: rankDeny, reason: "denied by " + what + " " + p.String()})
 	}
 	for _, p := range o.Allow {
-		g.rules = append(g.rules, rule{prefix: normPrefix(p)})
+		g.rules = append(g.rules, rule{prefix: normPrefix(p), rank: rankAllow})
 	}
 	return g
 }
@@ -250,7 +259,8 @@ func (g *Guard) Check(ap netip.AddrPort) error {
 }
 
 // decide returns the reason addr is refused, or "" when it is allowed: the
-// longest matching prefix decides, a deny winning a tie.
+// longest matching prefix decides; between equal prefixes a configured deny
+// beats a configured allow, which beats a default.
 func (g *Guard) decide(addr netip.Addr) string {
 	best, bits := (*rule)(nil), -1
 	for i := range g.rules {
@@ -258,7 +268,7 @@ func (g *Guard) decide(addr netip.Addr) string {
 		if !r.prefix.Contains(addr) {
 			continue
 		}
-		if b := r.prefix.Bits(); b > bits || b == bits && r.deny && !best.deny {
+		if b := r.prefix.Bits(); b > bits || b == bits && r.rank > best.rank {
 			best, bits = r, b
 		}
 	}

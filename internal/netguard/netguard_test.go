@@ -2,7 +2,6 @@ package netguard
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -13,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/wicket-run/wicket/internal/netguard/netguardtest"
 )
 
 func mustPrefixes(t *testing.T, ss ...string) []netip.Prefix {
@@ -107,10 +108,18 @@ func TestCheckPrefixes(t *testing.T) {
 	if err := g.Check(netip.MustParseAddrPort("10.0.0.1:80")); err == nil {
 		t.Error("an equal allow overrode a deny")
 	}
-	// Allow everything: metadata addresses can be re-admitted explicitly.
+	// A configured allow of exactly a default deny re-admits it (explicit
+	// configuration beats a default); a wider allow does not.
 	g = New(Options{Allow: mustPrefixes(t, "169.254.169.254/32")})
+	if err := g.Check(netip.MustParseAddrPort("169.254.169.254:80")); err != nil {
+		t.Errorf("explicitly allowed metadata address: %v", err)
+	}
+	g = New(Options{Allow: mustPrefixes(t, "169.254.0.0/16")})
 	if err := g.Check(netip.MustParseAddrPort("169.254.169.254:80")); err == nil {
-		t.Error("an equal-length allow beat the metadata deny; a deny must win a tie")
+		t.Error("allowing link-local admitted the metadata endpoint")
+	}
+	if err := g.Check(netip.MustParseAddrPort("169.254.1.1:80")); err != nil {
+		t.Errorf("allowed link-local: %v", err)
 	}
 }
 
@@ -249,58 +258,6 @@ func TestControlRefusesBeforeConnecting(t *testing.T) {
 	}
 }
 
-// fakeDNS is a UDP DNS server on loopback that answers every A query with
-// the address answer() returns at that moment (TTL 0) and AAAA queries with
-// no records.
-func fakeDNS(t *testing.T, answer func() netip.Addr) *net.Resolver {
-	t.Helper()
-	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			q := buf[:n]
-			if len(q) < 12 {
-				continue
-			}
-			// Skip the question name to find its type.
-			i := 12
-			for i < len(q) && q[i] != 0 {
-				i += int(q[i]) + 1
-			}
-			if i+5 > len(q) {
-				continue
-			}
-			qtype := binary.BigEndian.Uint16(q[i+1:])
-			qend := i + 5
-			resp := append([]byte(nil), q[:qend]...)
-			binary.BigEndian.PutUint16(resp[2:], 0x8180) // response, recursion available, no error
-			binary.BigEndian.PutUint16(resp[6:], 0)      // answers
-			binary.BigEndian.PutUint16(resp[8:], 0)
-			binary.BigEndian.PutUint16(resp[10:], 0)
-			if qtype == 1 {
-				a := answer().As4()
-				binary.BigEndian.PutUint16(resp[6:], 1)
-				resp = append(resp, 0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 0, 0, 4)
-				resp = append(resp, a[:]...)
-			}
-			_, _ = pc.WriteTo(resp, from)
-		}
-	}()
-	addr := pc.LocalAddr().String()
-	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "udp", addr)
-	}}
-}
-
 // TestDNSRebinding: a name that resolves to an allowed address when the URL
 // is checked and to a metadata address when it is dialled is refused at
 // dial time, by an http.Client whose dialer carries the guard.
@@ -320,7 +277,7 @@ func TestDNSRebinding(t *testing.T) {
 
 	var current atomic.Value
 	current.Store(netip.MustParseAddr("127.0.0.1"))
-	res := fakeDNS(t, func() netip.Addr { return current.Load().(netip.Addr) })
+	res := netguardtest.FakeDNS(t, func() netip.Addr { return current.Load().(netip.Addr) })
 	g := New(Options{Resolver: res})
 	u := "http://agent.test:" + strconv.Itoa(port) + "/hook"
 	if err := g.CheckURL(context.Background(), u); err != nil {
