@@ -198,14 +198,12 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer st.Close()
 
-	// Listen before anything registers agents: the kernel's own address is
-	// a forbidden webhook destination from the start.
-	ln, err := net.Listen("tcp", o.addr)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", o.addr, err)
+	// The kernel's own address is a forbidden webhook destination from the
+	// start (the manifest registers agents before the listener opens);
+	// SetSelf is called again with the bound address below.
+	if self, err := net.ResolveTCPAddr("tcp", o.addr); err == nil && self.Port != 0 {
+		guard.SetSelf(self)
 	}
-	defer ln.Close()
-	guard.SetSelf(ln.Addr())
 
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
 		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log}
@@ -238,6 +236,11 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", o.addr, err)
+	}
+	guard.SetSelf(ln.Addr())
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	hs.RegisterOnShutdown(srv.CloseStreams) // SSE clients reconnect with Last-Event-ID
 	if err := k.Start(ctx); err != nil {
