@@ -150,7 +150,9 @@ func (r *run) nextLease() {
 			}
 			r.call = kernel.AgentCall{Tenant: d.Tenant, ExecutionID: d.ExecutionID, AgentID: d.AgentID,
 				Lease: kernel.Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}}
-			r.waitState(func(e *kernel.Execution) bool { return e.Dispatch.State == kernel.DispatchAcked && e.Lease == r.call.Lease })
+			r.waitState(func(e *kernel.Execution) bool {
+				return e.Dispatch.State == kernel.DispatchAcked && e.Lease == r.call.Lease
+			})
 			return
 		case <-deadline:
 			r.h.t.Fatalf("no delivery of execution %s", r.id)

@@ -65,7 +65,9 @@ var layout = []row{
 	{"plugins/wasm", []string{std, "kernel/policy", "plugins/bundle", "github.com/tetratelabs/wazero"}, "wasm: the only user of wazero"},
 	{"plugins/enginetest", []string{std, testPkg, "kernel/policy", "plugins", "plugins/bundle"}, "runs bundle tests through an engine (test support)"},
 
-	{"internal/webhook", []string{std, "kernel", "server/wire"}, "outbound webhooks"},
+	{"internal/webhook", []string{std, "kernel", "server/wire", "internal/netguard"}, "outbound webhooks"},
+	{"internal/netguard", []string{std}, "the outbound address policy"},
+	{"internal/netguard/netguardtest", []string{std, testPkg}, "a fake DNS server for netguard tests (test support)"},
 	{"internal/manifest", []string{std, "kernel", "plugins/bundle", "go.yaml.in/yaml/v3"}, "the provisioning manifest"},
 	{"internal/fakellm", []string{std}, "a fake LLM provider for examples and tests"},
 	{"internal/testkit", []string{std, testPkg, anyPkg}, "the end-to-end harness (test support)"},
@@ -81,7 +83,7 @@ var layout = []row{
 
 // testSupport are the packages that import testing; no other package may
 // import them outside its tests.
-var testSupport = []string{"kernel/storetest", "plugins/enginetest", "internal/testkit"}
+var testSupport = []string{"kernel/storetest", "plugins/enginetest", "internal/testkit", "internal/netguard/netguardtest"}
 
 // heavy are the large dependencies that each belong to one package; a
 // second row naming one must be justified here.
