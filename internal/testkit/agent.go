@@ -187,6 +187,7 @@ type Agent struct {
 	SlowAck time.Duration
 
 	Webhooks atomic.Int64 // webhooks received with a valid signature
+	Acks     atomic.Int64 // webhooks answered 202 (after SlowAck)
 	BadSigs  atomic.Int64 // webhooks refused for their signature
 	wg       sync.WaitGroup
 	ctx      context.Context
@@ -249,6 +250,7 @@ func (a *Agent) serveWebhook(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.WriteHeader(http.StatusAccepted)
+	a.Acks.Add(1)
 }
 
 func (a *Agent) run(p wire.WebhookPayload) {

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -788,12 +789,17 @@ func TestCloseDuringEvaluate(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	start := make(chan struct{})
+	var evaluated atomic.Int64
+	running := make(chan struct{}) // closed once every goroutine has evaluated once
 	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			for {
+			for first := true; ; first = false {
+				if first && evaluated.Add(1) == 8 {
+					close(running)
+				}
 				d, err := ev.Evaluate(context.Background(), in)
 				if err != nil {
 					if !strings.Contains(err.Error(), "evaluator closed") {
@@ -809,7 +815,7 @@ func TestCloseDuringEvaluate(t *testing.T) {
 		}()
 	}
 	close(start)
-	time.Sleep(20 * time.Millisecond)
+	<-running // every goroutine is in its loop: Close lands among evaluations
 	if err := ev.Close(); err != nil {
 		t.Fatal(err)
 	}

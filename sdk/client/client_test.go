@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1275,9 +1276,25 @@ func TestWaitReady(t *testing.T) {
 	}
 
 	env, _ := start(t)
+	// Gate: the kernel comes up only after WaitReady has been refused at
+	// least twice (it waits and asks again).
+	var refused atomic.Int64
+	late := client.New("http://"+addr, client.WithHTTPClient(&http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := http.DefaultTransport.RoundTrip(r)
+		if err != nil {
+			refused.Add(1)
+		}
+		return resp, err
+	})}))
 	done := make(chan error, 1)
-	go func() { done <- c.WaitReady(testCtx(t)) }()
-	time.Sleep(200 * time.Millisecond)
+	go func() { done <- late.WaitReady(testCtx(t)) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for refused.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("WaitReady did not ask twice")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	ln, err = net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatalf("listen again on %s: %v", addr, err)
@@ -1289,3 +1306,8 @@ func TestWaitReady(t *testing.T) {
 		t.Fatalf("WaitReady once the kernel serves: %v", err)
 	}
 }
+
+// roundTripFunc is an http.RoundTripper made of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

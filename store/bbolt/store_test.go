@@ -305,7 +305,7 @@ func TestCloseDrains(t *testing.T) {
 	<-started
 	closed := make(chan error, 1)
 	go func() { closed <- s.Close() }()
-	time.Sleep(20 * time.Millisecond)
+	<-s.closing // Close has begun: it now waits for the writer, which waits for the Update
 	select {
 	case err := <-closed:
 		t.Fatalf("Close returned (%v) while an Update was running", err)
