@@ -67,7 +67,7 @@ func (k *Kernel) rateLimit(r *rec, e *Execution, rules []RateLimitRule) (limited
 			}
 			return true, fmt.Sprintf("rate limit %s is misconfigured (fail closed)", rl.ID), rl.ID, nil
 		}
-		scope := e.ID
+		var scope string
 		switch rl.Per {
 		case policy.PerAgent:
 			scope = "agent:" + e.AgentID

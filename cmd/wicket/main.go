@@ -16,8 +16,10 @@ import (
 	"syscall"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "0.1.0-dev"
+// version is the binary's version: set at build time with
+// -ldflags "-X main.version=v1.2.3", or else read from the build info
+// (see version.go).
+var version string
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/wicket-run/wicket/kernel"
 )
@@ -130,7 +131,7 @@ func Open(path string, opts Options) (*Store, error) {
 		bopts.Timeout = 0 // bbolt: zero waits forever
 	}
 	db, err := bolt.Open(path, FileMode, bopts)
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("bbolt: open %s: %w (gave up after %s)", path, ErrLocked, opts.Timeout)
 	}
 	if err != nil {
@@ -196,7 +197,7 @@ func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error
 		return errClosed("view")
 	}
 	err := s.db.View(func(btx *bolt.Tx) error { return fn(&readTx{tx: btx}) })
-	if errors.Is(err, bolt.ErrDatabaseNotOpen) {
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return errClosed("view")
 	}
 	return err
