@@ -293,6 +293,6 @@ func checkPrefix(t *testing.T, id string, old, after []kernel.Event) {
 	}
 }
 
-func isTerminal(typ string) bool {
+func isTerminal(typ kernel.EventType) bool {
 	return typ == kernel.EvExecutionCompleted || typ == kernel.EvExecutionFailed || typ == kernel.EvExecutionCancelled
 }

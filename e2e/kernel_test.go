@@ -85,7 +85,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("same call twice: %+v / %+v", d0, d1)
 	}
 	evs := mustCheckLog(t, env, id)
-	for typ, want := range map[string]int{kernel.EvStepProposed: 4, kernel.EvStepAllowed: 4, kernel.EvStepExecuting: 4, kernel.EvStepSucceeded: 4,
+	for typ, want := range map[kernel.EventType]int{kernel.EvStepProposed: 4, kernel.EvStepAllowed: 4, kernel.EvStepExecuting: 4, kernel.EvStepSucceeded: 4,
 		kernel.EvExecutionStarted: 1, kernel.EvDispatchClaimed: 1, kernel.EvExecutionCompleted: 1} {
 		if got := testkit.Count(evs, typ); got != want {
 			t.Errorf("%s: %d events, want %d", typ, got, want)

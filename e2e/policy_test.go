@@ -286,7 +286,7 @@ func TestPolicyDecisionsPerEngine(t *testing.T) {
 				t.Errorf("decisions\n got %s\nwant %s", got, want)
 			}
 			evs := mustCheckLog(t, env, id)
-			for _, typ := range []string{kernel.EvStepDenied, kernel.EvStepRateLimited, kernel.EvStepAwaitingApproval, kernel.EvApprovalRequested,
+			for _, typ := range []kernel.EventType{kernel.EvStepDenied, kernel.EvStepRateLimited, kernel.EvStepAwaitingApproval, kernel.EvApprovalRequested,
 				kernel.EvExecutionBlocked, kernel.EvApprovalGranted, kernel.EvExecutionResumed} {
 				if testkit.Count(evs, typ) == 0 {
 					t.Errorf("no %s in %v", typ, testkit.Types(evs))

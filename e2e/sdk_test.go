@@ -298,7 +298,7 @@ func TestSDKApprovalAcrossAgentRestart(t *testing.T) {
 		t.Fatalf("journal %q: plan and deploy must each run once", r.lines())
 	}
 	evs := r.checkLog(id)
-	for _, typ := range []string{kernel.EvApprovalRequested, kernel.EvApprovalGranted, kernel.EvExecutionResumed} {
+	for _, typ := range []kernel.EventType{kernel.EvApprovalRequested, kernel.EvApprovalGranted, kernel.EvExecutionResumed} {
 		if testkit.Count(evs, typ) != 1 {
 			t.Fatalf("%s appears %d times: %v", typ, testkit.Count(evs, typ), testkit.Types(evs))
 		}

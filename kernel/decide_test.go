@@ -251,19 +251,19 @@ func (r *run) getStep(id string) *kernel.Step {
 }
 
 // stepEvents returns the types of the step.* events of one step, in order.
-func (r *run) stepEvents(stepID string) []string {
+func (r *run) stepEvents(stepID string) []kernel.EventType {
 	r.h.t.Helper()
 	evs, err := r.h.k.Events(context.Background(), kernel.DefaultTenant, r.id, 0, 1000)
 	if err != nil {
 		r.h.t.Fatal(err)
 	}
-	var out []string
+	var out []kernel.EventType
 	for _, ev := range evs {
 		var p struct {
 			StepID string `json:"step_id"`
 		}
 		_ = json.Unmarshal(ev.Payload, &p)
-		if p.StepID == stepID && strings.HasPrefix(ev.Type, "step.") {
+		if p.StepID == stepID && strings.HasPrefix(string(ev.Type), "step.") {
 			out = append(out, ev.Type)
 		}
 	}
@@ -271,7 +271,7 @@ func (r *run) stepEvents(stepID string) []string {
 }
 
 // eventPayload returns the payload of the last event of a type.
-func (r *run) eventPayload(typ string) map[string]any {
+func (r *run) eventPayload(typ kernel.EventType) map[string]any {
 	r.h.t.Helper()
 	evs, err := r.h.k.Events(context.Background(), kernel.DefaultTenant, r.id, 0, 1000)
 	if err != nil {
@@ -307,19 +307,19 @@ func TestDecisionOutcomes(t *testing.T) {
 		rule     string
 		reason   string
 		status   kernel.StepStatus
-		events   []string
+		events   []kernel.EventType
 		execWant kernel.ExecStatus
 	}{
 		{"allow", "read", kernel.DecisionProceed, "allow-rest", "", kernel.StepExecuting,
-			[]string{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting}, kernel.ExecRunning},
+			[]kernel.EventType{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting}, kernel.ExecRunning},
 		{"deny", "rm", kernel.DecisionDenied, "no-rm", "rm is dangerous", kernel.StepDenied,
-			[]string{kernel.EvStepProposed, kernel.EvStepDenied}, kernel.ExecRunning},
+			[]kernel.EventType{kernel.EvStepProposed, kernel.EvStepDenied}, kernel.ExecRunning},
 		{"abort", "nuke", kernel.DecisionExecutionTerminal, "no-nukes", "policy_abort: never", kernel.StepDenied,
-			[]string{kernel.EvStepProposed, kernel.EvStepDenied}, kernel.ExecFailed},
+			[]kernel.EventType{kernel.EvStepProposed, kernel.EvStepDenied}, kernel.ExecFailed},
 		{"require approval", "deploy", kernel.DecisionBlocked, "human", "deploys need a human", kernel.StepAwaitingApproval,
-			[]string{kernel.EvStepProposed, kernel.EvStepAwaitingApproval}, kernel.ExecBlocked},
+			[]kernel.EventType{kernel.EvStepProposed, kernel.EvStepAwaitingApproval}, kernel.ExecBlocked},
 		{"unknown action fails closed", "garbled", kernel.DecisionDenied, "weird", `policy answered unknown action "maybe"`, kernel.StepDenied,
-			[]string{kernel.EvStepProposed, kernel.EvStepDenied}, kernel.ExecRunning},
+			[]kernel.EventType{kernel.EvStepProposed, kernel.EvStepDenied}, kernel.ExecRunning},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, kernel.Config{}, verdicts)
@@ -546,7 +546,7 @@ func TestApprovals(t *testing.T) {
 		if p.Decision != kernel.DecisionProceed || p.StepID != d.StepID || p.ApprovalID != d.ApprovalID {
 			t.Fatalf("after grant: %+v", p)
 		}
-		if got := r.stepEvents(d.StepID); !slices.Equal(got, []string{kernel.EvStepProposed, kernel.EvStepAwaitingApproval, kernel.EvStepExecuting}) {
+		if got := r.stepEvents(d.StepID); !slices.Equal(got, []kernel.EventType{kernel.EvStepProposed, kernel.EvStepAwaitingApproval, kernel.EvStepExecuting}) {
 			t.Errorf("events %v", got)
 		}
 		if pl := r.eventPayload(kernel.EvStepExecuting); pl["approval_id"] != d.ApprovalID {
@@ -614,7 +614,7 @@ func TestOrphans(t *testing.T) {
 		kind        string
 		want        kernel.Decision
 		status      kernel.StepStatus
-		lastEvent   string
+		lastEvent   kernel.EventType
 	}{
 		{"safe_to_retry proceeds again", kernel.SafeToRetry, "tool_call", kernel.DecisionProceed, kernel.StepExecuting, kernel.EvStepExecuting},
 		{"llm_call defaults to safe_to_retry", "", "llm_call", kernel.DecisionProceed, kernel.StepExecuting, kernel.EvStepExecuting},

@@ -377,7 +377,7 @@ type rec struct {
 
 // event appends an event to e's log; it refuses to append after the
 // terminal execution event.
-func (r *rec) event(e *Execution, typ string, payload any) error {
+func (r *rec) event(e *Execution, typ EventType, payload any) error {
 	if e.Status.Terminal() && !isTerminalExecEvent(typ) {
 		return &Error{Code: CodeInternal, Message: fmt.Sprintf("refusing %s after terminal execution event", typ)}
 	}
@@ -405,7 +405,7 @@ func (r *rec) event(e *Execution, typ string, payload any) error {
 	return nil
 }
 
-func isTerminalExecEvent(typ string) bool {
+func isTerminalExecEvent(typ EventType) bool {
 	return typ == EvExecutionCompleted || typ == EvExecutionFailed || typ == EvExecutionCancelled
 }
 

@@ -187,42 +187,45 @@ type Usage struct {
 type Event struct {
 	ExecutionID string          `json:"execution_id"`
 	Seq         uint64          `json:"seq"`
-	Type        string          `json:"type"`
+	Type        EventType       `json:"type"`
 	Time        time.Time       `json:"time"`
 	Payload     json.RawMessage `json:"payload"`
 }
 
-// Event types (docs/durability.md).
+// EventType names what an event records (docs/protocol.md#events).
+type EventType string
+
+// Event types.
 const (
-	EvExecutionCreated   = "execution.created"
-	EvExecutionStarted   = "execution.started"
-	EvExecutionBlocked   = "execution.blocked"
-	EvExecutionResumed   = "execution.resumed"
-	EvExecutionCompleted = "execution.completed"
-	EvExecutionFailed    = "execution.failed"
-	EvExecutionCancelled = "execution.cancelled"
+	EvExecutionCreated   EventType = "execution.created"
+	EvExecutionStarted   EventType = "execution.started"
+	EvExecutionBlocked   EventType = "execution.blocked"
+	EvExecutionResumed   EventType = "execution.resumed"
+	EvExecutionCompleted EventType = "execution.completed"
+	EvExecutionFailed    EventType = "execution.failed"
+	EvExecutionCancelled EventType = "execution.cancelled"
 
-	EvStepProposed         = "step.proposed"
-	EvStepAllowed          = "step.allowed"
-	EvStepDenied           = "step.denied"
-	EvStepRateLimited      = "step.rate_limited"
-	EvStepAwaitingApproval = "step.awaiting_approval"
-	EvStepExecuting        = "step.executing"
-	EvStepSucceeded        = "step.succeeded"
-	EvStepFailed           = "step.failed"
-	EvStepCancelled        = "step.cancelled"
+	EvStepProposed         EventType = "step.proposed"
+	EvStepAllowed          EventType = "step.allowed"
+	EvStepDenied           EventType = "step.denied"
+	EvStepRateLimited      EventType = "step.rate_limited"
+	EvStepAwaitingApproval EventType = "step.awaiting_approval"
+	EvStepExecuting        EventType = "step.executing"
+	EvStepSucceeded        EventType = "step.succeeded"
+	EvStepFailed           EventType = "step.failed"
+	EvStepCancelled        EventType = "step.cancelled"
 
-	EvApprovalRequested = "approval.requested"
-	EvApprovalGranted   = "approval.granted"
-	EvApprovalDenied    = "approval.denied"
-	EvApprovalExpired   = "approval.expired"
+	EvApprovalRequested EventType = "approval.requested"
+	EvApprovalGranted   EventType = "approval.granted"
+	EvApprovalDenied    EventType = "approval.denied"
+	EvApprovalExpired   EventType = "approval.expired"
 
-	EvDispatchQueued     = "dispatch.queued"
-	EvDispatchClaimed    = "dispatch.claimed"
-	EvDispatchAcked      = "dispatch.acked"
-	EvDispatchFailed     = "dispatch.failed"
-	EvDispatchSuperseded = "dispatch.superseded"
-	EvDispatchDiscarded  = "dispatch.discarded"
+	EvDispatchQueued     EventType = "dispatch.queued"
+	EvDispatchClaimed    EventType = "dispatch.claimed"
+	EvDispatchAcked      EventType = "dispatch.acked"
+	EvDispatchFailed     EventType = "dispatch.failed"
+	EvDispatchSuperseded EventType = "dispatch.superseded"
+	EvDispatchDiscarded  EventType = "dispatch.discarded"
 )
 
 // Agent is a registered agent. Secret is the HMAC key; it is never returned

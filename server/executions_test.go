@@ -120,7 +120,7 @@ func TestExecutionLifecycle(t *testing.T) {
 	// Events, paged.
 	var evs wire.EventList
 	e.admin("GET", "/v0/executions/"+x.ID+"/events", nil).want(t, http.StatusOK).decode(t, &evs)
-	if len(evs.Events) < 5 || evs.Events[0].Type != kernel.EvExecutionCreated || evs.Events[len(evs.Events)-1].Type != kernel.EvExecutionCompleted {
+	if len(evs.Events) < 5 || evs.Events[0].Type != string(kernel.EvExecutionCreated) || evs.Events[len(evs.Events)-1].Type != string(kernel.EvExecutionCompleted) {
 		t.Fatalf("events %+v", evs)
 	}
 	for i, ev := range evs.Events {

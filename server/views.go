@@ -60,7 +60,7 @@ func executionView(e *kernel.Execution) wire.Execution {
 }
 
 func eventView(e kernel.Event) wire.Event {
-	return wire.Event{ExecutionID: e.ExecutionID, Seq: e.Seq, Type: e.Type, Time: e.Time, Payload: e.Payload}
+	return wire.Event{ExecutionID: e.ExecutionID, Seq: e.Seq, Type: string(e.Type), Time: e.Time, Payload: e.Payload}
 }
 
 func bundleRefView(b policy.BundleRef) wire.BundleRef {

@@ -47,7 +47,7 @@ func submit(tx kernel.Tx, tenant, execID string, n int) error {
 		return err
 	}
 	payload := json.RawMessage(`{"step_id":"` + stepID + `","kind":"tool_call","target":"web.search","bundle":{"name":"research","revision":"3","sha256":"` + st.ArgsHash + `"},"engine":"rules","rule_id":"allow-search","eval_ns":42000}`)
-	for i, typ := range []string{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting} {
+	for i, typ := range []kernel.EventType{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting} {
 		if err := tx.AppendEvent(tenant, kernel.Event{ExecutionID: execID, Seq: seq + 1 + uint64(i), Type: typ, Time: now, Payload: payload}); err != nil {
 			return err
 		}

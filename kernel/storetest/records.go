@@ -462,7 +462,7 @@ func testEvents(t *testing.T, s kernel.Store) {
 		if err := create(tx, e); err != nil {
 			return fmt.Errorf("create: %w", err)
 		}
-		types := make([]string, n-1)
+		types := make([]kernel.EventType, n-1)
 		for i := range types {
 			types[i] = kernel.EvDispatchQueued
 		}
@@ -538,9 +538,9 @@ func testEventConflict(t *testing.T, s kernel.Store) {
 		}
 		var types []string
 		for _, ev := range evs {
-			types = append(types, ev.Type)
+			types = append(types, string(ev.Type))
 		}
-		sameStrings(t, "events after refused appends", types, []string{kernel.EvExecutionCreated, kernel.EvDispatchQueued})
+		sameStrings(t, "events after refused appends", types, []string{string(kernel.EvExecutionCreated), string(kernel.EvDispatchQueued)})
 		got, err := tx.Execution("t", e.ID)
 		if err != nil {
 			return fmt.Errorf("tx.Execution: %w", err)

@@ -100,7 +100,7 @@ func TestLLMCallRecordedOnceReplayedExactly(t *testing.T) {
 					if it.Delta != nil {
 						deltas = append(deltas, *it.Delta)
 					}
-					if it.Event != nil && it.Event.Type == kernel.EvExecutionBlocked {
+					if it.Event != nil && it.Event.Type == string(kernel.EvExecutionBlocked) {
 						return errStop
 					}
 					return nil

@@ -447,7 +447,7 @@ func TestWatchDelta(t *testing.T) {
 			return nil
 		}
 		order = append(order, it.Event.Type)
-		if it.Event.Type == kernel.EvStepExecuting {
+		if it.Event.Type == string(kernel.EvStepExecuting) {
 			var p struct {
 				StepID string `json:"step_id"`
 			}
@@ -475,7 +475,7 @@ func TestWatchDelta(t *testing.T) {
 	}
 	// Both deltas come between the step's executing and succeeded events
 	// (other events, such as dispatch.acked, may come between them).
-	exec, done := slices.Index(order, kernel.EvStepExecuting), slices.Index(order, kernel.EvStepSucceeded)
+	exec, done := slices.Index(order, string(kernel.EvStepExecuting)), slices.Index(order, string(kernel.EvStepSucceeded))
 	for i, typ := range order {
 		if typ == client.EventStepDelta && (i < exec || i > done) {
 			t.Fatalf("a delta outside its step's run: %v", order)
@@ -1218,7 +1218,7 @@ func TestWatchGivesUp(t *testing.T) {
 			go func() {
 				var once sync.Once
 				errc <- c.WatchWith(ctx, x.ID, client.WatchOptions{Poll: poll, PollInterval: 5 * time.Millisecond, MaxRetries: 2}, func(it client.StreamItem) error {
-					if it.Event != nil && it.Event.Type == kernel.EvExecutionBlocked {
+					if it.Event != nil && it.Event.Type == string(kernel.EvExecutionBlocked) {
 						once.Do(func() { close(blocked) })
 					}
 					return nil

@@ -81,7 +81,7 @@ func BenchmarkStepPath(b *testing.B) {
 			if err := tx.PutStep(st); err != nil {
 				return err
 			}
-			for _, typ := range []string{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting} {
+			for _, typ := range []kernel.EventType{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting} {
 				ex.LastSeq++
 				if err := tx.AppendEvent(ex.Tenant, kernel.Event{ExecutionID: ex.ID, Seq: ex.LastSeq, Type: typ, Time: now, Payload: payload}); err != nil {
 					return err

@@ -341,7 +341,7 @@ func encodeEvent(ev *kernel.Event) []byte {
 	b := header(kindEvent, 32+len(ev.ExecutionID)+len(ev.Type), payload)
 	b = appendStr(b, ev.ExecutionID)
 	b = appendUint(b, ev.Seq)
-	b = appendStr(b, ev.Type)
+	b = appendStr(b, string(ev.Type))
 	b = appendTime(b, ev.Time)
 	return append(b, payload...)
 }
@@ -702,7 +702,7 @@ func decodeEvent(b []byte, ev *kernel.Event) error {
 	r.begin(b, kindEvent, lens[:], true)
 	ev.ExecutionID = r.str()
 	ev.Seq = r.uvarint()
-	ev.Type = r.str()
+	ev.Type = kernel.EventType(r.str())
 	ev.Time = r.time()
 	if err := r.finish(); err != nil {
 		*ev = kernel.Event{}
