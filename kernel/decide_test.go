@@ -409,7 +409,7 @@ func TestDecisionOutcomes(t *testing.T) {
 		h := newHarness(t, kernel.Config{}, verdicts)
 		r := h.start(kernel.Limits{}, nil)
 		_, err := h.k.SubmitStep(context.Background(), kernel.StepRequest{AgentCall: r.call, Kind: "tool_call", Target: "read",
-			Args: json.RawMessage(`{}`), StepID: strings.Repeat("0", 64)})
+			Args: json.RawMessage(`{}`), ClaimedStepID: strings.Repeat("0", 64)})
 		if kernel.CodeOf(err) != kernel.CodeStepIDDivergence {
 			t.Fatalf("err %v, want step_id_divergence", err)
 		}

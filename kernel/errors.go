@@ -14,7 +14,8 @@ const (
 	CodeNotFound        = "not_found"
 	CodeConflict        = "conflict"
 	CodeLeaseSuperseded = "lease_superseded"
-	// CodeStepIDDivergence: the step id an agent computed is not the kernel's.
+	// CodeStepIDDivergence: the step id the agent computed and sent is not
+	// the kernel's (409); nothing was recorded.
 	CodeStepIDDivergence = "step_id_divergence"
 	CodeTooLarge         = "too_large"
 	CodeRateLimited      = "rate_limited"

@@ -48,10 +48,12 @@ type StepRequest struct {
 	Args        json.RawMessage
 	Idempotency Idempotency
 	Effect      string
-	// StepID, when set, is the id the agent computed for the step (the
-	// Rebuno-Step-Id header). A different id is a step_id_divergence
-	// conflict and nothing is recorded.
-	StepID string
+	// ClaimedStepID is the step id the agent computed itself
+	// (Rebuno-Step-Id), or "". When it differs from the kernel's id the
+	// submission is refused with CodeStepIDDivergence before anything is
+	// recorded: an agent that would complete a step under another id must
+	// not run the effect.
+	ClaimedStepID string
 }
 
 // StepDecision is the kernel's answer to a submission.
@@ -233,10 +235,11 @@ func (k *Kernel) preread(tx ReadTx, sub *submission, pre *preread) error {
 		pre.occ = oc.Count
 	}
 	pre.stepID = canon.StepID(e.ID, sub.Kind, sub.Target, sub.argsHash, pre.occ)
-	if sub.StepID != "" && sub.StepID != pre.stepID {
+	if sub.ClaimedStepID != "" && sub.ClaimedStepID != pre.stepID {
 		return (&Error{Code: CodeStepIDDivergence, Message: fmt.Sprintf(
-			"the agent computed step id %s but the kernel's id for this step is %s (occurrence %d); nothing was recorded", sub.StepID, pre.stepID, pre.occ)}).
-			WithDetails(map[string]any{"step_id": pre.stepID, "occurrence": pre.occ})
+			"the agent's step id %.16s… is not the kernel's %.16s… (occurrence %d, args_hash %.16s…): the agent computes step ids differently; nothing was recorded",
+			sub.ClaimedStepID, pre.stepID, pre.occ, sub.argsHash)}).WithDetails(map[string]any{
+			"step_id": pre.stepID, "sent_step_id": sub.ClaimedStepID, "occurrence": pre.occ, "args_hash": sub.argsHash})
 	}
 	s, err := tx.Step(e.Tenant, e.ID, pre.stepID)
 	switch {

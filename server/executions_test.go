@@ -3,13 +3,11 @@ package server
 import (
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel"
-	"github.com/wicket-run/wicket/kernel/canon"
 	"github.com/wicket-run/wicket/server/wire"
 )
 
@@ -379,36 +377,5 @@ func TestStreamDeltaNeedsCurrentLease(t *testing.T) {
 	e.agent(r.as, "POST", url, map[string]any{"seq": 1, "data": json.RawMessage(`{"delta":"hi"}`)}).want(t, http.StatusAccepted).decode(t, &acc)
 	if acc.Subscribers != 0 {
 		t.Fatalf("subscribers %d", acc.Subscribers)
-	}
-}
-
-// TestStepIDDivergence: a submission naming another step id than the
-// kernel's is refused before anything is recorded; the right id proceeds.
-func TestStepIDDivergence(t *testing.T) {
-	e := newEnv(t)
-	r := e.start("bot")
-	args := map[string]any{"q": "x"}
-	submitWithID := func(id string) resp {
-		b := bodyBytes(t, map[string]any{"kind": "tool_call", "target": "search", "args": args})
-		h := map[string]string{wire.HeaderAgentID: r.as.agentID, wire.HeaderSignature: wire.Sign([]byte(r.as.secret), b),
-			wire.HeaderDispatchID: r.lease.DispatchID, wire.HeaderDispatchAttempt: strconv.Itoa(r.lease.Attempt), wire.HeaderStepID: id}
-		return e.do("POST", "/v0/executions/"+r.id+"/steps", rawBody(b), h)
-	}
-	_, argsHash, err := canon.ArgsHash([]byte(`{"q":"x"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := canon.StepID(r.id, "tool_call", "search", argsHash, 0)
-	wrong := canon.StepID(r.id, "tool_call", "search", argsHash, 1) // the agent counted one occurrence too many
-	submitWithID(wrong).wantErr(t, http.StatusConflict, wire.CodeStepIDDivergence)
-	var steps wire.StepList
-	e.admin("GET", "/v0/executions/"+r.id+"/steps", nil).want(t, http.StatusOK).decode(t, &steps)
-	if len(steps.Steps) != 0 {
-		t.Fatalf("a divergent submission recorded %d steps", len(steps.Steps))
-	}
-	var d wire.StepDecision
-	submitWithID(want).want(t, http.StatusOK).decode(t, &d)
-	if d.Decision != wire.DecisionProceed || d.StepID != want {
-		t.Fatalf("with the kernel's id: %+v, want proceed %s", d, want)
 	}
 }

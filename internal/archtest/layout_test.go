@@ -51,7 +51,7 @@ var layout = []row{
 
 	{"server/wire", []string{std}, "wire types and signing, for agent SDKs: standard library only"},
 	{"sdk/client", []string{std, "server/wire"}, "the client SDK stays light"},
-	{"sdk/agent", []string{std, "sdk/client", "server/wire"}, "the agent SDK stays light"},
+	{"sdk/agent", []string{std, "sdk/client", "server/wire", "kernel/canon"}, "the agent SDK stays light; kernel/canon (standard library only) computes the step ids it sends as Rebuno-Step-Id"},
 	{"server", []string{std, "kernel", "kernel/policy", "server/wire", "github.com/gorilla/mux"}, "the HTTP API: the only user of mux; never the policy engines (cmd/wicket wires them)"},
 	{"server/metrics", []string{std, "kernel", "github.com/prometheus/client_golang", "github.com/prometheus/client_model"}, "Prometheus metrics: the only user of the Prometheus client"},
 
