@@ -734,7 +734,7 @@ func TestServe(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/any/path", bytes.NewReader(probe))
-		req.Header.Set(wire.HeaderSignature, wire.Sign([]byte(secret), probe))
+		signWebhook(req, []byte(secret), probe, time.Now())
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatalf("Serve stopped listening before its handler finished: %v", err)
