@@ -136,7 +136,9 @@ func wasmArchive(t testing.TB, manifest string, module []byte) []byte {
 
 func policyEngines() []engineCase {
 	return []engineCase{
-		{engine: "wasm", eng: func() plugins.Engine { return wasm.New(wasm.Config{CacheDir: wasmCache}) },
+		{engine: "wasm", eng: func() plugins.Engine {
+			return wasm.New(wasm.Config{CacheDir: wasmCache, Builtins: rego.NewHostBuiltins()})
+		},
 			archive: func(t testing.TB) []byte {
 				return wasmArchive(t, "name: decisions\nrevision: \"1\"\nengine: wasm\nabi: wicket\ndefault_action: deny\n", buildWasm(t, "decisions-wasm"))
 			}},

@@ -61,6 +61,10 @@ type Config struct {
 	// Logger receives module output of bundles granted "stdout" (nil:
 	// slog.Default()).
 	Logger *slog.Logger
+	// Builtins implements the builtins OPA-compiled modules import from
+	// their host (sprintf, time.*, …): rego.NewHostBuiltins(). Nil refuses
+	// every OPA module that imports one.
+	Builtins HostBuiltins
 }
 
 // Engine compiles wasm bundles into evaluators. It is safe for concurrent
@@ -156,7 +160,7 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	case bundle.ABIWicket:
 		ev.drv, err = newWicketDriver(cm)
 	case bundle.ABIOPA:
-		ev.drv, err = newOPADriver(ctx, rt, cm, b)
+		ev.drv, err = newOPADriver(ctx, rt, cm, b, e.cfg.Builtins, sb)
 	}
 	if err != nil {
 		_ = cm.Close(ctx)

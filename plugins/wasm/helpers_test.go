@@ -19,6 +19,7 @@ import (
 
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/rego"
 )
 
 // shared holds what is expensive to build once per test binary: the Go test
@@ -151,6 +152,9 @@ func newEngine(tb testing.TB, cfg Config) *Engine {
 	tb.Helper()
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = shared.cacheDir
+	}
+	if cfg.Builtins == nil {
+		cfg.Builtins = rego.NewHostBuiltins()
 	}
 	e := New(cfg)
 	tb.Cleanup(func() {
