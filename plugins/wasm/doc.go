@@ -22,7 +22,11 @@
 //
 //   - Imports: only wasi_snapshot_preview1 functions (Wicket ABI) or OPA's
 //     env.* functions and memory (OPA ABI). Anything else is refused at
-//     Compile, naming the import.
+//     Compile, naming the import. The builtins an OPA module calls on its
+//     host are answered by [Config.Builtins] (rego.NewHostBuiltins: OPA's own
+//     implementations); a module calling a builtin the sandbox forbids
+//     (http.send, time.now_ns without the clock grant, …) is refused,
+//     naming it.
 //   - WASI grants nothing: no files, sockets, arguments or environment; stdout
 //     and stderr discarded; a fake deterministic clock; random bytes from a
 //     fixed seed. The manifest's sandbox.grants ("clock", "random", "env",
