@@ -39,8 +39,7 @@ func prepareVariant(b *testing.B, astStore bool) opa.PreparedEvalQuery {
 		opa.Compiler(c),
 		opa.Store(store),
 		opa.ParsedQuery(ast.NewBody(ast.NewExpr(ast.NewTerm(ast.MustParseRef(DefaultEntrypoint))))),
-		opa.StrictBuiltinErrors(true),
-		opa.GenerateJSON(generateDecision),
+		opa.GenerateJSON(decisionGenerator(DefaultEntrypoint)),
 	).PrepareForEval(context.Background())
 	if err != nil {
 		b.Fatal(err)

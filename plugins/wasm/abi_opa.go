@@ -13,6 +13,7 @@ import (
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
 
+	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
 
@@ -237,6 +238,7 @@ type opaInstance struct {
 	builtins []opaBuiltin
 
 	entrypoint int32
+	entry      string // the entrypoint as a reference: data.wicket.decision
 	dataAddr   uint32
 	baseHeap   uint32
 }
@@ -378,9 +380,9 @@ func (o *opaInstance) init(ctx context.Context, d *opaDriver) error {
 	slices.Sort(names)
 	switch id, ok := eps[d.entrypoint]; {
 	case ok:
-		o.entrypoint = id
+		o.entrypoint, o.entry = id, entryRef(d.entrypoint)
 	case d.entrypoint == "" && len(eps) == 1:
-		o.entrypoint = eps[names[0]]
+		o.entrypoint, o.entry = eps[names[0]], entryRef(names[0])
 	case d.entrypoint == "":
 		return fmt.Errorf("manifest names no entrypoint and the module has %d: %s", len(eps), strings.Join(names, ", "))
 	default:
@@ -475,6 +477,8 @@ func (o *opaInstance) callBuiltin(ctx context.Context, id uint32, args []uint64)
 	}
 	return v
 }
+
+func (o *opaInstance) decode(out []byte) (*policy.Decision, error) { return decodeOPA(o.entry, out) }
 
 func (o *opaInstance) evaluate(ctx context.Context, input []byte) ([]byte, error) {
 	ctx = context.WithValue(ctx, instanceKey{}, o)

@@ -31,6 +31,9 @@ type instance interface {
 	// (nil or "null" for no match). Errors from the wasm call are returned
 	// as *callError so they can be classified.
 	evaluate(ctx context.Context, input []byte) ([]byte, error)
+	// decode validates the output of evaluate and maps it to a decision
+	// (nil: no match).
+	decode(out []byte) (*policy.Decision, error)
 	// module is the instance whose memory holds the state (for diagnostics).
 	module() api.Module
 	outputs() *outputs
@@ -99,7 +102,7 @@ func (ev *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.De
 		ev.discard(inst)
 		return nil, err
 	}
-	d, err := decodeOutput(out)
+	d, err := inst.decode(out)
 	if err != nil {
 		ev.discard(inst)
 		return nil, err
