@@ -49,7 +49,7 @@ func TestOneSemantics(t *testing.T) {
 			name:  "failing time builtin skips only its rule",
 			src:   "package p\n\ndefault allow := false\n\nallow if time.parse_rfc3339_ns(input.step.args.at) > 0\n",
 			entry: "data.p.allow", in: input("tool_call", "t", "", map[string]any{"at": "yesterday"}),
-			want:  want{action: policy.Deny, reason: "data.p.allow is false"},
+			want: want{action: policy.Deny, reason: "data.p.allow is false"},
 		},
 		{
 			name:  "to_number of a word is undefined",
@@ -70,19 +70,19 @@ func TestOneSemantics(t *testing.T) {
 			name:  "ref-head rules that hold decide",
 			src:   "package p\n\ndecision.decision := \"deny\" if input.step.target == \"rm\"\n\ndecision.reason := \"no rm\" if input.step.target == \"rm\"\n",
 			entry: "data.p.decision", in: input("tool_call", "rm", "", nil),
-			want:  want{action: policy.Deny, reason: "no rm"},
+			want: want{action: policy.Deny, reason: "no rm"},
 		},
 		{
 			name:  "allow true",
 			src:   "package authz\n\ndefault allow := false\n\nallow if input.step.target == \"fs.read\"\n",
 			entry: "data.authz.allow", in: input("tool_call", "fs.read", "", nil),
-			want:  want{action: policy.Allow, reason: "data.authz.allow is true"},
+			want: want{action: policy.Allow, reason: "data.authz.allow is true"},
 		},
 		{
 			name:  "allow false denies",
 			src:   "package authz\n\ndefault allow := false\n\nallow if input.step.target == \"fs.read\"\n",
 			entry: "data.authz.allow", in: input("tool_call", "fs.write", "", nil),
-			want:  want{action: policy.Deny, reason: "data.authz.allow is false"},
+			want: want{action: policy.Deny, reason: "data.authz.allow is false"},
 		},
 		{
 			name:  "allow undefined is no match",
@@ -93,7 +93,7 @@ func TestOneSemantics(t *testing.T) {
 			name:  "deny messages",
 			src:   "package authz\n\ndeny contains sprintf(\"%s is destructive\", [input.step.target]) if input.step.effect == \"destructive\"\n\ndeny contains \"no shell\" if startswith(input.step.target, \"shell\")\n",
 			entry: "data.authz.deny", in: input("tool_call", "shell.rm", "destructive", nil),
-			want:  want{action: policy.Deny, reason: "no shell; shell.rm is destructive"},
+			want: want{action: policy.Deny, reason: "no shell; shell.rm is destructive"},
 		},
 		{
 			name:  "no deny message is no match",
@@ -104,7 +104,7 @@ func TestOneSemantics(t *testing.T) {
 			name:  "deny true",
 			src:   "package authz\n\ndefault deny := false\n\ndeny if input.step.target == \"rm\"\n",
 			entry: "data.authz.deny", in: input("tool_call", "rm", "", nil),
-			want:  want{action: policy.Deny, reason: "data.authz.deny is true"},
+			want: want{action: policy.Deny, reason: "data.authz.deny is true"},
 		},
 		{
 			name:  "deny false is no match",
@@ -115,31 +115,31 @@ func TestOneSemantics(t *testing.T) {
 			name:  "violation objects with msg",
 			src:   "package k8s\n\nviolation contains {\"msg\": \"no rm\", \"details\": {}} if input.step.target == \"rm\"\n\nviolation contains {\"code\": 7} if input.step.target == \"rm\"\n",
 			entry: "data.k8s.violation", in: input("tool_call", "rm", "", nil),
-			want:  want{action: policy.Deny, reason: `no rm; {"code":7}`},
+			want: want{action: policy.Deny, reason: `no rm; {"code":7}`},
 		},
 		{
 			name:  "a boolean at a decision entrypoint is an error",
 			src:   "package p\n\ndecision := true\n",
 			entry: "data.p.decision", in: smallInput(),
-			want:  want{err: "want"},
+			want: want{err: "want"},
 		},
 		{
 			name:  "an unknown decision is an error",
 			src:   "package p\n\nanswer := {\"decision\": \"maybe\"}\n",
 			entry: "data.p.answer", in: smallInput(),
-			want:  want{err: `unknown decision "maybe"`},
+			want: want{err: `unknown decision "maybe"`},
 		},
 		{
 			name:  "a number is an error",
 			src:   "package p\n\nanswer := 3\n",
 			entry: "data.p.answer", in: smallInput(),
-			want:  want{err: "want"},
+			want: want{err: "want"},
 		},
 		{
 			name:  "conflicting rules are an error",
 			src:   "package p\n\nanswer := true if input.step.kind == \"tool_call\"\n\nanswer := false if input.step.target == \"t\"\n",
 			entry: "data.p.answer", in: input("tool_call", "t", "", nil),
-			want:  want{err: "conflict"},
+			want: want{err: "conflict"},
 		},
 	}
 	e := newEngine(t, Config{})
