@@ -10,6 +10,8 @@ import (
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"github.com/open-policy-agent/opa/v1/topdown"
 	"github.com/open-policy-agent/opa/v1/util"
+
+	"github.com/wicket-run/wicket/internal/cpubench"
 )
 
 // prepareVariant prepares benchPolicy like Compile does, except that
@@ -95,7 +97,7 @@ func BenchmarkEvalOptions(b *testing.B) {
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
 			b.ReportAllocs()
-			reportCPU(b)
+			cpubench.Report(b)
 			for b.Loop() {
 				v.run()
 			}

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
 	"github.com/tetratelabs/wazero/experimental"
+	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins/bundle"
@@ -64,6 +66,11 @@ func instantiateOPAHost(ctx context.Context, r wazero.Runtime) error {
 		}
 		name := fmt.Sprintf("opa_builtin%d", n)
 		b.NewFunctionBuilder().WithGoModuleFunction(api.GoModuleFunc(func(ctx context.Context, m api.Module, stack []uint64) {
+			if n == 0 && uint32(stack[0]) == fuelCheckID {
+				checkDeadline(ctx)
+				stack[0] = 0
+				return
+			}
 			inst := callingInstance(ctx)
 			if inst == nil {
 				panic(&opaAbortError{msg: fmt.Sprintf("host builtin %d called outside an evaluation", uint32(stack[0]))})
@@ -75,6 +82,24 @@ func instantiateOPAHost(ctx context.Context, r wazero.Runtime) error {
 		return fmt.Errorf("wasm: instantiate OPA host functions: %w", err)
 	}
 	return nil
+}
+
+// checkDeadline stops the module (a panic wazero returns as the call's
+// error) when ctx has passed its deadline or is cancelled. Fuel-instrumented
+// modules call it every fuelPerCheck loop iterations and calls. It reads
+// the clock rather than waiting for ctx's timer, which needs a free
+// processor to fire.
+func checkDeadline(ctx context.Context) {
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		panic(sys.NewExitError(sys.ExitCodeDeadlineExceeded))
+	}
+	if err := ctx.Err(); err != nil {
+		code := sys.ExitCodeContextCanceled
+		if errors.Is(err, context.DeadlineExceeded) {
+			code = sys.ExitCodeDeadlineExceeded
+		}
+		panic(sys.NewExitError(code))
+	}
 }
 
 // readCString reads a NUL-terminated string of at most limit bytes at addr.
@@ -95,7 +120,7 @@ type opaDriver struct {
 	envCM      wazero.CompiledModule
 	data       []byte
 	entrypoint string // normalised: "wicket/decision"; empty means the only one
-	legacy     bool   // force the pre-1.2 eval sequence (tests)
+	pages      uint32 // the memory cap
 	builtins   HostBuiltins
 	grants     []string
 }
@@ -122,12 +147,9 @@ func newOPADriver(ctx context.Context, rt *sandboxRuntime, cm wazero.CompiledMod
 			return nil, fmt.Errorf("wasm: OPA module does not export %s", name)
 		}
 	}
-	_, hasEval := exports["opa_eval"]
-	if !hasEval {
-		for _, name := range []string{"opa_eval_ctx_new", "opa_eval_ctx_set_input", "opa_eval_ctx_set_data", "opa_eval_ctx_set_entrypoint", "opa_eval_ctx_get_result", "eval"} {
-			if _, ok := exports[name]; !ok {
-				return nil, fmt.Errorf("wasm: OPA module exports neither opa_eval nor %s", name)
-			}
+	for _, name := range []string{"opa_eval_ctx_new", "opa_eval_ctx_set_input", "opa_eval_ctx_set_data", "opa_eval_ctx_set_entrypoint", "opa_eval_ctx_get_result", "eval"} {
+		if _, ok := exports[name]; !ok {
+			return nil, fmt.Errorf("wasm: OPA module does not export %s", name)
 		}
 	}
 
@@ -159,7 +181,7 @@ func newOPADriver(ctx context.Context, rt *sandboxRuntime, cm wazero.CompiledMod
 	return &opaDriver{
 		cm: cm, envCM: envCM, data: data,
 		entrypoint: normaliseEntrypoint(b.Manifest.Entrypoint),
-		legacy:     !hasEval,
+		pages:      limits.max,
 		builtins:   hb,
 		grants:     grants,
 	}, nil
@@ -210,7 +232,7 @@ func (d *opaDriver) instantiate(ctx context.Context, ev *evaluator, out *outputs
 		_ = env.Close(ctx)
 		return nil, err
 	}
-	inst := &opaInstance{mod: mod, env: env, mem: mod.Memory(), out: out, legacy: d.legacy, hb: d.builtins}
+	inst := &opaInstance{mod: mod, env: env, mem: mod.Memory(), out: out, hb: d.builtins}
 	if err := inst.init(context.WithValue(ctx, instanceKey{}, inst), d); err != nil {
 		_ = inst.close(ctx)
 		return nil, err
@@ -230,7 +252,6 @@ type opaInstance struct {
 	mod, env api.Module
 	mem      api.Memory
 	out      *outputs
-	legacy   bool
 	fn       opaFuncs
 
 	// hb resolves host builtins; builtins holds them by the module's ids.
@@ -240,7 +261,17 @@ type opaInstance struct {
 	entrypoint int32
 	entry      string // the entrypoint as a reference: data.wicket.decision
 	dataAddr   uint32
+	// evalCtx is the evaluation context, made once at init with the data
+	// and the entrypoint set; each evaluation sets its input.
+	evalCtx uint32
+	// baseHeap is where the heap starts once data.json is loaded. Every
+	// evaluation allocates above it; the heap is set back to it only when it
+	// has grown resetBytes past it, so that OPA's builtin cache (compiled
+	// regular expressions and globs) outlives an evaluation.
 	baseHeap   uint32
+	resetBytes uint32
+	// dirty is set when the last evaluation started above baseHeap.
+	dirty bool
 }
 
 // opaBuiltin is one host builtin the module imports.
@@ -392,9 +423,26 @@ func (o *opaInstance) init(ctx context.Context, d *opaDriver) error {
 	if o.dataAddr, err = o.parse(ctx, d.data, "data.json"); err != nil {
 		return err
 	}
+	if o.evalCtx, err = o.call(ctx, "opa_eval_ctx_new", o.fn.ctxNew); err != nil {
+		return err
+	}
+	if _, err = o.call(ctx, "opa_eval_ctx_set_data", o.fn.ctxSetData, uint64(o.evalCtx), uint64(o.dataAddr)); err != nil {
+		return err
+	}
+	if _, err = o.call(ctx, "opa_eval_ctx_set_entrypoint", o.fn.ctxSetEntrypoint, uint64(o.evalCtx), uint64(o.entrypoint)); err != nil {
+		return err
+	}
 	if o.baseHeap, err = o.call(ctx, "opa_heap_ptr_get", o.fn.heapPtrGet); err != nil {
 		return err
 	}
+	// Start every evaluation from a clean heap, and keep what the module
+	// allocates for its caches, until memory grows by a quarter of what the
+	// cap leaves above the base (at least 1 MiB).
+	if _, err = o.call(ctx, "opa_heap_ptr_set", o.fn.heapPtrSet, uint64(o.baseHeap)); err != nil {
+		return err
+	}
+	free := uint64(d.pages)*65536 - uint64(o.baseHeap)
+	o.resetBytes = uint32(min(free, max(free/4, 1<<20)))
 	return nil
 }
 
@@ -485,15 +533,7 @@ func (o *opaInstance) evaluate(ctx context.Context, input []byte) ([]byte, error
 	if len(o.builtins) > 0 {
 		ctx = o.hb.Evaluation(ctx, o.out.stdout)
 	}
-	var (
-		raw []byte
-		err error
-	)
-	if o.legacy {
-		raw, err = o.evalLegacy(ctx, input)
-	} else {
-		raw, err = o.evalFast(ctx, input)
-	}
+	raw, err := o.eval(ctx, input)
 	if err != nil {
 		return nil, err
 	}
@@ -513,60 +553,42 @@ func (o *opaInstance) evaluate(ctx context.Context, input []byte) ([]byte, error
 	}
 }
 
-// evalFast uses opa_eval (ABI 1.2+): input is written at the heap base and
-// the evaluation's heap starts right after it, so each call starts afresh.
-func (o *opaInstance) evalFast(ctx context.Context, input []byte) ([]byte, error) {
-	mem := o.mem
-	end := uint64(o.baseHeap) + uint64(len(input))
-	if end > uint64(mem.Size()) {
-		pages := uint32((end - uint64(mem.Size()) + 65535) / 65536)
-		if _, ok := mem.Grow(pages); !ok {
-			return nil, fmt.Errorf("wasm: memory limit exhausted: cannot grow memory by %d pages for a %d-byte input", pages, len(input))
-		}
-	}
-	if !mem.Write(o.baseHeap, input) {
-		return nil, fmt.Errorf("wasm: cannot write input at %d", o.baseHeap)
-	}
-	addr, err := o.call(ctx, "opa_eval", o.fn.eval, 0, uint64(o.entrypoint), uint64(o.dataAddr),
-		uint64(o.baseHeap), uint64(len(input)), end, 0)
+// eval evaluates the entrypoint on input and returns the result set as
+// JSON (a view of the module's memory). The heap is set back to its base
+// only when memory has grown past resetSize.
+func (o *opaInstance) eval(ctx context.Context, input []byte) ([]byte, error) {
+	heap, err := o.call(ctx, "opa_heap_ptr_get", o.fn.heapPtrGet)
 	if err != nil {
 		return nil, err
 	}
-	return o.cString(addr)
-}
-
-// evalLegacy uses the opa_eval_ctx_* sequence of ABI 1.0 and 1.1.
-func (o *opaInstance) evalLegacy(ctx context.Context, input []byte) ([]byte, error) {
-	if _, err := o.call(ctx, "opa_heap_ptr_set", o.fn.heapPtrSet, uint64(o.baseHeap)); err != nil {
-		return nil, err
+	if heap-o.baseHeap > o.resetBytes {
+		if _, err := o.call(ctx, "opa_heap_ptr_set", o.fn.heapPtrSet, uint64(o.baseHeap)); err != nil {
+			return nil, err
+		}
+		heap = o.baseHeap
 	}
+	o.dirty = heap != o.baseHeap
 	in, err := o.parse(ctx, input, "the input")
 	if err != nil {
 		return nil, err
 	}
-	ectx, err := o.call(ctx, "opa_eval_ctx_new", o.fn.ctxNew)
-	if err != nil {
+	if _, err := o.call(ctx, "opa_eval_ctx_set_input", o.fn.ctxSetInput, uint64(o.evalCtx), uint64(in)); err != nil {
 		return nil, err
 	}
-	for _, c := range []struct {
-		name string
-		fn   api.Function
-		arg  uint32
-	}{{"opa_eval_ctx_set_input", o.fn.ctxSetInput, in}, {"opa_eval_ctx_set_data", o.fn.ctxSetData, o.dataAddr}, {"opa_eval_ctx_set_entrypoint", o.fn.ctxSetEntrypoint, uint32(o.entrypoint)}} {
-		if _, err := o.call(ctx, c.name, c.fn, uint64(ectx), uint64(c.arg)); err != nil {
-			return nil, err
-		}
-	}
-	errno, err := o.call(ctx, "eval", o.fn.evalCtx, uint64(ectx))
+	errno, err := o.call(ctx, "eval", o.fn.evalCtx, uint64(o.evalCtx))
 	if err != nil {
 		return nil, err
 	}
 	if errno != 0 {
 		return nil, fmt.Errorf("wasm: OPA eval failed with error code %d", errno)
 	}
-	res, err := o.call(ctx, "opa_eval_ctx_get_result", o.fn.ctxGetResult, uint64(ectx))
+	res, err := o.call(ctx, "opa_eval_ctx_get_result", o.fn.ctxGetResult, uint64(o.evalCtx))
 	if err != nil {
 		return nil, err
 	}
-	return o.dump(ctx, res)
+	addr, err := o.call(ctx, "opa_json_dump", o.fn.jsonDump, uint64(res))
+	if err != nil {
+		return nil, err
+	}
+	return o.cString(addr)
 }

@@ -168,18 +168,6 @@ func TestOPAABI(t *testing.T) {
 	})
 }
 
-func TestOPAABILegacyEval(t *testing.T) {
-	mod, _ := opaModules(t)
-	ev := compile(t, newEngine(t, Config{}), opaBundle(mod, "wicket/decision", trusted))
-	// Switch to the opa_eval_ctx_* sequence and replace the pooled instance.
-	ev.drv.(*opaDriver).legacy = true
-	ev.drain()
-	for range 50 {
-		wantDecision(t, ev, input("tool_call", "fs.delete", "destructive", nil), policy.Deny, "no-destructive")
-		wantDecision(t, ev, input("tool_call", "fs.read", "read_only", nil), policy.Allow, "trusted")
-	}
-}
-
 func TestOPAABIRefuses(t *testing.T) {
 	mod, builtin := opaModules(t)
 	e := newEngine(t, Config{})
