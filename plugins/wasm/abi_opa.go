@@ -526,6 +526,8 @@ func (o *opaInstance) callBuiltin(ctx context.Context, id uint32, args []uint64)
 	return v
 }
 
+func (o *opaInstance) dirtyHeap() bool { return o.dirty }
+
 func (o *opaInstance) decode(out []byte) (*policy.Decision, error) { return decodeOPA(o.entry, out) }
 
 func (o *opaInstance) evaluate(ctx context.Context, input []byte) ([]byte, error) {

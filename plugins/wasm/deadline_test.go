@@ -11,6 +11,7 @@ import (
 	"github.com/tetratelabs/wazero"
 
 	"github.com/wicket-run/wicket/kernel/policy"
+	"github.com/wicket-run/wicket/plugins/bundle"
 )
 
 // fakeOPAModule encodes a minimal module with OPA's ABI whose eval runs
@@ -209,4 +210,73 @@ func FuzzInstrumentFuel(f *testing.F) {
 	f.Fuzz(func(t *testing.T, bin []byte) {
 		_, _ = instrumentFuel(bin)
 	})
+}
+
+// TestOPAHeapKeptBetweenEvaluations checks what keeping an OPA instance's
+// heap between evaluations must not change: every evaluation answers as on
+// a fresh instance, the heap is set back once it has grown enough, and an
+// evaluation that runs out of memory above the garbage of earlier ones is
+// run again on a fresh instance instead of failing.
+func TestOPAHeapKeptBetweenEvaluations(t *testing.T) {
+	mod, err := buildRego(`package p
+
+decision := {"decision": "allow", "reason": sprintf("%d", [count(numbers.range(1, input.step.args.n))])} if {
+	regex.match("^[a-z]+$", input.step.target)
+}
+`, "p/decision")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, Config{})
+	newEv := func() *evaluator {
+		b := opaBundle(mod, "p/decision", "")
+		b.Manifest.Sandbox = bundle.Sandbox{MemoryPages: 64, Timeout: "5s"}
+		return compile(t, e, b)
+	}
+	with := func(n int) *policy.Input { return input("tool_call", "abc", "", map[string]any{"n": n}) }
+
+	ev := newEv()
+	inst, err := ev.acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := inst.(*opaInstance)
+	o.resetBytes = ^uint32(0) // never reset: keep every evaluation's garbage
+	ev.release(inst)
+	// Each evaluation leaves its garbage until one runs out of memory: it
+	// is run again on a fresh instance and answers all the same.
+	for i := 0; ev.instances.Load() == 1; i++ {
+		d := wantDecision(t, ev, with(5000), policy.Allow, "")
+		if d.Reason != "5000" {
+			t.Fatalf("evaluation %d: reason %q", i, d.Reason)
+		}
+		if i > 2000 {
+			t.Fatal("memory never filled up")
+		}
+	}
+	if !memoryFull(o.mod, 64) {
+		t.Fatal("the first instance was replaced before its memory was full")
+	}
+	if ev.instances.Load() != 2 {
+		t.Fatalf("%d instances, want 2", ev.instances.Load())
+	}
+
+	// The default reset keeps the heap bounded.
+	ev = newEv()
+	for range 300 {
+		wantDecision(t, ev, with(500), policy.Allow, "")
+	}
+	inst, err = ev.acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o = inst.(*opaInstance)
+	heap, err := o.call(context.Background(), "opa_heap_ptr_get", o.fn.heapPtrGet)
+	ev.release(inst)
+	if err != nil || heap-o.baseHeap > o.resetBytes+1<<20 {
+		t.Fatalf("heap %d above base after 300 evaluations (reset at %d): %v", heap-o.baseHeap, o.resetBytes, err)
+	}
+	if ev.instances.Load() != 1 {
+		t.Fatalf("%d instances: evaluations failed", ev.instances.Load())
+	}
 }

@@ -96,6 +96,20 @@ func (ev *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.De
 	inst.outputs().stderr.reset()
 	cctx, cancel := context.WithTimeout(ctx, ev.sb.timeout)
 	out, err := inst.evaluate(cctx, input)
+	if err != nil && ranOutAboveGarbage(inst, ev.rt.pages) {
+		// Whether an evaluation fits in memory must not depend on what
+		// earlier evaluations left on an OPA instance's heap: run it again
+		// on a fresh instance, in the time that is left.
+		_ = inst.close(context.Background())
+		fresh, ierr := ev.instantiate(ctx)
+		if ierr != nil {
+			cancel()
+			<-ev.slots
+			return nil, ierr
+		}
+		inst = fresh
+		out, err = inst.evaluate(cctx, input)
+	}
 	cancel()
 	if err != nil {
 		err = ev.explain(ctx, inst, err)
@@ -109,6 +123,14 @@ func (ev *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.De
 	}
 	ev.release(inst)
 	return d, nil
+}
+
+// ranOutAboveGarbage reports whether inst failed with its memory full
+// while its heap held what earlier evaluations left (an OPA instance keeps
+// its heap between evaluations for OPA's builtin cache).
+func ranOutAboveGarbage(inst instance, pages uint32) bool {
+	d, ok := inst.(interface{ dirtyHeap() bool })
+	return ok && d.dirtyHeap() && memoryFull(inst.module(), pages)
 }
 
 // acquire borrows an instance, creating one when the pool has room.
