@@ -20,24 +20,23 @@ func decodeOPA(entry string, out []byte) (*policy.Decision, error) {
 	if len(trimmed) == 0 || string(trimmed) == "null" {
 		return nil, nil
 	}
-	if !json.Valid(trimmed) {
-		return nil, fmt.Errorf("wasm: output is not valid JSON: %s", snippet(string(trimmed)))
-	}
 	switch trimmed[0] {
 	case '{':
-		var obj map[string]json.RawMessage
-		if err := json.Unmarshal(trimmed, &obj); err == nil && len(obj) == 0 {
-			return nil, nil // ref-head rules of which none holds
+		if len(bytes.TrimSpace(trimmed[1:len(trimmed)-1])) == 0 {
+			return nil, nil // {}: ref-head rules of which none holds
 		}
 		return decodeOutput(trimmed)
 	case 't', 'f':
-		if policy.AcceptsShapes(entry) {
+		if policy.AcceptsShapes(entry) && (string(trimmed) == "true" || string(trimmed) == "false") {
 			return policy.FromBoolean(entry, trimmed[0] == 't'), nil
 		}
 	case '[':
 		if policy.AcceptsShapes(entry) {
 			return denyMessages(entry, trimmed)
 		}
+	}
+	if !json.Valid(trimmed) {
+		return nil, fmt.Errorf("wasm: output is not valid JSON: %s", snippet(string(trimmed)))
 	}
 	if !policy.AcceptsShapes(entry) {
 		return nil, fmt.Errorf("wasm: output is not a decision: want a JSON object or null, got %s", snippet(string(trimmed)))
