@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/wicket-run/wicket/internal/testkit"
+	"github.com/wicket-run/wicket/internal/wasmwarm"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/bundle"
@@ -115,6 +116,13 @@ func buildWasm(t testing.TB, name string) []byte {
 	b, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if raceEnabled {
+		// Under -race wazero compiles a Go module in minutes on a loaded
+		// machine: let a normal build fill the engines' disk cache.
+		if err := wasmwarm.Warm(wasmCache, out); err != nil {
+			t.Logf("%v (continuing without)", err)
+		}
 	}
 	wasmBuilt[name] = b
 	return b
