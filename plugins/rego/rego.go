@@ -19,6 +19,12 @@ import (
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
 
+// strictBuiltinErrors is the engine's rule for a failing builtin: false,
+// OPA's rule, which OPA-compiled wasm follows too, so a failing builtin is
+// undefined in both engines (docs/policy.md). Rego unit tests run under the
+// same rule as the policy.
+const strictBuiltinErrors = false
+
 // DefaultEntrypoint is the query evaluated when the manifest names none.
 const DefaultEntrypoint = "data.wicket.decision"
 
@@ -124,6 +130,7 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		opa.ParsedQuery(ast.NewBody(ast.NewExpr(ast.NewTerm(ref)))),
 		opa.Capabilities(e.caps),
 		opa.SetRegoVersion(ast.RegoV1),
+		opa.StrictBuiltinErrors(strictBuiltinErrors),
 		opa.GenerateJSON(decisionGenerator(entry)),
 	)
 	pq, err := r.PrepareForEval(ctx)
