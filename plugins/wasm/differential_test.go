@@ -277,3 +277,31 @@ func show(v any) string {
 	}
 	return string(b)
 }
+
+// TestDifferentialLoneSurrogate pins the one input on which the engines
+// cannot agree, because OPA's own engines do not: a lone UTF-16 surrogate
+// escaped in the arguments ("\ud800"). OPA's wasm JSON parser refuses it,
+// so the wasm engine fails ("opa abort: illegal string escape character":
+// the step would be denied); Go's JSON decoder,
+// under the Rego engine and OPA's topdown, reads it as U+FFFD. The kernel
+// refuses such arguments at the API (400, docs/RATIONALE.md, canonical
+// JSON), so a step never carries one; only `wicket policy eval` can.
+func TestDifferentialLoneSurrogate(t *testing.T) {
+	const src = "package p\n\ndecision := {\"decision\": \"allow\", \"reason\": input.step.args.s} if true\n"
+	in := input("tool_call", "t", "", nil)
+	in.Step.Args = json.RawMessage(`{"s": "a\ud800b"}`)
+	rev, err := rego.New().Compile(context.Background(), regoBundle(src, "data.p.decision"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rev.Close()
+	d, err := rev.Evaluate(context.Background(), in)
+	if err != nil || d == nil || d.Reason != "a\uFFFDb" {
+		t.Fatalf("rego: %+v, %v; want the surrogate read as U+FFFD", d, err)
+	}
+	mod, err := buildRego(src, "p/decision")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantError(t, compile(t, newEngine(t, Config{}), opaBundle(mod, "p/decision", "")), in, "wasm: opa abort: illegal string escape character")
+}
