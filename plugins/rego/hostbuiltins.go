@@ -72,6 +72,9 @@ func (h *HostBuiltins) Lookup(name string, grants []string) (func(ctx context.Co
 			}
 			terms[i] = t
 		}
+		if err := checkAmplification(name, terms); err != nil {
+			return nil, err
+		}
 		st, _ := ctx.Value(evalStateKey{}).(*evalState)
 		if st == nil {
 			st = &evalState{}

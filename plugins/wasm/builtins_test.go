@@ -414,3 +414,40 @@ decision := {"decision": "allow"} if {
 		t.Fatalf("log = %q, want the printed line", out.String())
 	}
 }
+
+// TestOPAHostBuiltinAmplification calls host builtins whose output could be
+// far larger than their arguments: each is refused before it runs (the
+// kernel's Go heap is not the module's capped memory), while an ordinary
+// call of the same builtin works.
+func TestOPAHostBuiltinAmplification(t *testing.T) {
+	cases := []struct{ name, bomb, fine string }{
+		{"numbers.range_step", `numbers.range_step(0, 1000000000000, 1)`, `numbers.range_step(0, 10, 2)`},
+		{"net.cidr_expand", `net.cidr_expand("10.0.0.0/4")`, `net.cidr_expand("10.0.0.0/30")`},
+		{"net.cidr_expand", `net.cidr_expand("2001:db8::/64")`, `net.cidr_expand("2001:db8::/126")`},
+		{"sprintf", `sprintf("%999999999d", [1])`, `sprintf("%5d", [1])`},
+		{"sprintf", `sprintf("%*d", [999999999, 1])`, `sprintf("%*d", [3, 1])`},
+		{"regex.replace", `regex.replace(concat("", ["aaaaaaaaaa" | some _ in numbers.range(1, 500)]), "", concat("", ["bbbbbbbbbb" | some _ in numbers.range(1, 500)]))`, `regex.replace("abc", "b", "X")`},
+		{"strings.render_template", `strings.render_template("{{range .a}}{{range .a}}{{range .a}}{{range .a}}xxxxxxxx{{end}}{{end}}{{end}}{{end}}", {"a": numbers.range(1, 200)})`, `strings.render_template("{{range .a}}{{.}},{{end}}", {"a": [1, 2]})`},
+		{"strings.render_template", `strings.render_template("{{define \"x\"}}{{template \"x\" .}}{{end}}{{template \"x\" .}}", {})`, `strings.render_template("{{.n}}", {"n": 1})`},
+		{"graph.reachable_paths", `graph.reachable_paths({x: [y | some y in numbers.range(1, 40); y > x] | some x in numbers.range(1, 40)}, {1})`, `graph.reachable_paths({"a": ["b"], "b": []}, {"a"})`},
+	}
+	e := newEngine(t, Config{})
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src := fmt.Sprintf("package a\n\nbomb := {\"decision\": \"allow\", \"reason\": sprintf(\"%%v\", [%s])}\n\nfine := {\"decision\": \"allow\", \"reason\": sprintf(\"%%v\", [%s])}\n", c.bomb, c.fine)
+			mod, err := buildRego(src, "a/bomb", "a/fine")
+			if err != nil {
+				t.Fatalf("case %d: %v", i, err)
+			}
+			wantDecision(t, compile(t, e, opaBundle(mod, "a/fine", "")), smallInput(), policy.Allow, "")
+			start := time.Now()
+			err = wantError(t, compile(t, e, opaBundle(mod, "a/bomb", "")), smallInput(), "wasm: opa abort: "+c.name+": ")
+			if !strings.Contains(err.Error(), "over the sandbox's 16 MiB for one builtin call") && !strings.Contains(err.Error(), "no size bound in the sandbox") {
+				t.Errorf("error %q does not say the sandbox refused the size", err)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("refused after %s", d)
+			}
+		})
+	}
+}
