@@ -219,7 +219,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	sender := webhook.New(webhook.WithGuard(guard))
 	defer sender.Close()
-	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache")})
+	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), Builtins: rego.NewHostBuiltins()})
 	defer wasmEngine.Close()
 	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy}, rules.New(), rego.New(), wasmEngine)
 	defer host.Close()

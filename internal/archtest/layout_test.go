@@ -71,6 +71,8 @@ var layout = []row{
 	{"internal/manifest", []string{std, "kernel", "plugins/bundle", "go.yaml.in/yaml/v3"}, "the provisioning manifest"},
 	{"internal/fakellm", []string{std}, "a fake LLM provider for examples and tests"},
 	{"internal/testkit", []string{std, testPkg, anyPkg}, "the end-to-end harness (test support)"},
+	{"internal/cpubench", []string{std, testPkg}, "a CPU-time metric for benchmarks (test support)"},
+	{"internal/wasmwarm", []string{std}, "fills a wazero disk cache for tests from a non-race build (test support)"},
 
 	{"cmd/wicket", []string{std, anyPkg}, "the binary: the one place concrete parts are wired; no test support, so it never links testing"},
 	{"examples/...", []string{std, "sdk/agent", "sdk/client", "server/wire", "internal/fakellm"}, "runnable agents use only what a user has"},
@@ -83,7 +85,8 @@ var layout = []row{
 
 // testSupport are the packages that import testing; no other package may
 // import them outside its tests.
-var testSupport = []string{"kernel/storetest", "plugins/enginetest", "internal/testkit", "internal/netguard/netguardtest"}
+var testSupport = []string{"kernel/storetest", "plugins/enginetest", "internal/testkit", "internal/netguard/netguardtest",
+	"internal/cpubench", "internal/wasmwarm"}
 
 // heavy are the large dependencies that each belong to one package; a
 // second row naming one must be justified here.

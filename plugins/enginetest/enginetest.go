@@ -95,7 +95,7 @@ func RunCases(t *testing.T, ev policy.Evaluator, defaultAction policy.Action, ca
 // CheckCase evaluates one case and returns nil when the answer, after
 // policy.ApplyDefault with defaultAction, is what the case expects, and an
 // error describing the difference otherwise. An evaluation error, or an
-// answer that fails policy.Decision.Validate, is a failure too.
+// answer that fails policy.Answer.Validate, is a failure too.
 func CheckCase(ctx context.Context, ev policy.Evaluator, defaultAction policy.Action, tc bundle.TestCase) error {
 	in, err := tc.Input()
 	if err != nil {
