@@ -206,6 +206,7 @@ func TestCrashRecovery(t *testing.T) {
 	before := snapshot(p.url)
 	kill(p)
 	close(first.release) // the held steps finish against a dead kernel
+	waitAgentIdle(t, agent) // ... and their runs end there, before a kernel comes back
 	for id, evs := range before {
 		if got := testkit.Count(evs, kernel.EvStepSucceeded); got != first.step || isTerminal(evs[len(evs)-1].Type) {
 			t.Fatalf("%s at the first kill: %d steps succeeded (want %d), last event %s", id, got, first.step, evs[len(evs)-1].Type)
@@ -223,6 +224,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	kill(pr)
 	close(second.release)
+	waitAgentIdle(t, agent)
 
 	phase.Store(3)
 	p2 := startServe(t, dir, addr)
@@ -262,6 +264,18 @@ func TestCrashRecovery(t *testing.T) {
 		if got := countOrphanReruns(t, after); got < 2 {
 			t.Errorf("%s: %d orphaned steps re-ran, want at least the two in flight at the kills", id, got)
 		}
+	}
+}
+
+// waitAgentIdle waits until the agent has finished every dispatch.
+func waitAgentIdle(t *testing.T, a *testkit.Agent) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for a.Running() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d agent runs still going", a.Running())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -197,6 +197,7 @@ type Agent struct {
 
 	Webhooks atomic.Int64 // webhooks received with a valid signature
 	Acks     atomic.Int64 // webhooks answered 202 (after SlowAck)
+	running  atomic.Int64 // dispatches whose run (handler and final call) is not over
 	BadSigs  atomic.Int64 // webhooks refused for their signature
 	wg       sync.WaitGroup
 	ctx      context.Context
@@ -265,6 +266,7 @@ func (a *Agent) serveWebhook(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	a.wg.Add(1)
+	a.running.Add(1)
 	go a.run(p)
 	if a.SlowAck > 0 {
 		select {
@@ -278,6 +280,7 @@ func (a *Agent) serveWebhook(w http.ResponseWriter, r *http.Request) {
 
 func (a *Agent) run(p wire.WebhookPayload) {
 	defer a.wg.Done()
+	defer a.running.Add(-1)
 	ctx, cancel := context.WithCancel(a.ctx)
 	defer cancel()
 	run := &Run{c: a.Client, ExecutionID: p.ExecutionID, Lease: kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}}
@@ -336,6 +339,10 @@ func (a *Agent) run(p wire.WebhookPayload) {
 		record(fmt.Errorf("complete execution: %w", err))
 	}
 }
+
+// Running returns how many dispatches the agent is still working on, the
+// call that completes or fails the execution included.
+func (a *Agent) Running() int { return int(a.running.Load()) }
 
 // Errors returns the errors the agent recorded.
 func (a *Agent) Errors() []error {
