@@ -16,6 +16,9 @@ import (
 type BundleSource struct {
 	Archive []byte
 	Files   map[string][]byte
+	// Name is the name the bundle is put under; it names a bundle whose own
+	// manifest gives none (an OPA bundle as `opa build` writes it).
+	Name string
 }
 
 // CompiledBundle is a validated, compiled bundle that is not live yet.
@@ -58,6 +61,9 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	l, err := k.loader()
 	if err != nil {
 		return nil, err
+	}
+	if src.Name == "" {
+		src.Name = name
 	}
 	cb, err := l.Compile(ctx, tenant, src)
 	if err != nil {

@@ -123,11 +123,12 @@ func (h *Host) CompileBundle(ctx context.Context, b *bundle.Bundle) (policy.Eval
 func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSource) (*kernel.CompiledBundle, error) {
 	var b *bundle.Bundle
 	var err error
+	opts := bundle.Options{Name: src.Name}
 	switch {
 	case src.Archive != nil:
-		b, err = bundle.LoadTarGz(bytes.NewReader(src.Archive))
+		b, err = opts.LoadTarGz(bytes.NewReader(src.Archive))
 	case src.Files != nil:
-		b, err = bundle.LoadFiles(src.Files)
+		b, err = opts.LoadFiles(src.Files)
 	default:
 		return nil, fmt.Errorf("empty bundle")
 	}

@@ -18,8 +18,12 @@ import (
 	"github.com/wicket-run/wicket/server/wire"
 )
 
-// manifestFile is the bundle manifest's path inside a bundle.
-const manifestFile = "bundle.yaml"
+// manifestFile is the bundle manifest's path inside a bundle; opaManifestFile
+// OPA's.
+const (
+	manifestFile    = "bundle.yaml"
+	opaManifestFile = ".manifest"
+)
 
 var engineName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 
@@ -107,12 +111,18 @@ func bundleFiles(name string, body []byte) (map[string][]byte, error) {
 		return files, nil
 	}
 	if req.Engine == "" {
-		return nil, errorf(kernel.CodeValidation, "engine is required when the files have no %s", manifestFile)
+		// An OPA bundle: the loader infers the engine from the files and
+		// names the bundle after the URL.
+		return files, nil
 	}
 	if !engineName.MatchString(req.Engine) {
 		return nil, errorf(kernel.CodeValidation, "engine %q is invalid", req.Engine)
 	}
-	files[manifestFile] = []byte("name: " + strconv.Quote(name) + "\nrevision: " + strconv.Quote(contentRevision(files)) + "\nengine: " + req.Engine + "\n")
+	m := "name: " + strconv.Quote(name) + "\nengine: " + req.Engine + "\n"
+	if _, ok := files[opaManifestFile]; !ok { // else .manifest's revision
+		m += "revision: " + strconv.Quote(contentRevision(files)) + "\n"
+	}
+	files[manifestFile] = []byte(m)
 	return files, nil
 }
 

@@ -52,20 +52,39 @@ func policyCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 }
 
-// loadBundle reads a bundle directory or archive.
-func loadBundle(path string) (*bundle.Bundle, error) {
+// loadBundle reads a bundle directory or archive. A bundle without a
+// bundle.yaml (OPA's layout) is named after the directory or archive.
+func loadBundle(path string, keys ...bundle.Key) (*bundle.Bundle, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
+	opts := bundle.Options{Name: bundleNameFromPath(path), Keys: keys}
 	if st.IsDir() {
-		return bundle.LoadDir(path)
+		return opts.LoadDir(path)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	return bundle.LoadTarGz(bytes.NewReader(data))
+	return opts.LoadTarGz(bytes.NewReader(data))
+}
+
+// bundleNameFromPath makes a bundle name of a directory or archive name
+// ("authz/", "authz.tar.gz" → "authz"), or "" when it cannot be one.
+func bundleNameFromPath(path string) string {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return ""
+	}
+	base := strings.ToLower(filepath.Base(abs))
+	for _, ext := range []string{".tar.gz", ".tgz"} {
+		base = strings.TrimSuffix(base, ext)
+	}
+	if !bundle.ValidName(base) {
+		return ""
+	}
+	return base
 }
 
 // cliHost builds an engine host for offline use; wasm modules are cached
@@ -260,6 +279,37 @@ func policyInspect(args []string, stdout, stderr io.Writer) error {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	if o := b.OPA; o != nil {
+		if _, ok := b.Files[bundle.OPAManifestFile]; ok {
+			roots := "(all of data)"
+			if len(o.Roots) > 0 {
+				roots = strings.Join(o.Roots, ", ")
+			}
+			fmt.Fprintf(stdout, "roots:          %s\n", roots)
+			if o.RegoVersion != nil {
+				fmt.Fprintf(stdout, "rego_version:   %d\n", *o.RegoVersion)
+			}
+			if len(o.Metadata) > 0 {
+				md, _ := json.Marshal(o.Metadata)
+				fmt.Fprintf(stdout, "metadata:       %s\n", md)
+			}
+		}
+		for _, f := range o.DataFiles {
+			under := "data"
+			if d := filepath.ToSlash(filepath.Dir(f)); d != "." {
+				under += "." + strings.ReplaceAll(d, "/", ".")
+			}
+			fmt.Fprintf(stdout, "data:           %s → %s\n", f, under)
+		}
+	}
+	switch b.Signature.State {
+	case bundle.SignatureVerified:
+		fmt.Fprintf(stdout, "signature:      verified (%d files)\n", b.Signature.Files)
+	case bundle.SignatureUnverified:
+		fmt.Fprintln(stdout, "signature:      unverified (signed, but no verification key was given: --verification-key)")
+	default:
+		fmt.Fprintln(stdout, "signature:      none")
+	}
 	fmt.Fprintln(stdout, "files:")
 	for _, n := range names {
 		fmt.Fprintf(stdout, "  %-40s %d bytes\n", n, len(b.Files[n]))
