@@ -301,7 +301,9 @@ type PolicyResponse struct {
 // path, as text (Files) or base64 (FilesBase64, for binaries such as
 // policy.wasm). Engine must match bundle.yaml's; without a bundle.yaml a
 // minimal one is made from the name and Engine, with a revision derived
-// from the files (the first 12 hex digits of a sha256 over them).
+// from the files (the first 12 hex digits of a sha256 over them) unless
+// .manifest names one. Without bundle.yaml and Engine (an OPA bundle), the
+// loader names the bundle after the URL and infers the engine from the files.
 type BundleFilesRequest struct {
 	Engine      string            `json:"engine,omitempty"`
 	Files       map[string]string `json:"files,omitempty"`
