@@ -1,4 +1,4 @@
-// Package bundle is the policy bundle format: OPA's bundle layout (.manifest,
+// Package bundle is the policy bundle format (docs/bundles.md): OPA's bundle layout (.manifest,
 // data files at any path, .signatures.json, read with OPA's own bundle
 // package) plus an optional bundle.yaml for what OPA has no field for, one
 // engine's policy files and test cases under tests/. A bundle is read from a
