@@ -23,7 +23,8 @@ import (
 
 const policyUsage = `usage: wicket policy <test|eval|build|inspect> ...
 
-  test    BUNDLE...                 run each bundle's tests/*.yaml cases; exit 1 on a failure
+  test    [-v] BUNDLE...            run each bundle's tests/*.yaml cases and Rego unit tests
+                                    (test_ rules, OPA's runner); exit 1 on a failure
   eval    --bundle BUNDLE [--input FILE|-]
                                     evaluate one input document (docs/policy.md) and print the decision
   build   BUNDLE -o OUT.tar.gz      write the bundle's reproducible archive and print its digest
@@ -103,6 +104,7 @@ func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("policy test", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	verbose := fs.Bool("v", false, "print every case, not only failures")
+	timeout := fs.Duration("timeout", rego.DefaultTestTimeout, "deadline of one Rego unit test")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -111,40 +113,117 @@ func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	host, closeHost := cliHost()
 	defer closeHost()
-	passed, failed := 0, 0
+	regoEngine := rego.New()
+	passed, failed, skipped := 0, 0, 0
 	for _, path := range fs.Args() {
 		b, err := loadBundle(path)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
-		cases, err := b.TestCases()
+		results, err := runBundleTests(ctx, host, regoEngine, b, *timeout)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
-		ev, err := host.CompileBundle(ctx, b)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		for _, tc := range cases {
-			err := checkCase(ctx, ev, b.DefaultAction(), tc)
-			name := fmt.Sprintf("%s/%s", b.Manifest.Name, tc.Name)
-			if err != nil {
-				failed++
-				fmt.Fprintf(stdout, "FAIL %s (%s): %v\n", name, tc.SourceFile, err)
-			} else {
+		for _, r := range results {
+			name := b.Manifest.Name + "/" + r.Name
+			switch {
+			case r.Skipped:
+				skipped++
+				if *verbose {
+					fmt.Fprintf(stdout, "SKIP %s (%s)\n", name, r.Where)
+				}
+			case r.Passed:
 				passed++
 				if *verbose {
 					fmt.Fprintf(stdout, "ok   %s\n", name)
 				}
+			default:
+				failed++
+				fmt.Fprintf(stdout, "FAIL %s (%s): %s\n", name, r.Where, r.Message)
 			}
+		}
+	}
+	summary := fmt.Sprintf("%d passed, %d failed", passed, failed)
+	if skipped > 0 {
+		summary += fmt.Sprintf(", %d skipped", skipped)
+	}
+	fmt.Fprintln(stdout, summary)
+	if failed > 0 {
+		return fmt.Errorf("policy test: %d test(s) failed", failed)
+	}
+	return nil
+}
+
+// testResult is one test of a bundle: a tests/*.yaml case or a Rego unit
+// test, in one shape so both count alike (and can be reported alike).
+type testResult struct {
+	// Kind is "case" (tests/*.yaml) or "rego" (a test_ rule).
+	Kind string
+	// Name is the case name, or the Rego test's data.pkg.test_name.
+	Name string
+	// Where is file or file:line.
+	Where   string
+	Passed  bool
+	Skipped bool
+	// Message says why a test failed (and what a Rego test printed).
+	Message  string
+	Duration time.Duration
+}
+
+// runBundleTests runs a bundle's tests/*.yaml cases through its engine and,
+// when it has .rego files, its Rego unit tests with OPA's test runner.
+func runBundleTests(ctx context.Context, host *plugins.Host, re *rego.Engine, b *bundle.Bundle, timeout time.Duration) ([]testResult, error) {
+	cases, err := b.TestCases()
+	if err != nil {
+		return nil, err
+	}
+	var out []testResult
+	if len(cases) > 0 {
+		ev, err := host.CompileBundle(ctx, b)
+		if err != nil {
+			return nil, err
+		}
+		for _, tc := range cases {
+			start := time.Now()
+			err := checkCase(ctx, ev, b.DefaultAction(), tc)
+			r := testResult{Kind: "case", Name: tc.Name, Where: tc.SourceFile, Passed: err == nil, Duration: time.Since(start)}
+			if err != nil {
+				r.Message = err.Error()
+			}
+			out = append(out, r)
 		}
 		_ = ev.Close()
 	}
-	fmt.Fprintf(stdout, "%d passed, %d failed\n", passed, failed)
-	if failed > 0 {
-		return fmt.Errorf("policy test: %d case(s) failed", failed)
+	if !hasRegoFiles(b) {
+		return out, nil
 	}
-	return nil
+	rt, err := re.RunTests(ctx, b, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("rego tests: %w", err)
+	}
+	for _, t := range rt {
+		r := testResult{Kind: "rego", Name: t.Name, Where: fmt.Sprintf("%s:%d", t.File, t.Line), Passed: t.Passed, Skipped: t.Skipped, Duration: t.Duration}
+		switch {
+		case t.Error != "":
+			r.Message = t.Error
+		case !t.Passed && !t.Skipped:
+			r.Message = "test rule is false or undefined"
+		}
+		if !t.Passed && t.Output != "" {
+			r.Message += "; printed: " + strings.TrimSpace(t.Output)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func hasRegoFiles(b *bundle.Bundle) bool {
+	for p := range b.Files {
+		if strings.HasSuffix(p, ".rego") {
+			return true
+		}
+	}
+	return false
 }
 
 // checkCase evaluates one test case and compares it with its expectation.

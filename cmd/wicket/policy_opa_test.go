@@ -126,3 +126,74 @@ func tarGzFiles(t *testing.T, files map[string]string) []byte {
 	}
 	return buf.Bytes()
 }
+
+// TestPolicyTestRegoUnitTests: `wicket policy test` runs *_test.rego with
+// OPA's test runner beside tests/*.yaml and counts both.
+func TestPolicyTestRegoUnitTests(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	write := func(name string, files map[string]string) string {
+		p := filepath.Join(dir, name+".tar.gz")
+		if err := os.WriteFile(p, tarGzFiles(t, files), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	policy := "package wicket\n\ndecision := {\"decision\": \"deny\", \"rule_id\": \"no-shell\"} if input.step.target == \"shell\"\n"
+	onlyRego := write("only-rego", map[string]string{
+		"policy.rego": policy,
+		"policy_test.rego": `package wicket_test
+
+import data.wicket
+
+test_shell_denied if wicket.decision.rule_id == "no-shell" with input as {"step": {"target": "shell"}}
+
+test_read_unmatched if not wicket.decision with input as {"step": {"target": "read"}}
+
+todo_test_later if false
+`,
+	})
+	out, _, err := runCmd(t, ctx, "policy", "test", onlyRego)
+	if err != nil || !strings.Contains(out, "2 passed, 0 failed, 1 skipped") {
+		t.Fatalf("only Rego tests: %v\n%s", err, out)
+	}
+
+	both := write("both", map[string]string{
+		"bundle.yaml": "default_action: allow\n",
+		"policy.rego": policy,
+		"tests/cases.yaml": `cases:
+  - {name: shell, step: {kind: tool_call, target: shell}, expect: {decision: deny, rule_id: no-shell}}
+  - {name: read, step: {kind: tool_call, target: read}, expect: {decision: allow}}
+`,
+		"policy_test.rego": `package wicket_test
+
+import data.wicket
+
+test_shell_denied if wicket.decision.decision == "deny" with input as {"step": {"target": "shell"}}
+
+test_wrong if {
+	print("decision was", wicket.decision)
+	wicket.decision.decision == "allow" with input as {"step": {"target": "shell"}}
+}
+
+test_error if 1 / 0 == 1
+`,
+	})
+	out, _, err = runCmd(t, ctx, "policy", "test", both)
+	if err == nil {
+		t.Fatalf("a failing Rego test must fail the command:\n%s", out)
+	}
+	for _, want := range []string{"3 passed, 2 failed", "FAIL both/data.wicket_test.test_wrong (policy_test.rego:7)", "FAIL both/data.wicket_test.test_error (policy_test.rego:12): ", "divide by zero"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+
+	forbidden := write("forbidden", map[string]string{
+		"policy.rego":      policy,
+		"policy_test.rego": "package wicket_test\n\ntest_net if http.send({\"method\": \"get\", \"url\": \"http://127.0.0.1/\"}).status_code == 200\n",
+	})
+	if _, _, err := runCmd(t, ctx, "policy", "test", forbidden); err == nil || !strings.Contains(err.Error(), "http.send") {
+		t.Fatalf("a test calling a forbidden builtin: %v", err)
+	}
+}

@@ -18,6 +18,10 @@ import (
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
 
+// strictBuiltinErrors is the engine's rule for a failing builtin; Rego unit
+// tests ([Engine.RunTests]) run under the same rule as the policy.
+const strictBuiltinErrors = true
+
 // DefaultEntrypoint is the query evaluated when the manifest names none.
 const DefaultEntrypoint = "data.wicket.decision"
 
@@ -123,7 +127,7 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		opa.ParsedQuery(ast.NewBody(ast.NewExpr(ast.NewTerm(ref)))),
 		opa.Capabilities(e.caps),
 		opa.SetRegoVersion(ast.RegoV1),
-		opa.StrictBuiltinErrors(true),
+		opa.StrictBuiltinErrors(strictBuiltinErrors),
 		opa.GenerateJSON(generateDecision),
 	)
 	pq, err := r.PrepareForEval(ctx)
