@@ -72,9 +72,21 @@ type BundleRecord struct {
 
 // Tenant is an isolated namespace.
 type Tenant struct {
-	ID        string    `json:"id"`
-	Guards    []string  `json:"guards,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	ID     string   `json:"id"`
+	Guards []string `json:"guards,omitempty"`
+	// BundleKeys verify the signatures of the tenant's bundles, beside the
+	// kernel's own keys; with any key, its bundles must be signed.
+	BundleKeys []BundleKey `json:"bundle_keys,omitempty"`
+	CreatedAt  time.Time   `json:"created_at"`
+}
+
+// BundleKey is a key that verifies bundle signatures (OPA's key config): a
+// PEM public key, or the shared secret of an HS* algorithm.
+type BundleKey struct {
+	ID        string `json:"id"`
+	Algorithm string `json:"algorithm,omitempty"`
+	Key       string `json:"key"`
+	Scope     string `json:"scope,omitempty"`
 }
 
 // Key roles.

@@ -90,6 +90,24 @@ func (k *Kernel) TenantGuards(ctx context.Context, tenant string) ([]string, err
 	return g, err
 }
 
+// TenantBundleKeys returns the keys that verify a tenant's bundles (none
+// for an unknown tenant or one without keys).
+func (k *Kernel) TenantBundleKeys(ctx context.Context, tenant string) ([]BundleKey, error) {
+	var keys []BundleKey
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		t, err := tx.Tenant(tenant)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		keys = t.BundleKeys
+		return nil
+	})
+	return keys, err
+}
+
 // CreateKey issues an API key for a tenant. The secret is returned once;
 // only its hash is stored. A non-empty secret (manifest provisioning) is
 // used as given.

@@ -27,8 +27,12 @@ const policyUsage = `usage: wicket policy <test|eval|build|inspect> ...
                                     (test_ rules, OPA's runner); exit 1 on a failure
   eval    --bundle BUNDLE [--input FILE|-]
                                     evaluate one input document (docs/policy.md) and print the decision
-  build   BUNDLE -o OUT.tar.gz      write the bundle's reproducible archive and print its digest
-  inspect BUNDLE                    print the manifest, digest, files and test count
+  build   BUNDLE -o OUT.tar.gz [--signing-key KEY [--signing-alg RS256] [--signing-key-id ID]]
+                                    write the bundle's reproducible archive (signed: OPA's
+                                    .signatures.json) and print its digest
+  inspect [--verification-key PUB] BUNDLE
+                                    print the manifest, roots, data files, signature state,
+                                    digest, files and test count
 
 BUNDLE is a bundle directory or a .tar.gz of one.
 `
@@ -71,6 +75,32 @@ func loadBundle(path string, keys ...bundle.Key) (*bundle.Bundle, error) {
 	return opts.LoadTarGz(bytes.NewReader(data))
 }
 
+// verifyFlags are --verification-key and its companions.
+type verifyFlags struct{ file, id, alg *string }
+
+func verificationFlags(fs *flag.FlagSet) verifyFlags {
+	return verifyFlags{
+		file: fs.String("verification-key", "", "verify .signatures.json with this PEM public key (or HMAC secret) file; an unsigned or tampered bundle is then refused"),
+		id:   fs.String("verification-key-id", bundle.DefaultKeyID, "key id (kid) of --verification-key"),
+		alg:  fs.String("verification-alg", bundle.DefaultAlgorithm, "algorithm of --verification-key"),
+	}
+}
+
+func (v verifyFlags) keys() ([]bundle.Key, error) {
+	if *v.file == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(*v.file)
+	if err != nil {
+		return nil, fmt.Errorf("--verification-key: %w", err)
+	}
+	keys := []bundle.Key{{ID: *v.id, Algorithm: *v.alg, Key: string(pem)}}
+	if err := bundle.ValidateKeys(keys); err != nil {
+		return nil, fmt.Errorf("--verification-key %s: %w", *v.file, err)
+	}
+	return keys, nil
+}
+
 // bundleNameFromPath makes a bundle name of a directory or archive name
 // ("authz/", "authz.tar.gz" → "authz"), or "" when it cannot be one.
 func bundleNameFromPath(path string) string {
@@ -105,7 +135,12 @@ func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.SetOutput(stderr)
 	verbose := fs.Bool("v", false, "print every case, not only failures")
 	timeout := fs.Duration("timeout", rego.DefaultTestTimeout, "deadline of one Rego unit test")
+	vk := verificationFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	keys, err := vk.keys()
+	if err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
@@ -116,7 +151,7 @@ func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	regoEngine := rego.New()
 	passed, failed, skipped := 0, 0, 0
 	for _, path := range fs.Args() {
-		b, err := loadBundle(path)
+		b, err := loadBundle(path, keys...)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
@@ -251,14 +286,18 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.SetOutput(stderr)
 	bpath := fs.String("bundle", "", "bundle directory or .tar.gz")
 	input := fs.String("input", "-", "input document (JSON file, or - for stdin)")
+	vk := verificationFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	keys, err := vk.keys()
+	if err != nil {
 		return err
 	}
 	if *bpath == "" {
 		return usageError{"policy eval: --bundle is required"}
 	}
 	var raw []byte
-	var err error
 	if *input == "-" {
 		raw, err = io.ReadAll(os.Stdin)
 	} else {
@@ -273,7 +312,7 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := dec.Decode(&in); err != nil {
 		return fmt.Errorf("input is not a policy input document: %w", err)
 	}
-	b, err := loadBundle(*bpath)
+	b, err := loadBundle(*bpath, keys...)
 	if err != nil {
 		return err
 	}
@@ -300,6 +339,11 @@ func policyBuild(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("policy build", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "", "output .tar.gz")
+	var sk bundle.SigningKey
+	fs.StringVar(&sk.Key, "signing-key", "", "sign the bundle (.signatures.json) with this PEM private key or HMAC secret file, as opa build --signing-key")
+	fs.StringVar(&sk.Algorithm, "signing-alg", bundle.DefaultAlgorithm, "signature algorithm (RS256, PS256, ES256, HS256, ...)")
+	fs.StringVar(&sk.KeyID, "signing-key-id", bundle.DefaultKeyID, "key id (kid) verifiers look the key up by")
+	fs.StringVar(&sk.ClaimsFile, "claims-file", "", "JSON file of extra claims (e.g. scope)")
 	// Accept the bundle before or after the flags.
 	var pos []string
 	for len(args) > 0 {
@@ -319,6 +363,14 @@ func policyBuild(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if sk.Key != "" {
+		if _, err := os.Stat(sk.Key); err != nil {
+			return fmt.Errorf("--signing-key: %w", err)
+		}
+		if b, err = b.Signed(sk); err != nil {
+			return err
+		}
+	}
 	data, err := b.TarGz()
 	if err != nil {
 		return err
@@ -326,15 +378,29 @@ func policyBuild(args []string, stdout, stderr io.Writer) error {
 	if err := os.WriteFile(*out, data, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s %s rev %s sha256:%s (%d bytes)\n", *out, b.Manifest.Name, b.Manifest.Revision, b.Digest, len(data))
+	signed := ""
+	if sk.Key != "" {
+		signed = ", signed " + sk.Algorithm + " kid " + sk.KeyID
+	}
+	fmt.Fprintf(stdout, "%s %s rev %s sha256:%s (%d bytes%s)\n", *out, b.Manifest.Name, b.Manifest.Revision, b.Digest, len(data), signed)
 	return nil
 }
 
 func policyInspect(args []string, stdout, stderr io.Writer) error {
-	if len(args) != 1 {
+	fs := flag.NewFlagSet("policy inspect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	vk := verificationFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
 		return usageError{"policy inspect: want one BUNDLE"}
 	}
-	b, err := loadBundle(args[0])
+	keys, err := vk.keys()
+	if err != nil {
+		return err
+	}
+	b, err := loadBundle(fs.Arg(0), keys...)
 	if err != nil {
 		return err
 	}
@@ -385,7 +451,7 @@ func policyInspect(args []string, stdout, stderr io.Writer) error {
 	case bundle.SignatureVerified:
 		fmt.Fprintf(stdout, "signature:      verified (%d files)\n", b.Signature.Files)
 	case bundle.SignatureUnverified:
-		fmt.Fprintln(stdout, "signature:      unverified (signed, but no verification key was given: --verification-key)")
+		fmt.Fprintln(stdout, "signature:      unverified (.signatures.json present, not checked: give --verification-key)")
 	default:
 		fmt.Fprintln(stdout, "signature:      none")
 	}

@@ -197,3 +197,38 @@ test_error if 1 / 0 == 1
 		t.Fatalf("a test calling a forbidden builtin: %v", err)
 	}
 }
+
+// TestPolicyBuildSigned: build --signing-key writes OPA's .signatures.json;
+// inspect reports it unverified without a key, verified with the right
+// one, and refuses the bundle with another.
+func TestPolicyBuildSigned(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "hmac")
+	if err := os.WriteFile(secret, []byte("a-shared-secret-0123456789"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(dir, "other")
+	if err := os.WriteFile(other, []byte("another-secret-0123456789"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "authz.tar.gz")
+	o, _, err := runCmd(t, ctx, "policy", "build", opaAuthzDir, "-o", out, "--signing-key", secret, "--signing-alg", "HS256")
+	if err != nil || !strings.Contains(o, "signed HS256 kid default") {
+		t.Fatalf("build: %v\n%s", err, o)
+	}
+	o, _, err = runCmd(t, ctx, "policy", "inspect", out)
+	if err != nil || !strings.Contains(o, "signature:      unverified") {
+		t.Fatalf("inspect without a key: %v\n%s", err, o)
+	}
+	o, _, err = runCmd(t, ctx, "policy", "inspect", "--verification-key", secret, "--verification-alg", "HS256", out)
+	if err != nil || !strings.Contains(o, "signature:      verified (6 files)") {
+		t.Fatalf("inspect with the key: %v\n%s", err, o)
+	}
+	if _, _, err = runCmd(t, ctx, "policy", "inspect", "--verification-key", other, "--verification-alg", "HS256", out); err == nil || !strings.Contains(err.Error(), ".signatures.json") {
+		t.Fatalf("inspect with another key: %v", err)
+	}
+	if _, _, err = runCmd(t, ctx, "policy", "test", "--verification-key", secret, "--verification-alg", "HS256", out); err != nil {
+		t.Fatalf("test a signed bundle: %v", err)
+	}
+}

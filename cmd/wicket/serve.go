@@ -18,6 +18,7 @@ import (
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
@@ -36,6 +37,8 @@ type serveOptions struct {
 	maxBody                       int64
 	noSync                        bool
 	readyFile                     string
+	bundleKeyFile, bundleKeyID    string
+	bundleKeyAlg                  string
 }
 
 func envString(name, def string) string {
@@ -79,6 +82,9 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.StringVar(&o.logFormat, "log-format", envString("WICKET_LOG_FORMAT", "text"), "text or json (WICKET_LOG_FORMAT)")
 	fs.Int64Var(&o.maxBody, "max-body", int64(envInt("WICKET_MAX_BODY", 1<<20)), "largest request body in bytes (WICKET_MAX_BODY)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.StringVar(&o.bundleKeyFile, "bundle-verification-key", envString("WICKET_BUNDLE_VERIFICATION_KEY", ""), "PEM public key (or HMAC secret) file that verifies bundle signatures; every bundle must then be signed (WICKET_BUNDLE_VERIFICATION_KEY)")
+	fs.StringVar(&o.bundleKeyID, "bundle-verification-key-id", envString("WICKET_BUNDLE_VERIFICATION_KEY_ID", bundle.DefaultKeyID), "key id signatures name (kid) (WICKET_BUNDLE_VERIFICATION_KEY_ID)")
+	fs.StringVar(&o.bundleKeyAlg, "bundle-verification-alg", envString("WICKET_BUNDLE_VERIFICATION_ALG", bundle.DefaultAlgorithm), "signature algorithm: RS256, ES256, HS256, ... (WICKET_BUNDLE_VERIFICATION_ALG)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
 }
 
@@ -166,7 +172,11 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache")})
 	defer wasmEngine.Close()
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards}, rules.New(), rego.New(), wasmEngine)
+	kernelKeys, err := o.verificationKeys()
+	if err != nil {
+		return err
+	}
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards, BundleKeys: plugins.KernelAndTenantKeys(kernelKeys, k.TenantBundleKeys)}, rules.New(), rego.New(), wasmEngine)
 	defer host.Close()
 	k.SetPolicy(host)
 	k.SetBundleLoader(host)
@@ -225,3 +235,19 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 // discardLogger drops every record (bench output stays readable).
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// verificationKeys reads --bundle-verification-key (none when unset).
+func (o *serveOptions) verificationKeys() ([]bundle.Key, error) {
+	if o.bundleKeyFile == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(o.bundleKeyFile)
+	if err != nil {
+		return nil, usageError{fmt.Sprintf("--bundle-verification-key: %v", err)}
+	}
+	keys := []bundle.Key{{ID: o.bundleKeyID, Algorithm: o.bundleKeyAlg, Key: string(pem)}}
+	if err := bundle.ValidateKeys(keys); err != nil {
+		return nil, usageError{fmt.Sprintf("--bundle-verification-key %s: %v", o.bundleKeyFile, err)}
+	}
+	return keys, nil
+}

@@ -11,6 +11,8 @@
 //	  - id: acme
 //	    keys: [{principal: ci, role: client, key: "${ACME_CI_KEY}"}]
 //	    guards: [no-destructive]
+//	    bundle_keys:                # verify the tenant's bundle signatures
+//	      - {id: acme-ci, algorithm: ES256, key_file: keys/acme.pub}   # or key: "-----BEGIN ..."
 //	agents:
 //	  - id: researcher
 //	    tenant: acme                # default: default
@@ -62,6 +64,19 @@ type Tenant struct {
 	ID     string   `yaml:"id"`
 	Keys   []Key    `yaml:"keys"`
 	Guards []string `yaml:"guards"`
+	// BundleKeys verify the signatures of the tenant's bundles.
+	BundleKeys []BundleKey `yaml:"bundle_keys"`
+}
+
+// BundleKey is a bundle verification key: key is the PEM public key (or
+// HMAC secret) itself, or key_file names a file holding it (relative to the
+// manifest).
+type BundleKey struct {
+	ID        string `yaml:"id"`
+	Algorithm string `yaml:"algorithm"`
+	Key       string `yaml:"key"`
+	KeyFile   string `yaml:"key_file"`
+	Scope     string `yaml:"scope"`
 }
 
 // Key is an API key given in the manifest.
@@ -201,8 +216,12 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 // Apply provisions everything in the manifest. It stops at the first error.
 func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 	for _, t := range m.Tenants {
-		if t.ID != kernel.DefaultTenant {
-			if err := k.UpsertTenant(ctx, kernel.Tenant{ID: t.ID, Guards: t.Guards}); err != nil {
+		keys, err := m.bundleKeys(t)
+		if err != nil {
+			return err
+		}
+		if t.ID != kernel.DefaultTenant || len(keys) > 0 {
+			if err := k.UpsertTenant(ctx, kernel.Tenant{ID: t.ID, Guards: t.Guards, BundleKeys: keys}); err != nil {
 				return fmt.Errorf("tenant %s: %w", t.ID, err)
 			}
 		}
@@ -213,10 +232,15 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 		}
 	}
 	for i, b := range m.Bundles {
-		src, err := m.readBundle(b.Path)
+		name := b.Name
+		if name == "" {
+			name = bundleName(b.Path)
+		}
+		src, err := m.readBundle(b.Path, name)
 		if err != nil {
 			return fmt.Errorf("bundles[%d]: %w", i, err)
 		}
+		src.Name = name
 		if _, err := k.PutBundle(ctx, b.Tenant, b.Name, src); err != nil {
 			return fmt.Errorf("bundles[%d] (%s): %w", i, b.Path, err)
 		}
@@ -246,6 +270,36 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 	return nil
 }
 
+// bundleKeys reads a tenant's bundle verification keys and checks them.
+func (m *Manifest) bundleKeys(t Tenant) ([]kernel.BundleKey, error) {
+	var out []kernel.BundleKey
+	var check []bundle.Key
+	for i, bk := range t.BundleKeys {
+		where := fmt.Sprintf("tenant %s: bundle_keys[%d]", t.ID, i)
+		key := bk.Key
+		switch {
+		case key != "" && bk.KeyFile != "":
+			return nil, fmt.Errorf("%s: give key or key_file, not both", where)
+		case bk.KeyFile != "":
+			b, err := os.ReadFile(m.resolve(bk.KeyFile))
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			key = string(b)
+		}
+		id := bk.ID
+		if id == "" {
+			id = bundle.DefaultKeyID
+		}
+		out = append(out, kernel.BundleKey{ID: id, Algorithm: bk.Algorithm, Key: key, Scope: bk.Scope})
+		check = append(check, bundle.Key{ID: id, Algorithm: bk.Algorithm, Key: key, Scope: bk.Scope})
+	}
+	if err := bundle.ValidateKeys(check); err != nil {
+		return nil, fmt.Errorf("tenant %s: bundle_keys: %w", t.ID, err)
+	}
+	return out, nil
+}
+
 func (m *Manifest) resolve(p string) string {
 	if filepath.IsAbs(p) || m.Dir == "" {
 		return p
@@ -253,14 +307,14 @@ func (m *Manifest) resolve(p string) string {
 	return filepath.Join(m.Dir, p)
 }
 
-func (m *Manifest) readBundle(p string) (kernel.BundleSource, error) {
+func (m *Manifest) readBundle(p, name string) (kernel.BundleSource, error) {
 	p = m.resolve(p)
 	st, err := os.Stat(p)
 	if err != nil {
 		return kernel.BundleSource{}, err
 	}
 	if st.IsDir() {
-		b, err := bundle.LoadDir(p)
+		b, err := bundle.Options{Name: name}.LoadDir(p)
 		if err != nil {
 			return kernel.BundleSource{}, err
 		}
@@ -276,3 +330,14 @@ func (m *Manifest) readBundle(p string) (kernel.BundleSource, error) {
 	}
 	return kernel.BundleSource{Archive: data}, nil
 }
+
+// bundleName names a bundle without bundle.yaml after its directory or
+// archive ("authz/", "authz.tar.gz" → "authz").
+func bundleName(p string) string {
+	base := strings.ToLower(filepath.Base(filepath.Clean(p)))
+	for _, ext := range []string{".tar.gz", ".tgz"} {
+		base = strings.TrimSuffix(base, ext)
+	}
+	return base
+}
+

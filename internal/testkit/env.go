@@ -19,6 +19,7 @@ import (
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/server"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
@@ -36,6 +37,9 @@ type Options struct {
 	Dir string
 	// Store are the store's options (default: fsync on, group commit).
 	Store bbolt.Options
+	// BundleKeys verify bundle signatures (as serve --bundle-verification-key);
+	// tenants' own keys are added as in serve.
+	BundleKeys []bundle.Key
 }
 
 // Env is a running test kernel.
@@ -67,7 +71,8 @@ func Start(t testing.TB, o Options) *Env {
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
 	}
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, Guards: k.TenantGuards}, o.Engines...)
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, Guards: k.TenantGuards,
+		BundleKeys: plugins.KernelAndTenantKeys(o.BundleKeys, k.TenantBundleKeys)}, o.Engines...)
 	k.SetPolicy(host)
 	k.SetBundleLoader(host)
 	if err := k.LoadBundles(context.Background()); err != nil {

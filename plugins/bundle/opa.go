@@ -245,7 +245,9 @@ func opaError(err error, verifying bool) *Error {
 		return &Error{File: SignaturesFile, Err: classed(ErrSignature, "missing: this kernel verifies bundle signatures and the bundle is not signed")}
 	case strings.Contains(msg, "specified in bundle signatures but not found"),
 		strings.Contains(msg, "signatures"), strings.Contains(msg, "JWT"), strings.Contains(msg, "verification key"),
-		strings.Contains(msg, "scope mismatch"), verifying && strings.Contains(msg, "signature"):
+		strings.Contains(msg, "scope mismatch"), strings.Contains(msg, "key ID"),
+		verifying && (strings.Contains(msg, "signature") || strings.Contains(msg, "base64") ||
+			strings.Contains(msg, "compact") || strings.Contains(msg, "algorithm")):
 		return &Error{File: SignaturesFile, Err: classed(ErrSignature, "%s", msg)}
 	case strings.Contains(msg, "manifest"):
 		return &Error{File: OPAManifestFile, Err: errors.New(msg)}
