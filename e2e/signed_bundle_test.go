@@ -89,8 +89,8 @@ func TestSignedBundles(t *testing.T) {
 		archive []byte
 		want    string
 	}{
-		"unsigned": {unsigned, ".signatures.json: missing"},
-		"tampered": {tampered, "wicket/policy.rego: digest differs"},
+		"unsigned":  {unsigned, ".signatures.json: missing"},
+		"tampered":  {tampered, "wicket/policy.rego: digest differs"},
 		"other key": {byOther, ".signatures.json: failed to verify"},
 	} {
 		code, err := put(tc.archive)

@@ -340,4 +340,3 @@ func bundleName(p string) string {
 	}
 	return base
 }
-
