@@ -19,6 +19,7 @@ import (
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/pull"
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
@@ -188,6 +189,18 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return fmt.Errorf("apply manifest %s: %w", o.config, err)
 		}
 		log.Info("manifest applied", "path", o.config, "agents", len(man.Agents), "tenants", len(man.Tenants), "bundles", len(man.Bundles))
+	}
+	// Bundles pulled from bundle servers (OPA's protocol). Every connection
+	// is checked after DNS, redirects included.
+	puller := pull.New(pull.KernelActivator(k), pull.Options{Logger: log, Client: pull.GuardedClient(nil)})
+	defer puller.Close()
+	if man != nil {
+		for _, src := range man.Sources() {
+			if err := puller.Start(src); err != nil {
+				return fmt.Errorf("manifest %s: bundle %s: %w", o.config, src.Name, err)
+			}
+			log.Info("pulling bundle", "tenant", src.Tenant, "bundle", src.Name, "url", src.URL)
+		}
 	}
 
 	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log})

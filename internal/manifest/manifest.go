@@ -7,6 +7,8 @@
 //	bundles:
 //	  - name: research
 //	    path: bundles/research     # directory or .tar.gz, relative to the manifest
+//	  - name: authz                # or pulled from a bundle server (OPA's protocol)
+//	    source: {url: "https://bundles.example/authz.tar.gz", min_delay: 60s, max_delay: 120s}
 //	tenants:
 //	  - id: acme
 //	    keys: [{principal: ci, role: client, key: "${ACME_CI_KEY}"}]
@@ -36,11 +38,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/pull"
 )
 
 // Manifest is the parsed file.
@@ -52,11 +56,21 @@ type Manifest struct {
 	Dir string `yaml:"-"`
 }
 
-// Bundle names a bundle directory or archive to load.
+// Bundle names a bundle directory or archive to load, or a bundle server
+// to keep it in sync with.
 type Bundle struct {
 	Name   string `yaml:"name"`
 	Path   string `yaml:"path"`
 	Tenant string `yaml:"tenant"`
+	// Source, instead of Path, pulls the bundle from a bundle server.
+	Source *Source `yaml:"source"`
+}
+
+// Source is a bundle server URL and OPA's polling delays.
+type Source struct {
+	URL      string        `yaml:"url"`
+	MinDelay time.Duration `yaml:"min_delay"`
+	MaxDelay time.Duration `yaml:"max_delay"`
 }
 
 // Tenant provisions a tenant, its keys and guard bundles.
@@ -141,8 +155,23 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 	for i := range m.Bundles {
 		b := &m.Bundles[i]
 		where := fmt.Sprintf("bundles[%d]", i)
-		if b.Path == "" {
-			return nil, fmt.Errorf("%s: path is required", where)
+		switch {
+		case b.Path == "" && b.Source == nil:
+			return nil, fmt.Errorf("%s: path or source is required", where)
+		case b.Path != "" && b.Source != nil:
+			return nil, fmt.Errorf("%s: give path or source, not both", where)
+		case b.Source != nil:
+			if b.Name == "" {
+				return nil, fmt.Errorf("%s: a bundle with a source needs a name", where)
+			}
+			u, err := expand(where+".source.url", b.Source.URL)
+			if err != nil {
+				return nil, err
+			}
+			b.Source.URL = u
+			if err := b.PullSource().Validate(); err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
 		}
 		if b.Tenant == "" {
 			b.Tenant = kernel.DefaultTenant
@@ -232,6 +261,9 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 		}
 	}
 	for i, b := range m.Bundles {
+		if b.Source != nil {
+			continue // pulled: see Sources
+		}
 		name := b.Name
 		if name == "" {
 			name = bundleName(b.Path)
@@ -268,6 +300,26 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 		}
 	}
 	return nil
+}
+
+// PullSource is the bundle's source as the puller takes it.
+func (b Bundle) PullSource() pull.Source {
+	s := pull.Source{Tenant: b.Tenant, Name: b.Name}
+	if b.Source != nil {
+		s.URL, s.MinDelay, s.MaxDelay = b.Source.URL, b.Source.MinDelay, b.Source.MaxDelay
+	}
+	return s
+}
+
+// Sources lists the bundles to pull from bundle servers.
+func (m *Manifest) Sources() []pull.Source {
+	var out []pull.Source
+	for _, b := range m.Bundles {
+		if b.Source != nil {
+			out = append(out, b.PullSource())
+		}
+	}
+	return out
 }
 
 // bundleKeys reads a tenant's bundle verification keys and checks them.

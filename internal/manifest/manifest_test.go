@@ -33,7 +33,10 @@ func TestParseErrors(t *testing.T) {
 		{"bad agent id", "agents:\n  - {id: 'a b', webhook_url: 'http://h/', secret: s}\n", "invalid"},
 		{"bad role", "tenants:\n  - id: acme\n    keys: [{principal: ci, role: root, key: 0123456789abcdef0}]\n", "role"},
 		{"short key", "tenants:\n  - id: acme\n    keys: [{principal: ci, role: client, key: short}]\n", "16 bytes"},
-		{"bundle without path", "bundles:\n  - name: x\n", "path is required"},
+		{"bundle without path", "bundles:\n  - name: x\n", "path or source is required"},
+		{"source and path", "bundles:\n  - {name: a, path: x, source: {url: \"https://example.com/a\"}}\n", "not both"},
+		{"source without a name", "bundles:\n  - {source: {url: \"https://example.com/a\"}}\n", "needs a name"},
+		{"source not http", "bundles:\n  - {name: a, source: {url: \"file:///etc/passwd\"}}\n", "http or https"},
 		{"not yaml", "agents: [\n", "parse"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
