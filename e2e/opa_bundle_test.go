@@ -23,6 +23,7 @@ import (
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/rego"
+	"github.com/wicket-run/wicket/plugins/wasm"
 )
 
 // opaAuthzDir is an OPA bundle as policy authors keep it: several
@@ -151,51 +152,7 @@ func TestOPABundleDecidesAsOPA(t *testing.T) {
 	agents := []string{"researcher", "writer", "stranger"}
 	for name, archive := range archives {
 		t.Run(name, func(t *testing.T) {
-			env := testkit.Start(t, testkit.Options{Config: fast(), Engines: []plugins.Engine{rego.New()}})
-			var rec kernel.BundleRecord
-			if _, err := testkit.BearerWithHeaders(env.URL, testkit.AdminKey, "PUT", "/v0/bundles/authz", map[string]string{"Content-Type": "application/gzip"}, archive, &rec); err != nil {
-				t.Fatalf("PUT the OPA bundle: %v", err)
-			}
-			if rec.Name != "authz" || rec.Revision != "2026-12-01.1" || rec.Engine != "rego" {
-				t.Fatalf("bundle record %+v", rec)
-			}
-			var mu sync.Mutex
-			got := map[string][]kernel.StepDecision{}
-			for _, id := range agents {
-				a := testkit.NewAgent(id, secret, env.URL, func(ctx context.Context, r *testkit.Run) (any, error) {
-					for _, s := range steps {
-						_, err := r.Step(ctx, "tool_call", s.target, s.args, testkit.StepOpts{}, func() (any, error) { return "ok", nil })
-						var de *testkit.DecisionError
-						if err != nil && !errors.As(err, &de) {
-							return nil, err
-						}
-					}
-					mu.Lock()
-					got[id] = append([]kernel.StepDecision(nil), r.Decisions...)
-					mu.Unlock()
-					return "done", nil
-				})
-				env.RegisterAgent(a, "authz")
-				t.Cleanup(a.Close)
-				exec := env.CreateExecution(id, map[string]any{})
-				if e := env.WaitTerminal(exec, 20*time.Second); e.Status != kernel.ExecCompleted {
-					t.Fatalf("%s: execution %s", id, e.Status)
-				}
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			for _, id := range agents {
-				if len(got[id]) != len(steps) {
-					t.Fatalf("%s: %d decisions, want %d", id, len(got[id]), len(steps))
-				}
-				for i, s := range steps {
-					wantDec, wantRule := td.decide(t, map[string]any{"agent_id": id, "step": map[string]any{"kind": "tool_call", "target": s.target, "args": s.args}})
-					want := map[string]string{"allow": kernel.DecisionProceed, "deny": kernel.DecisionDenied}[wantDec]
-					if d := got[id][i]; d.Decision != want || d.RuleID != wantRule {
-						t.Errorf("%s %s %v: wicket %s/%s, OPA %s/%s", id, s.target, s.args, d.Decision, d.RuleID, wantDec, wantRule)
-					}
-				}
-			}
+			got := decideThroughKernel(t, rego.New(), archive, td, "2026-12-01.1", agents, steps)
 			// The nested data decided something: an allow and both denies occur.
 			if d := got["researcher"][0]; d.RuleID != "listed" {
 				t.Errorf("researcher fs.read: %+v, want listed (data from agents/data.json)", d)
@@ -204,5 +161,83 @@ func TestOPABundleDecidesAsOPA(t *testing.T) {
 				t.Errorf("researcher rm -rf: %+v, want dangerous (data from tools/data.yaml)", d)
 			}
 		})
+	}
+}
+
+// decideThroughKernel puts archive as bundle authz into a kernel running
+// engine, drives one agent per id through steps, and checks every decision
+// (proceed/denied and rule_id) against OPA's topdown.
+func decideThroughKernel(t *testing.T, eng plugins.Engine, archive []byte, td *topdown, wantRev string, agents []string, steps []opaStep) map[string][]kernel.StepDecision {
+	t.Helper()
+	env := testkit.Start(t, testkit.Options{Config: fast(), Engines: []plugins.Engine{eng}})
+	var rec kernel.BundleRecord
+	if _, err := testkit.BearerWithHeaders(env.URL, testkit.AdminKey, "PUT", "/v0/bundles/authz", map[string]string{"Content-Type": "application/gzip"}, archive, &rec); err != nil {
+		t.Fatalf("PUT the OPA bundle: %v", err)
+	}
+	if rec.Name != "authz" || rec.Revision != wantRev || rec.Engine != eng.Name() {
+		t.Fatalf("bundle record %+v", rec)
+	}
+	var mu sync.Mutex
+	got := map[string][]kernel.StepDecision{}
+	for _, id := range agents {
+		a := testkit.NewAgent(id, secret, env.URL, func(ctx context.Context, r *testkit.Run) (any, error) {
+			for _, s := range steps {
+				_, err := r.Step(ctx, "tool_call", s.target, s.args, testkit.StepOpts{}, func() (any, error) { return "ok", nil })
+				var de *testkit.DecisionError
+				if err != nil && !errors.As(err, &de) {
+					return nil, err
+				}
+			}
+			mu.Lock()
+			got[id] = append([]kernel.StepDecision(nil), r.Decisions...)
+			mu.Unlock()
+			return "done", nil
+		})
+		env.RegisterAgent(a, "authz")
+		t.Cleanup(a.Close)
+		exec := env.CreateExecution(id, map[string]any{})
+		if e := env.WaitTerminal(exec, 20*time.Second); e.Status != kernel.ExecCompleted {
+			t.Fatalf("%s: execution %s", id, e.Status)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, id := range agents {
+		if len(got[id]) != len(steps) {
+			t.Fatalf("%s: %d decisions, want %d", id, len(got[id]), len(steps))
+		}
+		for i, s := range steps {
+			wantDec, wantRule := td.decide(t, map[string]any{"agent_id": id, "step": map[string]any{"kind": "tool_call", "target": s.target, "args": s.args}})
+			want := map[string]string{"allow": kernel.DecisionProceed, "deny": kernel.DecisionDenied}[wantDec]
+			if d := got[id][i]; d.Decision != want || d.RuleID != wantRule {
+				t.Errorf("%s %s %v: wicket %s/%s, OPA %s/%s", id, s.target, s.args, d.Decision, d.RuleID, wantDec, wantRule)
+			}
+		}
+	}
+	return got
+}
+
+// TestOPAWasmBundleDecidesAsOPA: a bundle built by OPA's compiler with
+// `-t wasm -e wicket/decision` (policy.wasm, /data.json, .manifest with the
+// wasm entrypoint and roots; no bundle.yaml) runs on the wasm engine with
+// the OPA ABI, unmodified, and decides as topdown does.
+func TestOPAWasmBundleDecidesAsOPA(t *testing.T) {
+	const dir = "../plugins/bundle/testdata/opa-wasm-authz"
+	_, ob := opaWriterArchive(t, dir)
+	td := newTopdown(t, ob)
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(filepath.Dir(abs))
+	var buf bytes.Buffer
+	c := opacompile.New().WithTarget(opacompile.TargetWasm).WithEntrypoints("wicket/decision").WithPaths(filepath.Base(abs)).WithAsBundle(true).WithOutput(&buf)
+	if err := c.Build(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	steps := []opaStep{{"fs.read", map[string]any{}}, {"fs.write", map[string]any{}}, {"http.get", map[string]any{}}}
+	got := decideThroughKernel(t, wasm.New(wasm.Config{CacheDir: wasmCache}), buf.Bytes(), td, "w1", []string{"researcher", "writer", "stranger"}, steps)
+	if d := got["researcher"][0]; d.RuleID != "listed" {
+		t.Errorf("researcher fs.read: %+v, want listed (data from agents/data.json)", d)
 	}
 }
