@@ -68,6 +68,8 @@ type BundleRecord struct {
 	Engine    string    `json:"engine"`
 	Archive   []byte    `json:"archive"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Source, when set, is the bundle server the bundle is pulled from.
+	Source *BundlePull `json:"source,omitempty"`
 }
 
 // Tenant is an isolated namespace.
@@ -77,7 +79,10 @@ type Tenant struct {
 	// BundleKeys verify the signatures of the tenant's bundles, beside the
 	// kernel's own keys; with any key, its bundles must be signed.
 	BundleKeys []BundleKey `json:"bundle_keys,omitempty"`
-	CreatedAt  time.Time   `json:"created_at"`
+	// AllowBundleSources lets the tenant's tenant-admins point its bundles
+	// at bundle servers (admins always may).
+	AllowBundleSources bool      `json:"allow_bundle_sources,omitempty"`
+	CreatedAt          time.Time `json:"created_at"`
 }
 
 // BundleKey is a key that verifies bundle signatures (OPA's key config): a

@@ -108,6 +108,24 @@ func (k *Kernel) TenantBundleKeys(ctx context.Context, tenant string) ([]BundleK
 	return keys, err
 }
 
+// TenantAllowsBundleSources reports whether a tenant's tenant-admins may
+// point bundles at bundle servers (set by an admin; default no).
+func (k *Kernel) TenantAllowsBundleSources(ctx context.Context, tenant string) (bool, error) {
+	allow := false
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		t, err := tx.Tenant(tenant)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		allow = t.AllowBundleSources
+		return nil
+	})
+	return allow, err
+}
+
 // CreateKey issues an API key for a tenant. The secret is returned once;
 // only its hash is stored. A non-empty secret (manifest provisioning) is
 // used as given.

@@ -210,3 +210,52 @@ func (s *Server) deleteBundle(c *call) (int, any, error) {
 	}
 	return http.StatusNoContent, nil, nil
 }
+
+// putBundleSource points a bundle at a bundle server: the first download
+// must load (it becomes the live revision), then the kernel polls it.
+// Admins may; tenant-admins when their tenant allows bundle sources.
+func (s *Server) putBundleSource(c *call) (int, any, error) {
+	if err := s.mayPullBundles(c); err != nil {
+		return 0, nil, err
+	}
+	var req wire.BundleSource
+	if err := decode(c.body, &req); err != nil {
+		return 0, nil, err
+	}
+	if req.URL == "" {
+		return 0, nil, errorf(kernel.CodeValidation, "url is required")
+	}
+	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), &kernel.BundlePull{URL: req.URL, MinDelay: req.MinDelay, MaxDelay: req.MaxDelay})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, bundleView(rec), nil
+}
+
+// deleteBundleSource stops pulling a bundle; its live revision stays.
+func (s *Server) deleteBundleSource(c *call) (int, any, error) {
+	if err := s.mayPullBundles(c); err != nil {
+		return 0, nil, err
+	}
+	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, bundleView(rec), nil
+}
+
+// mayPullBundles: bundle server URLs make the kernel fetch from the
+// network, so beyond admins only tenants an admin allowed may set them.
+func (s *Server) mayPullBundles(c *call) error {
+	if c.p.Kind == PrincipalAdmin {
+		return nil
+	}
+	ok, err := s.k.TenantAllowsBundleSources(c.ctx, c.tenant)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errorf(kernel.CodeForbidden, "tenant %s may not pull bundles from bundle servers: an admin can allow it (allow_bundle_sources)", c.tenant)
+	}
+	return nil
+}

@@ -192,8 +192,18 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	// Bundles pulled from bundle servers (OPA's protocol). Every connection
 	// is checked after DNS, redirects included.
-	puller := pull.New(pull.KernelActivator(k), pull.Options{Logger: log, Client: pull.GuardedClient(nil)})
+	puller := pull.New(pull.KernelActivator(k), pull.Options{Logger: log, Client: pull.GuardedClient(nil), CheckURL: pull.CheckResolved(nil)})
 	defer puller.Close()
+	k.SetBundlePuller(puller)
+	stored, err := k.BundleSources(ctx)
+	if err != nil {
+		return err
+	}
+	for _, b := range stored { // set over the API before this boot
+		if err := puller.Start(pull.FromRecord(b)); err != nil {
+			log.Warn("cannot resume pulling a bundle", "tenant", b.Tenant, "bundle", b.Name, "err", err)
+		}
+	}
 	if man != nil {
 		for _, src := range man.Sources() {
 			if err := puller.Start(src); err != nil {

@@ -13,6 +13,7 @@
 //	  - id: acme
 //	    keys: [{principal: ci, role: client, key: "${ACME_CI_KEY}"}]
 //	    guards: [no-destructive]
+//	    allow_bundle_sources: true  # its tenant-admins may set bundle server URLs
 //	    bundle_keys:                # verify the tenant's bundle signatures
 //	      - {id: acme-ci, algorithm: ES256, key_file: keys/acme.pub}   # or key: "-----BEGIN ..."
 //	agents:
@@ -80,6 +81,9 @@ type Tenant struct {
 	Guards []string `yaml:"guards"`
 	// BundleKeys verify the signatures of the tenant's bundles.
 	BundleKeys []BundleKey `yaml:"bundle_keys"`
+	// AllowBundleSources lets the tenant's tenant-admins point bundles at
+	// bundle servers (PUT /v0/bundles/{name}/source).
+	AllowBundleSources bool `yaml:"allow_bundle_sources"`
 }
 
 // BundleKey is a bundle verification key: key is the PEM public key (or
@@ -249,8 +253,8 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 		if err != nil {
 			return err
 		}
-		if t.ID != kernel.DefaultTenant || len(keys) > 0 {
-			if err := k.UpsertTenant(ctx, kernel.Tenant{ID: t.ID, Guards: t.Guards, BundleKeys: keys}); err != nil {
+		if t.ID != kernel.DefaultTenant || len(keys) > 0 || t.AllowBundleSources {
+			if err := k.UpsertTenant(ctx, kernel.Tenant{ID: t.ID, Guards: t.Guards, BundleKeys: keys, AllowBundleSources: t.AllowBundleSources}); err != nil {
 				return fmt.Errorf("tenant %s: %w", t.ID, err)
 			}
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/pull"
 	"github.com/wicket-run/wicket/server"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
@@ -49,6 +50,7 @@ type Env struct {
 	Store  *bbolt.Store
 	Kernel *kernel.Kernel
 	Host   *plugins.Host
+	Puller *pull.Puller
 	Server *server.Server
 	HTTP   *httptest.Server
 	URL    string
@@ -75,6 +77,8 @@ func Start(t testing.TB, o Options) *Env {
 		BundleKeys: plugins.KernelAndTenantKeys(o.BundleKeys, k.TenantBundleKeys)}, o.Engines...)
 	k.SetPolicy(host)
 	k.SetBundleLoader(host)
+	puller := pull.New(pull.KernelActivator(k), pull.Options{Backoff: 10 * time.Millisecond})
+	k.SetBundlePuller(puller)
 	if err := k.LoadBundles(context.Background()); err != nil {
 		t.Fatalf("load bundles: %v", err)
 	}
@@ -84,7 +88,7 @@ func Start(t testing.TB, o Options) *Env {
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	e := &Env{T: t, Dir: dir, Store: st, Kernel: k, Host: host, Server: srv, HTTP: hs, URL: hs.URL}
+	e := &Env{T: t, Dir: dir, Store: st, Kernel: k, Host: host, Puller: puller, Server: srv, HTTP: hs, URL: hs.URL}
 	t.Cleanup(e.Close)
 	return e
 }
@@ -96,6 +100,7 @@ func (e *Env) Close() {
 	}
 	e.closed = true
 	e.HTTP.Close()
+	e.Puller.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := e.Kernel.Close(ctx); err != nil {

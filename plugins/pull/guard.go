@@ -1,11 +1,13 @@
 package pull
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"syscall"
 	"time"
 )
@@ -65,4 +67,34 @@ func DenyLinkLocal(_, address string, _ syscall.RawConn) error {
 		return fmt.Errorf("refusing %s: cloud metadata endpoint", address)
 	}
 	return nil
+}
+
+// CheckResolved returns an Options.CheckURL that resolves a URL's host and
+// refuses it when control refuses any of its addresses, so a bad address
+// is a 400 when the source is set rather than a failure at every poll.
+// The dial-time check still applies: DNS may answer differently later.
+func CheckResolved(control Control) func(ctx context.Context, rawURL string) error {
+	if control == nil {
+		control = DenyLinkLocal
+	}
+	return func(ctx context.Context, rawURL string) error {
+		u, err := url.Parse(rawURL)
+		if err != nil {
+			return err
+		}
+		port := u.Port()
+		if port == "" {
+			port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+		}
+		addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", u.Hostname())
+		if err != nil {
+			return fmt.Errorf("source url: %w", err)
+		}
+		for _, a := range addrs {
+			if err := control("tcp", net.JoinHostPort(a.Unmap().String(), port), nil); err != nil {
+				return fmt.Errorf("source url: %w", err)
+			}
+		}
+		return nil
+	}
 }

@@ -108,6 +108,10 @@ type Options struct {
 	Timeout time.Duration
 	// Backoff is the first wait after a failure (default [DefaultBackoff]).
 	Backoff time.Duration
+	// CheckURL, when set, vets a URL given to Watch before anything is
+	// fetched (e.g. resolving its host against the address policy), so a
+	// refused address is reported at once.
+	CheckURL func(ctx context.Context, rawURL string) error
 }
 
 // Status is what a source's last polls established.
@@ -143,7 +147,6 @@ type running struct {
 
 	mu     sync.Mutex // one poll at a time; guards st
 	st     Status
-	manual bool
 }
 
 // New returns a Puller that activates downloads with activate.
@@ -169,8 +172,55 @@ func New(activate Activator, o Options) *Puller {
 // Start polls src in the background until Stop or Close, replacing any
 // earlier source of the same bundle. The first poll is immediate.
 func (p *Puller) Start(src Source) error {
+	return p.start(src, false)
+}
+
+// Watch implements kernel.BundlePuller: it downloads and activates the
+// bundle now and, when that worked, polls it in the background (as Start).
+// A URL whose host resolves to a refused address, or a first download
+// that fails, registers nothing.
+func (p *Puller) Watch(ctx context.Context, tenant, name string, bp kernel.BundlePull) error {
+	src := Source{Tenant: tenant, Name: name, URL: bp.URL}
+	for _, d := range []struct {
+		s   string
+		dst *time.Duration
+	}{{bp.MinDelay, &src.MinDelay}, {bp.MaxDelay, &src.MaxDelay}} {
+		if d.s == "" {
+			continue
+		}
+		v, err := time.ParseDuration(d.s)
+		if err != nil || v < time.Second {
+			return fmt.Errorf("source delay %q: want a Go duration of at least 1s", d.s)
+		}
+		*d.dst = v
+	}
 	if err := src.Validate(); err != nil {
 		return err
+	}
+	if p.o.CheckURL != nil {
+		if err := p.o.CheckURL(ctx, src.URL); err != nil {
+			return err
+		}
+	}
+	return p.start(src, true)
+}
+
+// Unwatch implements kernel.BundlePuller (as Stop).
+func (p *Puller) Unwatch(tenant, name string) { p.Stop(tenant, name) }
+
+var _ kernel.BundlePuller = (*Puller)(nil)
+
+func (p *Puller) start(src Source, syncFirst bool) error {
+	if err := src.Validate(); err != nil {
+		return err
+	}
+	st := Status{Source: src}
+	if syncFirst {
+		r := &running{st: st}
+		if err := p.poll(context.Background(), r); err != nil {
+			return err
+		}
+		st = r.st
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -179,14 +229,16 @@ func (p *Puller) Start(src Source) error {
 	}
 	old := p.sources[src.key()]
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{cancel: cancel, done: make(chan struct{}), st: Status{Source: src}}
+	r := &running{cancel: cancel, done: make(chan struct{}), st: st}
 	if old != nil {
 		old.cancel()
-		old.mu.Lock()
-		if old.st.Source.URL == src.URL {
-			r.st.ETag, r.st.Revision, r.st.Digest = old.st.ETag, old.st.Revision, old.st.Digest
+		if !syncFirst {
+			old.mu.Lock()
+			if old.st.Source.URL == src.URL {
+				r.st.ETag, r.st.Revision, r.st.Digest = old.st.ETag, old.st.Revision, old.st.Digest
+			}
+			old.mu.Unlock()
 		}
-		old.mu.Unlock()
 	}
 	p.sources[src.key()] = r
 	p.wg.Add(1)
@@ -196,7 +248,7 @@ func (p *Puller) Start(src Source) error {
 		if old != nil {
 			<-old.done
 		}
-		p.loop(ctx, r)
+		p.loop(ctx, r, syncFirst)
 	}()
 	return nil
 }
@@ -255,9 +307,13 @@ func (p *Puller) Sources() []Status {
 	return out
 }
 
-func (p *Puller) loop(ctx context.Context, r *running) {
+func (p *Puller) loop(ctx context.Context, r *running, polled bool) {
 	for {
-		err := p.poll(ctx, r)
+		var err error
+		if !polled {
+			err = p.poll(ctx, r)
+		}
+		polled = false
 		if ctx.Err() != nil {
 			return
 		}
@@ -388,6 +444,19 @@ func redact(s string) string {
 	}
 	u.RawQuery, u.Fragment = "", ""
 	return u.String()
+}
+
+// FromRecord is the source a stored bundle names (its delays as parsed;
+// bad ones fall back to the defaults).
+func FromRecord(b *kernel.BundleRecord) Source {
+	s := Source{Tenant: b.Tenant, Name: b.Name}
+	if b.Source == nil {
+		return s
+	}
+	s.URL = b.Source.URL
+	s.MinDelay, _ = time.ParseDuration(b.Source.MinDelay)
+	s.MaxDelay, _ = time.ParseDuration(b.Source.MaxDelay)
+	return s
 }
 
 // Kernel is the part of the kernel an activator needs.

@@ -319,6 +319,17 @@ type Bundle struct {
 	Engine    string    `json:"engine"`
 	Size      int       `json:"size"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Source is the bundle server the bundle is pulled from, if any.
+	Source *BundleSource `json:"source,omitempty"`
+}
+
+// BundleSource is the body of PUT /v0/bundles/{name}/source: a bundle
+// server URL (OPA's bundle service protocol) and the random delay between
+// polls (Go durations, at least 1s; default 60s and 120s).
+type BundleSource struct {
+	URL      string `json:"url"`
+	MinDelay string `json:"min_delay,omitempty"`
+	MaxDelay string `json:"max_delay,omitempty"`
 }
 
 // BundleList is the answer of GET /v0/bundles.
