@@ -145,8 +145,8 @@ type running struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu     sync.Mutex // one poll at a time; guards st
-	st     Status
+	mu sync.Mutex // one poll at a time; guards st
+	st Status
 }
 
 // New returns a Puller that activates downloads with activate.
