@@ -241,3 +241,18 @@ func TestOPAWasmBundleDecidesAsOPA(t *testing.T) {
 		t.Errorf("researcher fs.read: %+v, want listed (data from agents/data.json)", d)
 	}
 }
+
+// TestOPABundleSurvivesRestart: a stored bundle without bundle.yaml is
+// named by its record at boot and loads again.
+func TestOPABundleSurvivesRestart(t *testing.T) {
+	opts := testkit.Options{Dir: t.TempDir(), Config: fast(), Engines: []plugins.Engine{rego.New()}}
+	env := testkit.Start(t, opts)
+	if _, err := testkit.BearerWithHeaders(env.URL, testkit.AdminKey, "PUT", "/v0/bundles/authz", map[string]string{"Content-Type": "application/gzip"}, opaDirArchive(t, opaAuthzDir), nil); err != nil {
+		t.Fatal(err)
+	}
+	env.Close()
+	env2 := testkit.Start(t, opts)
+	if ref, ok := env2.Host.Live("default", "authz"); !ok || ref.Revision != "2026-12-01.1" {
+		t.Fatalf("after restart: %+v %v", ref, ok)
+	}
+}

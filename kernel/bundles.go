@@ -305,7 +305,7 @@ func (k *Kernel) LoadBundles(ctx context.Context) error {
 		return fmt.Errorf("list bundles: %w", err)
 	}
 	for _, rec := range recs {
-		cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive})
+		cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive, Name: rec.Name})
 		if err != nil {
 			k.log.Error("stored bundle does not load", "tenant", rec.Tenant, "bundle", rec.Name, "err", err)
 			continue
