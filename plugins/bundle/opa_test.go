@@ -21,7 +21,7 @@ const authzDir = "testdata/opa-authz"
 const wantAuthzData = `{"agents":{"researcher":{"tools":["fs.read","shell.exec","http.get"]},"writer":{"tools":["fs.write"]}},"tools":{"guarded":["shell.exec"]}}`
 
 // slashTarGz packs files as OPA's tarball writer names entries: "/path".
-func slashTarGz(t *testing.T, files map[string][]byte) []byte {
+func slashTarGz(t testing.TB, files map[string][]byte) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
@@ -43,7 +43,7 @@ func slashTarGz(t *testing.T, files map[string][]byte) []byte {
 	return buf.Bytes()
 }
 
-func readDirFiles(t *testing.T, dir string) map[string][]byte {
+func readDirFiles(t testing.TB, dir string) map[string][]byte {
 	t.Helper()
 	files := map[string][]byte{}
 	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
@@ -262,4 +262,16 @@ func TestOPAInference(t *testing.T) {
 			t.Errorf("new.rego: v%d, want v1", v)
 		}
 	})
+}
+
+// BenchmarkLoadOPABundle measures loading testdata/opa-authz from a
+// tarball: our collector, then OPA's reader (parse, data merge, roots).
+func BenchmarkLoadOPABundle(b *testing.B) {
+	ar := slashTarGz(b, readDirFiles(b, authzDir))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := (Options{Name: "authz"}).LoadTarGz(bytes.NewReader(ar)); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
