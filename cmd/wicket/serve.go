@@ -26,6 +26,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
 
@@ -43,6 +44,7 @@ type serveOptions struct {
 	bundleKeyFile, bundleKeyID    string
 	bundleKeyAlg                  string
 	webhookAllow, webhookDeny     stringList
+	signatureTolerance            time.Duration
 }
 
 // stringList is a repeatable flag whose environment twin is a
@@ -124,6 +126,8 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.StringVar(&o.bundleKeyFile, "bundle-verification-key", envString("WICKET_BUNDLE_VERIFICATION_KEY", ""), "PEM public key (or HMAC secret) file that verifies bundle signatures; every bundle must then be signed (WICKET_BUNDLE_VERIFICATION_KEY)")
 	fs.StringVar(&o.bundleKeyID, "bundle-verification-key-id", envString("WICKET_BUNDLE_VERIFICATION_KEY_ID", bundle.DefaultKeyID), "key id signatures name (kid) (WICKET_BUNDLE_VERIFICATION_KEY_ID)")
 	fs.StringVar(&o.bundleKeyAlg, "bundle-verification-alg", envString("WICKET_BUNDLE_VERIFICATION_ALG", bundle.DefaultAlgorithm), "signature algorithm: RS256, ES256, HS256, ... (WICKET_BUNDLE_VERIFICATION_ALG)")
+	fs.DurationVar(&o.signatureTolerance, "signature-tolerance", envDuration("WICKET_SIGNATURE_TOLERANCE", wire.DefaultSignatureTolerance),
+		"how far an agent's v1 signature timestamp may be from this clock (WICKET_SIGNATURE_TOLERANCE)")
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
@@ -187,6 +191,9 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if !keysConfigured && !isLoopback(o.addr) {
 		return usageError{fmt.Sprintf("serve: refusing to listen on %s without an API key: set --admin-key (WICKET_ADMIN_KEY) or bind a loopback address", o.addr)}
+	}
+	if o.signatureTolerance <= 0 {
+		return usageError{"serve: --signature-tolerance must be positive"}
 	}
 	if o.adminKey != "" && len(o.adminKey) < 16 {
 		return usageError{"serve: --admin-key must be at least 16 bytes"}
@@ -267,7 +274,8 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 	}
 
-	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log})
+	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody,
+		SignatureTolerance: o.signatureTolerance, Logger: log})
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}
