@@ -222,23 +222,34 @@ func decideThroughKernel(t *testing.T, eng plugins.Engine, archive []byte, td *t
 // wasm entrypoint and roots; no bundle.yaml) runs on the wasm engine with
 // the OPA ABI, unmodified, and decides as topdown does.
 func TestOPAWasmBundleDecidesAsOPA(t *testing.T) {
-	const dir = "../plugins/bundle/testdata/opa-wasm-authz"
-	_, ob := opaWriterArchive(t, dir)
-	td := newTopdown(t, ob)
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		t.Fatal(err)
+	steps := []opaStep{
+		{"fs.read", map[string]any{}},
+		{"fs.write", map[string]any{}},
+		{"shell.exec", map[string]any{"command": "rm -rf /"}},
+		{"shell.exec", map[string]any{"command": "ls"}},
 	}
-	t.Chdir(filepath.Dir(abs))
-	var buf bytes.Buffer
-	c := opacompile.New().WithTarget(opacompile.TargetWasm).WithEntrypoints("wicket/decision").WithPaths(filepath.Base(abs)).WithAsBundle(true).WithOutput(&buf)
-	if err := c.Build(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	steps := []opaStep{{"fs.read", map[string]any{}}, {"fs.write", map[string]any{}}, {"http.get", map[string]any{}}}
-	got := decideThroughKernel(t, wasm.New(wasm.Config{CacheDir: wasmCache}), buf.Bytes(), td, "w1", []string{"researcher", "writer", "stranger"}, steps)
-	if d := got["researcher"][0]; d.RuleID != "listed" {
-		t.Errorf("researcher fs.read: %+v, want listed (data from agents/data.json)", d)
+	for _, tc := range []struct{ dir, rev string }{
+		{"../plugins/bundle/testdata/opa-wasm-authz", "w1"},
+		{opaAuthzDir, "2026-12-01.1"}, // sprintf and regex.match: host builtins
+	} {
+		t.Run(filepath.Base(tc.dir), func(t *testing.T) {
+			_, ob := opaWriterArchive(t, tc.dir)
+			td := newTopdown(t, ob)
+			abs, err := filepath.Abs(tc.dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Chdir(filepath.Dir(abs))
+			var buf bytes.Buffer
+			c := opacompile.New().WithTarget(opacompile.TargetWasm).WithEntrypoints("wicket/decision").WithPaths(filepath.Base(abs)).WithAsBundle(true).WithOutput(&buf)
+			if err := c.Build(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			got := decideThroughKernel(t, wasm.New(wasm.Config{CacheDir: wasmCache, Builtins: rego.NewHostBuiltins()}), buf.Bytes(), td, tc.rev, []string{"researcher", "writer", "stranger"}, steps)
+			if d := got["researcher"][0]; d.RuleID != "listed" {
+				t.Errorf("researcher fs.read: %+v, want listed (data from agents/data.json)", d)
+			}
+		})
 	}
 }
 

@@ -218,6 +218,8 @@ func TestOPAInference(t *testing.T) {
 			EngineWasm, ABIOPA, "authz/allow", "9"},
 		{"bundle.yaml engine wasm, OPA manifest", map[string]string{"bundle.yaml": "engine: wasm\ndefault_action: allow\n", ".manifest": `{"wasm": [{"entrypoint": "w/d", "module": "/policy.wasm"}]}`, "policy.wasm": wasm},
 			EngineWasm, ABIOPA, "w/d", ""},
+		{"several wasm entrypoints, wicket/decision among them", map[string]string{".manifest": `{"wasm": [{"entrypoint": "wicket/decision", "module": "/policy.wasm"}, {"entrypoint": "wicket/tests/test_x", "module": "/policy.wasm"}]}`, "policy.wasm": wasm},
+			EngineWasm, ABIOPA, "wicket/decision", ""},
 		{"wicket wasm keeps its ABI", map[string]string{"bundle.yaml": "engine: wasm\n", "policy.wasm": wasm}, EngineWasm, "", "", ""},
 		{"rego with an annotated entrypoint", map[string]string{"authz.rego": "# METADATA\n# entrypoint: true\npackage authz\n\nallow := true\n"}, EngineRego, "", "data.authz", ""},
 		{"bundle.yaml entrypoint wins", map[string]string{"bundle.yaml": "entrypoint: data.x.y\n", "authz.rego": "# METADATA\n# entrypoint: true\npackage authz\n\nallow := true\n"}, EngineRego, "", "data.x.y", ""},

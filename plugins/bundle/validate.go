@@ -171,15 +171,21 @@ func complete(b *Bundle, o Options) error {
 	}
 	switch {
 	case m.Engine == EngineWasm && m.ABI == ABIOPA:
-		if eps := b.OPA.WasmEntrypoints; len(eps) == 1 {
+		switch eps := b.OPA.WasmEntrypoints; {
+		case len(eps) == 1:
 			m.Entrypoint = eps[0]
-		} else if len(eps) > 1 && !slices.Contains(eps, "wicket/decision") {
+		case slices.Contains(eps, "wicket/decision"):
+			m.Entrypoint = "wicket/decision"
+		case len(eps) > 1:
 			return mf("entrypoint", fmt.Errorf(".manifest maps %d entrypoints to policy.wasm (%s): name the one to evaluate", len(eps), strings.Join(eps, ", ")))
 		}
 	case m.Engine == EngineRego:
-		if eps := b.OPA.Entrypoints; len(eps) == 1 {
+		switch eps := b.OPA.Entrypoints; {
+		case len(eps) == 1:
 			m.Entrypoint = eps[0]
-		} else if len(eps) > 1 && !slices.Contains(eps, "data.wicket.decision") {
+		case slices.Contains(eps, "data.wicket.decision"):
+			m.Entrypoint = "data.wicket.decision"
+		case len(eps) > 1:
 			return mf("entrypoint", fmt.Errorf("%d rules are annotated entrypoint: true (%s): name the one to evaluate", len(eps), strings.Join(eps, ", ")))
 		}
 	}
