@@ -93,7 +93,7 @@ func (s *Server) setPolicy(c *call) (int, any, error) {
 		return 0, nil, errorf(kernel.CodeValidation, "bundle is required: the agent's native YAML rules, as a string")
 	}
 	agentID := c.vars("agent_id")
-	rec, err := s.k.SetAgentPolicy(c.ctx, c.tenant, agentID, []byte(req.Bundle))
+	rec, err := s.k.SetAgentPolicy(c.ctx, c.tenant, agentID, []byte(req.Bundle), c.p.bundleOwner())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -159,17 +159,30 @@ func (s *Server) createTenant(c *call) (int, any, error) {
 	if err := decode(c.body, &req); err != nil {
 		return 0, nil, err
 	}
-	for _, g := range req.Guards {
-		if !kernel.ValidID(g) {
-			return 0, nil, errorf(kernel.CodeValidation, "guard bundle name %q is invalid", g)
-		}
-	}
 	t, err := s.k.CreateTenant(c.ctx, kernel.Tenant{ID: req.ID, Guards: req.Guards})
 	if err != nil {
 		return 0, nil, err
 	}
 	c.w.Header().Set("Location", "/v0/tenants/"+t.ID)
 	return http.StatusCreated, tenantView(t), nil
+}
+
+// updateTenant sets a tenant's guards: PUT /v0/tenants/{tenant}
+// {"guards": [...]} ([] removes them). Each must name an admin-owned bundle
+// of that tenant.
+func (s *Server) updateTenant(c *call) (int, any, error) {
+	var req wire.TenantUpdateRequest
+	if err := decode(c.body, &req); err != nil {
+		return 0, nil, err
+	}
+	if req.Guards == nil {
+		return 0, nil, errorf(kernel.CodeValidation, `guards is required: the tenant's guard bundles ([] removes them all)`)
+	}
+	t, err := s.k.SetTenantGuards(c.ctx, c.vars("tenant"), *req.Guards)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, tenantView(t), nil
 }
 
 func (s *Server) listTenants(c *call) (int, any, error) {

@@ -53,6 +53,15 @@ func (p Principal) String() string {
 
 func (p Principal) bearer() bool { return p.Kind != PrincipalAgent }
 
+// bundleOwner is who owns the bundles p stores, and the rights p has over
+// stored ones: admin keys act as the admin, everything else as the tenant.
+func (p Principal) bundleOwner() kernel.BundleOwner {
+	if p.Kind == PrincipalAdmin {
+		return kernel.BundleOwnerAdmin
+	}
+	return kernel.BundleOwnerTenant
+}
+
 func sha256Sum(s string) [32]byte { return sha256.Sum256([]byte(s)) }
 
 // authenticate establishes c.p and c.tenant from the request's credentials.

@@ -176,6 +176,7 @@ func (s *Server) routes() *mux.Router {
 
 		{"POST", "/v0/tenants", classTenants, s.createTenant, routeOpts{}},
 		{"GET", "/v0/tenants", classTenants, s.listTenants, routeOpts{}},
+		{"PUT", "/v0/tenants/{tenant}", classTenants, s.updateTenant, routeOpts{}},
 		{"POST", "/v0/tenants/{tenant}/keys", classTenants, s.createKey, routeOpts{}},
 		{"GET", "/v0/tenants/{tenant}/keys", classTenants, s.listKeys, routeOpts{}},
 		{"DELETE", "/v0/tenants/{tenant}/keys/{key_id}", classTenants, s.deleteKey, routeOpts{}},

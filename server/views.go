@@ -98,7 +98,7 @@ func agentView(a *kernel.Agent) wire.Agent {
 }
 
 func bundleView(b *kernel.BundleRecord) wire.Bundle {
-	return wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine,
+	return wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine, Owner: string(b.OwnedBy()),
 		Size: len(b.Archive), UpdatedAt: b.UpdatedAt}
 }
 

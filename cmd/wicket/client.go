@@ -371,7 +371,7 @@ func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	return usageError{"usage: wicket " + approvalUsage}
 }
 
-const tenantUsage = "tenant ls | create ID [--guards a,b] | key create TENANT --role R --principal P | key ls TENANT | key rm TENANT KEY_ID"
+const tenantUsage = "tenant ls | create ID | guards TENANT --set a,b (\"\" removes them) | key create TENANT --role R --principal P | key ls TENANT | key rm TENANT KEY_ID"
 
 func tenantCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, tenantUsage)
@@ -394,8 +394,23 @@ func tenantCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		ts, err := o.client().Tenants(ctx)
 		return printAnswer(stdout, wire.TenantList{Tenants: ts}, err)
+	case "guards":
+		set := fs.String("set", "", "comma-separated guard bundles: admin-owned bundles of the tenant (\"\" removes them)")
+		pos, err := parseArgs(fs, rest, 1, tenantUsage)
+		if err != nil {
+			return err
+		}
+		if !flagSet(fs, "set") {
+			return usageError{"tenant guards: --set is required (--set \"\" removes every guard)"}
+		}
+		var guards []string
+		if *set != "" {
+			guards = strings.Split(*set, ",")
+		}
+		t, err := o.client().SetTenantGuards(ctx, pos[0], guards)
+		return printAnswer(stdout, t, err)
 	case "create":
-		guards := fs.String("guards", "", "comma-separated guard bundles")
+		guards := fs.String("guards", "", "comma-separated guard bundles (they must exist in the tenant already: use tenant guards)")
 		pos, err := parseArgs(fs, rest, 1, tenantUsage)
 		if err != nil {
 			return err

@@ -84,6 +84,19 @@ func TestClientCommands(t *testing.T) {
 	}
 
 	cli("tenant", "create", "acme")
+	// Guards: an admin-owned bundle of the tenant, set and removed.
+	if _, err := env.Admin("PUT", "/v0/bundles/no-rm?tenant=acme", map[string]any{"engine": "rules", "files": map[string]string{"rules.yaml": "rules: []\n"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if out := cli("tenant", "guards", "acme", "--set", "no-rm"); !strings.Contains(out, `"no-rm"`) {
+		t.Errorf("tenant guards --set: %s", out)
+	}
+	if _, _, err := runCmd(t, ctx, "tenant", "guards", "acme", "--set", "ghost", "--url", env.URL, "--key", testkit.AdminKey); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Errorf("tenant guards naming no bundle: %v", err)
+	}
+	if out := cli("tenant", "guards", "acme", "--set", ""); strings.Contains(out, "no-rm") {
+		t.Errorf("tenant guards --set \"\": %s", out)
+	}
 	var key struct{ KeyID, Key string }
 	out := cli("tenant", "key", "create", "acme", "--role", "client", "--principal", "ci")
 	if err := json.Unmarshal([]byte(out), &struct {

@@ -642,9 +642,14 @@ func testApprovals(t *testing.T, s kernel.Store) {
 }
 
 func testBundles(t *testing.T, s kernel.Store) {
+	// The owner round-trips (a new revision may change it).
 	mk := func(tenant, name, rev string) *kernel.BundleRecord {
+		owner := kernel.BundleOwnerTenant
+		if rev == "2" {
+			owner = kernel.BundleOwnerAdmin
+		}
 		return &kernel.BundleRecord{
-			Tenant: tenant, Name: name, Revision: rev, Digest: strings.Repeat("0", 64), Engine: "rego",
+			Tenant: tenant, Name: name, Revision: rev, Digest: strings.Repeat("0", 64), Engine: "rego", Owner: owner,
 			Archive: []byte{0x1f, 0x8b, 0, 1, 2, 255, 0, byte(len(name))}, UpdatedAt: t0,
 		}
 	}

@@ -184,6 +184,21 @@ func (c *Client) CreateTenant(ctx context.Context, req TenantRequest) (*Tenant, 
 	return &t, nil
 }
 
+// SetTenantGuards replaces a tenant's guard bundles (an empty list removes
+// them). Each must name a bundle the admin stored into that tenant
+// (PutBundle with WithTenant and an admin key); anything else is a
+// validation error naming the guard.
+func (c *Client) SetTenantGuards(ctx context.Context, tenant string, guards []string) (*Tenant, error) {
+	if guards == nil {
+		guards = []string{}
+	}
+	var t Tenant
+	if err := c.Do(ctx, http.MethodPut, "/v0/tenants/"+seg(tenant), nil, wire.TenantUpdateRequest{Guards: &guards}, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
 // Tenants lists the kernel's tenants.
 func (c *Client) Tenants(ctx context.Context) ([]Tenant, error) {
 	var l wire.TenantList

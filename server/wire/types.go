@@ -16,6 +16,14 @@ const (
 	DecisionExecutionTerminal = "execution_terminal"
 )
 
+// Owners of a stored bundle: stored with an admin key (a tenant-admin may
+// not replace or delete it; only these may be a tenant's guards), or by the
+// tenant.
+const (
+	BundleOwnerAdmin  = "admin"
+	BundleOwnerTenant = "tenant"
+)
+
 // Roles of API keys.
 const (
 	RoleAdmin       = "admin"
@@ -309,12 +317,14 @@ type BundleFilesRequest struct {
 }
 
 // Bundle is a stored bundle's metadata (GET ?archive=1 returns the .tar.gz).
+// Owner is BundleOwnerAdmin or BundleOwnerTenant.
 type Bundle struct {
 	Tenant    string    `json:"tenant"`
 	Name      string    `json:"name"`
 	Revision  string    `json:"revision"`
 	Digest    string    `json:"sha256"`
 	Engine    string    `json:"engine"`
+	Owner     string    `json:"owner"`
 	Size      int       `json:"size"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -408,10 +418,20 @@ type ResolveApprovalRequest struct {
 
 // ---- tenants ----
 
-// TenantRequest is the body of POST /v0/tenants.
+// TenantRequest is the body of POST /v0/tenants. Guards must name
+// admin-owned bundles of the tenant, which a new tenant does not have yet:
+// set them later with PUT /v0/tenants/{id}.
 type TenantRequest struct {
 	ID     string   `json:"id"`
 	Guards []string `json:"guards,omitempty"`
+}
+
+// TenantUpdateRequest is the body of PUT /v0/tenants/{t}: the tenant's
+// guard bundles, which replace the current ones (an empty list removes
+// them; the field is required). Each must name a bundle of that tenant that
+// the admin owns.
+type TenantUpdateRequest struct {
+	Guards *[]string `json:"guards"`
 }
 
 // Tenant is a tenant as the API shows it.
