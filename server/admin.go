@@ -218,9 +218,14 @@ func (s *Server) listKeys(c *call) (int, any, error) {
 	return http.StatusOK, wire.KeyList{Keys: mapSlice(keys, keyView)}, nil
 }
 
+// deleteKey revokes a key and ends the event streams it opened.
 func (s *Server) deleteKey(c *call) (int, any, error) {
-	if err := s.k.DeleteKey(c.ctx, c.vars("tenant"), c.vars("key_id")); err != nil {
+	tenant, id := c.vars("tenant"), c.vars("key_id")
+	if err := s.k.DeleteKey(c.ctx, tenant, id); err != nil {
 		return 0, nil, err
+	}
+	if n := s.streams.revoke(tenant, id); n > 0 {
+		s.log.Info("key revoked: event streams closed", "tenant", tenant, "key_id", id, "streams", n)
 	}
 	return http.StatusNoContent, nil, nil
 }

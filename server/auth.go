@@ -130,32 +130,49 @@ func (s *Server) authenticateBearer(c *call, authz string) error {
 		return errorf(kernel.CodeForbidden, "API key %s has unknown role %q", key.ID, key.Role)
 	}
 	c.p = Principal{Kind: PrincipalKind(key.Role), Tenant: key.Tenant, KeyID: key.ID, Name: key.Principal}
+	c.token = token
 	return nil
 }
 
-// authenticateAgent checks an agent's signature over the raw body. The
+// agentCall reports whether r authenticates as an agent on a route of
+// class cl: the test authenticate makes.
+func agentCall(r *http.Request, cl class) bool {
+	return r.Header.Get(wire.HeaderAgentID) != "" && (cl == classAgent || cl == classExecRead) && r.Header.Get("Authorization") == ""
+}
+
+// agentOf finds the agent a request names, from its headers alone: the
 // execution in the path fixes the tenant; an agent that is not the
 // execution's own gets not_found, like an unknown execution.
-func (s *Server) authenticateAgent(c *call, agentID string) error {
-	sig := c.r.Header.Get(wire.HeaderSignature)
-	if sig == "" {
-		return errorf(kernel.CodeUnauthenticated, "missing %s", wire.HeaderSignature)
+func (s *Server) agentOf(c *call, agentID string) (*kernel.Agent, string, error) {
+	if c.r.Header.Get(wire.HeaderSignature) == "" {
+		return nil, "", errorf(kernel.CodeUnauthenticated, "missing %s", wire.HeaderSignature)
 	}
 	id := mux.Vars(c.r)["id"]
 	tenant, owner, err := s.k.ExecutionOwner(c.ctx, id)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	if owner != agentID {
-		return errorf(kernel.CodeNotFound, "execution %s not found", id)
+		return nil, "", errorf(kernel.CodeNotFound, "execution %s not found", id)
 	}
 	a, err := s.k.Agent(c.ctx, tenant, agentID)
 	if err != nil {
 		if kernel.CodeOf(err) == kernel.CodeNotFound {
-			return errorf(kernel.CodeUnauthenticated, "agent %s is not registered", agentID)
+			return nil, "", errorf(kernel.CodeUnauthenticated, "agent %s is not registered", agentID)
 		}
+		return nil, "", err
+	}
+	return a, tenant, nil
+}
+
+// authenticateAgent checks an agent's signature over the raw body (see
+// agentOf for who the agent may be).
+func (s *Server) authenticateAgent(c *call, agentID string) error {
+	a, tenant, err := s.agentOf(c, agentID)
+	if err != nil {
 		return err
 	}
+	sig := c.r.Header.Get(wire.HeaderSignature)
 	if !wire.Verify([]byte(a.Secret), c.body, sig) {
 		return errorf(kernel.CodeUnauthenticated, "%s does not match the request body", wire.HeaderSignature)
 	}

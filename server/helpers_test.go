@@ -242,7 +242,12 @@ func newEnv(t *testing.T, opt ...func(*envOpts)) *env {
 		t.Fatalf("start kernel: %v", err)
 	}
 	srv := New(k, o.scfg)
-	ts := httptest.NewServer(srv.Handler())
+	// The server as `wicket serve` runs it: its timeouts, connection limit
+	// and idle eviction.
+	ts := httptest.NewUnstartedServer(srv.Handler())
+	ts.Config = srv.HTTPServer()
+	ts.Listener = srv.Listener(ts.Listener)
+	ts.Start()
 	e := &env{t: t, k: k, srv: srv, ts: ts, deliv: d}
 	t.Cleanup(func() {
 		ts.Close()

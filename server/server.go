@@ -33,8 +33,21 @@ type Config struct {
 	AuthDisabled bool
 	// MaxBodyBytes bounds request bodies (default 1 MiB); more is 413.
 	MaxBodyBytes int64
-	// MaxBundleBytes bounds the body of PUT /v0/bundles/{name} (default 32 MiB).
+	// MaxBundleBytes bounds the body of PUT /v0/bundles/{name} (default
+	// 32 MiB) for admin and tenant-admin keys; everyone else is held to
+	// MaxBodyBytes, and nobody's body is read before the headers
+	// authenticated it.
 	MaxBundleBytes int64
+	// ReadHeaderTimeout, ReadTimeout and IdleTimeout are those of the
+	// http.Server HTTPServer returns (defaults 10 s, 60 s, 120 s). Once a
+	// request is authenticated and its body read, the read deadline is
+	// lifted: a long handler or an event stream is not cut at ReadTimeout.
+	ReadHeaderTimeout, ReadTimeout, IdleTimeout time.Duration
+	// MaxConns bounds open connections (default 4096; see Listener).
+	MaxConns int
+	// MaxStreamsPerTenant bounds the open event streams of one tenant
+	// (default 256); one more is 429.
+	MaxStreamsPerTenant int
 	// Logger receives request logs (debug) and internal errors (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -56,6 +69,10 @@ type Server struct {
 	// closing is closed by CloseStreams; event streams end when it is.
 	closing   chan struct{}
 	closeOnce sync.Once
+	// conns counts connections and evicts idle ones (HTTPServer, Listener).
+	conns *connGuard
+	// streams are the open event streams, by tenant and by key.
+	streams *streamSet
 }
 
 // New builds a server for k.
@@ -69,6 +86,21 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.ReadHeaderTimeout <= 0 {
+		cfg.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.MaxStreamsPerTenant <= 0 {
+		cfg.MaxStreamsPerTenant = DefaultMaxStreamsPerTenant
+	}
 	s := &Server{
 		k:         k,
 		cfg:       cfg,
@@ -77,6 +109,8 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 		deltas:    newHub(),
 		heartbeat: SSEHeartbeat,
 		closing:   make(chan struct{}),
+		conns:     newConnGuard(cfg.MaxConns),
+		streams:   newStreamSet(cfg.MaxStreamsPerTenant),
 	}
 	if cfg.AdminKey != "" {
 		s.adminHash = sha256Sum(cfg.AdminKey)
@@ -198,6 +232,10 @@ type call struct {
 	tenant string
 	// lease is the caller's lease (agent mutations only).
 	lease kernel.Lease
+	// bodyRead is set once body holds the whole request body.
+	bodyRead bool
+	// token is the bearer key as sent (bearer principals only).
+	token string
 }
 
 // vars returns a path variable.
@@ -208,42 +246,18 @@ func (c *call) vars(name string) string { return mux.Vars(c.r)[name] }
 // itself returns status 0.
 type handlerFunc func(c *call) (int, any, error)
 
-// wrap turns a handlerFunc into an http.Handler: it reads the body within
-// its limit, authenticates, authorises, runs the handler and writes the
-// answer or the error envelope.
+// wrap turns a handlerFunc into an http.Handler: it admits the call
+// (authentication, authorisation, then the body within the caller's limit),
+// runs the handler and writes the answer or the error envelope.
 func (s *Server) wrap(template string, cl class, o routeOpts, h handlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rec, ok := w.(*recorder); ok {
 			rec.route = template
 		}
-		limit := s.cfg.MaxBodyBytes
-		if o.bundle {
-			limit = s.cfg.MaxBundleBytes
-		}
-		body, err := readBody(w, r, limit)
-		if err != nil {
-			s.writeError(w, r, err)
+		c := &call{w: w, r: r, ctx: r.Context()}
+		if err := s.admit(c, cl, o); err != nil {
+			s.refuse(c, err)
 			return
-		}
-		c := &call{w: w, r: r, ctx: r.Context(), body: body}
-		if cl != classOpen {
-			if err := s.authenticate(c, cl); err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-			if rec, ok := w.(*recorder); ok {
-				rec.principal = c.p.String()
-			}
-			if err := s.authorize(c, cl); err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-			if o.lease {
-				if c.lease, err = leaseOf(r); err != nil {
-					s.writeError(w, r, err)
-					return
-				}
-			}
 		}
 		status, v, err := h(c)
 		switch {
@@ -257,6 +271,78 @@ func (s *Server) wrap(template string, cl class, o routeOpts, h handlerFunc) htt
 			s.writeJSON(w, status, v)
 		}
 	})
+}
+
+// admit authenticates and authorises c, and reads its body. Bearer
+// credentials are checked from the headers before a byte of the body is
+// read, and the body's limit follows the role: MaxBundleBytes only for
+// admin and tenant-admin keys on bundle uploads, MaxBodyBytes otherwise. An
+// agent's signature covers its body, so for agents the headers are checked
+// first (the execution is the agent's, the agent is registered) and the
+// body, held to MaxBodyBytes, is read before the signature is verified.
+// Open routes read no body.
+func (s *Server) admit(c *call, cl class, o routeOpts) error {
+	if cl == classOpen {
+		return nil
+	}
+	agent := agentCall(c.r, cl)
+	if agent {
+		if _, _, err := s.agentOf(c, c.r.Header.Get(wire.HeaderAgentID)); err != nil {
+			return err
+		}
+		if err := s.readBody(c, s.cfg.MaxBodyBytes); err != nil {
+			return err
+		}
+	}
+	if err := s.authenticate(c, cl); err != nil {
+		return err
+	}
+	if rec, ok := c.w.(*recorder); ok {
+		rec.principal = c.p.String()
+	}
+	if err := s.authorize(c, cl); err != nil {
+		return err
+	}
+	if !agent {
+		limit := s.cfg.MaxBodyBytes
+		if o.bundle && (c.p.Kind == PrincipalAdmin || c.p.Kind == PrincipalTenantAdmin) {
+			limit = s.cfg.MaxBundleBytes
+		}
+		if err := s.readBody(c, limit); err != nil {
+			return err
+		}
+	}
+	if o.lease {
+		var err error
+		if c.lease, err = leaseOf(c.r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readBody reads c's body within limit, and then lifts the read deadline
+// (ReadTimeout bounds reading the request; what the handler does next, or
+// how long an event stream lasts, is not a read).
+func (s *Server) readBody(c *call, limit int64) error {
+	b, err := readBody(c.w, c.r, limit)
+	if err != nil {
+		return err
+	}
+	c.body, c.bodyRead = b, true
+	_ = http.NewResponseController(c.w).SetReadDeadline(time.Time{})
+	return nil
+}
+
+// refuse answers a call that was not admitted (or failed). When its body
+// was not read, the connection is closed after the answer rather than
+// drained: a refused caller's upload, stalled or not, costs nothing more.
+func (s *Server) refuse(c *call, err error) {
+	if !c.bodyRead && c.r.ContentLength != 0 {
+		c.w.Header().Set("Connection", "close")
+		_ = http.NewResponseController(c.w).SetReadDeadline(time.Now())
+	}
+	s.writeError(c.w, c.r, err)
 }
 
 // open routes
