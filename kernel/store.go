@@ -108,6 +108,9 @@ const (
 	RoleAdmin       = "admin"
 	RoleTenantAdmin = "tenant-admin"
 	RoleClient      = "client"
+	// RoleApprover reads and decides approvals and reads executions of its
+	// tenant, and nothing else.
+	RoleApprover = "approver"
 )
 
 // APIKey is a stored API key; only the sha256 of the secret is kept.

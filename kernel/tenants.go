@@ -169,9 +169,14 @@ func (k *Kernel) TenantGuards(ctx context.Context, tenant string) ([]string, err
 // used as given.
 func (k *Kernel) CreateKey(ctx context.Context, tenant, role, principal, secret string) (*APIKey, string, error) {
 	switch role {
-	case RoleAdmin, RoleTenantAdmin, RoleClient:
+	case RoleAdmin:
+		if tenant != DefaultTenant {
+			// An admin key acts on every tenant; it belongs to none but default.
+			return nil, "", Errorf(CodeValidation, "an admin key belongs to the default tenant, not %s (admin keys act on every tenant)", tenant)
+		}
+	case RoleTenantAdmin, RoleClient, RoleApprover:
 	default:
-		return nil, "", Errorf(CodeValidation, "role %q is invalid (want admin, tenant-admin or client)", role)
+		return nil, "", Errorf(CodeValidation, "role %q is invalid (want admin, tenant-admin, client or approver)", role)
 	}
 	if principal == "" {
 		return nil, "", Errorf(CodeValidation, "principal is required")

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -16,7 +17,7 @@ import (
 // PrincipalKind is who a request acts as.
 type PrincipalKind string
 
-// Principal kinds. The first three are the roles of bearer keys.
+// Principal kinds. All but PrincipalAgent are the roles of bearer keys.
 const (
 	// PrincipalAdmin administers the whole kernel and may name ?tenant=.
 	PrincipalAdmin PrincipalKind = kernel.RoleAdmin
@@ -24,6 +25,9 @@ const (
 	PrincipalTenantAdmin PrincipalKind = kernel.RoleTenantAdmin
 	// PrincipalClient runs and reads executions of one tenant.
 	PrincipalClient PrincipalKind = kernel.RoleClient
+	// PrincipalApprover reads and decides approvals and reads executions of
+	// one tenant.
+	PrincipalApprover PrincipalKind = kernel.RoleApprover
 	// PrincipalAgent is an agent that signed its request; it may touch only
 	// its own executions.
 	PrincipalAgent PrincipalKind = "agent"
@@ -125,7 +129,7 @@ func (s *Server) authenticateBearer(c *call, authz string) error {
 		return err
 	}
 	switch key.Role {
-	case kernel.RoleAdmin, kernel.RoleTenantAdmin, kernel.RoleClient:
+	case kernel.RoleAdmin, kernel.RoleTenantAdmin, kernel.RoleClient, kernel.RoleApprover:
 	default:
 		return errorf(kernel.CodeForbidden, "API key %s has unknown role %q", key.ID, key.Role)
 	}
@@ -181,38 +185,46 @@ func (s *Server) authenticateAgent(c *call, agentID string) error {
 	return nil
 }
 
+// roles lists, for each class of bearer route, the key roles it admits
+// (agents are admitted by classAgent and classExecRead only).
+var roles = map[class][]PrincipalKind{
+	classClient:    {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient},
+	classRead:      {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient, PrincipalApprover},
+	classExecRead:  {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient, PrincipalApprover},
+	classApprovals: {PrincipalAdmin, PrincipalTenantAdmin, PrincipalApprover},
+	classAdmin:     {PrincipalAdmin, PrincipalTenantAdmin},
+	classKeys:      {PrincipalAdmin, PrincipalTenantAdmin},
+	classTenants:   {PrincipalAdmin},
+}
+
 // authorize checks c.p against the route's class. It is the only place
-// roles are checked.
+// roles are checked (tenant-admins on key routes are held to their own
+// tenant by the key handlers).
 func (s *Server) authorize(c *call, cl class) error {
 	p := c.p
 	switch cl {
-	case classOpen, classExecRead:
+	case classOpen:
 		return nil
-	case classClient:
-		if p.bearer() {
-			return nil
-		}
-	case classAdmin:
-		if p.Kind == PrincipalAdmin || p.Kind == PrincipalTenantAdmin {
-			return nil
-		}
-		if p.bearer() {
-			return errorf(kernel.CodeForbidden, "this route needs a tenant-admin or admin key; this key is %s", p.Kind)
-		}
-	case classTenants:
-		if p.Kind == PrincipalAdmin {
-			return nil
-		}
-		if p.bearer() {
-			return errorf(kernel.CodeForbidden, "this route needs an admin key; this key is %s", p.Kind)
-		}
 	case classAgent:
 		if p.Kind == PrincipalAgent {
 			return nil
 		}
 		return errorf(kernel.CodeForbidden, "this route is for the execution's agent (%s and %s)", wire.HeaderAgentID, wire.HeaderSignature)
 	}
-	return errorf(kernel.CodeForbidden, "agents may not call this route")
+	if p.Kind == PrincipalAgent {
+		if cl == classExecRead {
+			return nil
+		}
+		return errorf(kernel.CodeForbidden, "agents may not call this route")
+	}
+	if slices.Contains(roles[cl], p.Kind) {
+		return nil
+	}
+	names := make([]string, len(roles[cl]))
+	for i, k := range roles[cl] {
+		names[i] = string(k)
+	}
+	return errorf(kernel.CodeForbidden, "this route needs a key of role %s; this key is %s", strings.Join(names, ", "), p.Kind)
 }
 
 // leaseOf reads the caller's lease from the dispatch headers.

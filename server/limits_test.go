@@ -172,12 +172,18 @@ func TestIdleConnectionsCannotLockOut(t *testing.T) {
 // that closes it.
 func (e *env) openStream(t *testing.T, path string) (int, func()) {
 	t.Helper()
+	return e.openStreamAs(t, path, testAdminKey)
+}
+
+// openStreamAs is openStream with key.
+func (e *env) openStreamAs(t *testing.T, path, key string) (int, func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, "GET", e.ts.URL+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Authorization", "Bearer "+testAdminKey)
+	req.Header.Set("Authorization", "Bearer "+key)
 	res, err := e.ts.Client().Do(req)
 	if err != nil {
 		cancel()

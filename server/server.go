@@ -138,12 +138,15 @@ func (s *Server) CloseStreams() { s.closeOnce.Do(func() { close(s.closing) }) }
 type class int
 
 const (
-	classOpen     class = iota // no authentication
-	classClient                // bearer: client, tenant-admin, admin
-	classAdmin                 // bearer: tenant-admin, admin
-	classTenants               // bearer: admin
-	classAgent                 // the execution's agent (signed)
-	classExecRead              // bearer of the execution's tenant, or the execution's agent
+	classOpen      class = iota // no authentication
+	classClient                 // bearer: client, tenant-admin, admin (executions: create, cancel)
+	classRead                   // bearer: also approver (executions: list, stream)
+	classApprovals              // bearer: approver, tenant-admin, admin
+	classAdmin                  // bearer: tenant-admin, admin
+	classKeys                   // bearer: admin; tenant-admin for its own tenant
+	classTenants                // bearer: admin
+	classAgent                  // the execution's agent (signed)
+	classExecRead               // any bearer of the execution's tenant, or the execution's agent
 )
 
 // routeOpts are per-route settings.
@@ -177,10 +180,10 @@ func (s *Server) routes() *mux.Router {
 		{"GET", "/metrics", classOpen, s.metricsz, routeOpts{}},
 
 		{"POST", "/v0/executions", classClient, s.createExecution, routeOpts{}},
-		{"GET", "/v0/executions", classClient, s.listExecutions, routeOpts{}},
+		{"GET", "/v0/executions", classRead, s.listExecutions, routeOpts{}},
 		{"GET", "/v0/executions/{id}", classExecRead, s.getExecution, routeOpts{}},
 		{"GET", "/v0/executions/{id}/events", classExecRead, s.listEvents, routeOpts{}},
-		{"GET", "/v0/executions/{id}/stream", classClient, s.stream, routeOpts{}},
+		{"GET", "/v0/executions/{id}/stream", classRead, s.stream, routeOpts{}},
 		{"POST", "/v0/executions/{id}/cancel", classClient, s.cancelExecution, routeOpts{}},
 
 		{"POST", "/v0/executions/{id}/steps", classAgent, s.submitStep, mutation},
@@ -203,17 +206,17 @@ func (s *Server) routes() *mux.Router {
 		{"GET", "/v0/bundles/{name}", classAdmin, s.getBundle, routeOpts{}},
 		{"DELETE", "/v0/bundles/{name}", classAdmin, s.deleteBundle, routeOpts{}},
 		{"POST", "/v0/policy/eval", classAdmin, s.evalPolicy, routeOpts{}},
-		{"GET", "/v0/approvals", classAdmin, s.listApprovals, routeOpts{}},
-		{"GET", "/v0/approvals/{approval_id}", classAdmin, s.getApproval, routeOpts{}},
-		{"POST", "/v0/approvals/{approval_id}/grant", classAdmin, s.grantApproval, routeOpts{}},
-		{"POST", "/v0/approvals/{approval_id}/deny", classAdmin, s.denyApproval, routeOpts{}},
+		{"GET", "/v0/approvals", classApprovals, s.listApprovals, routeOpts{}},
+		{"GET", "/v0/approvals/{approval_id}", classApprovals, s.getApproval, routeOpts{}},
+		{"POST", "/v0/approvals/{approval_id}/grant", classApprovals, s.grantApproval, routeOpts{}},
+		{"POST", "/v0/approvals/{approval_id}/deny", classApprovals, s.denyApproval, routeOpts{}},
 
 		{"POST", "/v0/tenants", classTenants, s.createTenant, routeOpts{}},
 		{"GET", "/v0/tenants", classTenants, s.listTenants, routeOpts{}},
 		{"PUT", "/v0/tenants/{tenant}", classTenants, s.updateTenant, routeOpts{}},
-		{"POST", "/v0/tenants/{tenant}/keys", classTenants, s.createKey, routeOpts{}},
-		{"GET", "/v0/tenants/{tenant}/keys", classTenants, s.listKeys, routeOpts{}},
-		{"DELETE", "/v0/tenants/{tenant}/keys/{key_id}", classTenants, s.deleteKey, routeOpts{}},
+		{"POST", "/v0/tenants/{tenant}/keys", classKeys, s.createKey, routeOpts{}},
+		{"GET", "/v0/tenants/{tenant}/keys", classKeys, s.listKeys, routeOpts{}},
+		{"DELETE", "/v0/tenants/{tenant}/keys/{key_id}", classKeys, s.deleteKey, routeOpts{}},
 	} {
 		r.Handle(x.path, s.wrap(x.path, x.cl, x.o, x.h)).Methods(x.method)
 	}

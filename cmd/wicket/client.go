@@ -327,7 +327,7 @@ func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return usageError{"usage: wicket " + agentUsage}
 }
 
-const approvalUsage = "approval ls [--status S] | get ID | grant ID --by NAME [--rationale R] [--request-hash H] | deny ID --by NAME [--rationale R] [--request-hash H]"
+const approvalUsage = "approval ls [--status S] | get ID | grant ID [--rationale R] [--request-hash H] [--by NAME] | deny ID [--rationale R] [--request-hash H] [--by NAME]"
 
 func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, approvalUsage)
@@ -353,7 +353,7 @@ func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		a, err := o.client().Approval(ctx, pos[0])
 		return printAnswer(stdout, a, err)
 	case "grant", "deny":
-		by := fs.String("by", os.Getenv("USER"), "who decides")
+		by := fs.String("by", "", "admin keys only: the person the decision is made for (otherwise the key's principal decides)")
 		rationale := fs.String("rationale", "", "why")
 		hash := fs.String("request-hash", "", "the request hash the approver saw")
 		pos, err := parseArgs(fs, rest, 1, approvalUsage)
@@ -422,7 +422,7 @@ func tenantCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		t, err := o.client().CreateTenant(ctx, req)
 		return printAnswer(stdout, t, err)
 	case "key create":
-		role := fs.String("role", wire.RoleClient, "client, tenant-admin or admin")
+		role := fs.String("role", wire.RoleClient, "client, approver, tenant-admin or admin (admin: an admin key, in the default tenant)")
 		principal := fs.String("principal", "", "who holds the key")
 		pos, err := parseArgs(fs, rest, 1, tenantUsage)
 		if err != nil {

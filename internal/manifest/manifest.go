@@ -158,13 +158,13 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 				return nil, fmt.Errorf("%s.key: must be at least 16 bytes", kw)
 			}
 			switch k.Role {
-			case kernel.RoleClient, kernel.RoleTenantAdmin:
+			case kernel.RoleClient, kernel.RoleTenantAdmin, kernel.RoleApprover:
 			case kernel.RoleAdmin:
 				if t.ID != kernel.DefaultTenant {
 					return nil, fmt.Errorf("%s.role: admin keys belong to the default tenant", kw)
 				}
 			default:
-				return nil, fmt.Errorf("%s.role: %q is invalid (want client or tenant-admin)", kw, k.Role)
+				return nil, fmt.Errorf("%s.role: %q is invalid (want client, tenant-admin or approver)", kw, k.Role)
 			}
 			if k.Principal == "" {
 				return nil, fmt.Errorf("%s.principal is required", kw)

@@ -29,6 +29,7 @@ const (
 	RoleAdmin       = "admin"
 	RoleTenantAdmin = "tenant-admin"
 	RoleClient      = "client"
+	RoleApprover    = "approver"
 )
 
 // ---- executions ----
@@ -396,10 +397,15 @@ type Approval struct {
 	Reason      string          `json:"reason,omitempty"`
 	RuleID      string          `json:"rule_id,omitempty"`
 	ExpiresAt   time.Time       `json:"expires_at"`
-	DecidedBy   string          `json:"decided_by,omitempty"`
-	Rationale   string          `json:"rationale,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
-	DecidedAt   *time.Time      `json:"decided_at,omitempty"`
+	// DecidedBy is who decided: the deciding key's principal, or the person
+	// an admin key decided for; DecidedByKey and DecidedByPrincipal are the
+	// key that decided and its principal.
+	DecidedBy          string     `json:"decided_by,omitempty"`
+	DecidedByKey       string     `json:"decided_by_key,omitempty"`
+	DecidedByPrincipal string     `json:"decided_by_principal,omitempty"`
+	Rationale          string     `json:"rationale,omitempty"`
+	CreatedAt          time.Time  `json:"created_at"`
+	DecidedAt          *time.Time `json:"decided_at,omitempty"`
 }
 
 // ApprovalList is the answer of GET /v0/approvals.
@@ -408,8 +414,10 @@ type ApprovalList struct {
 }
 
 // ResolveApprovalRequest is the body of POST /v0/approvals/{id}/grant and
-// .../deny. DecidedBy defaults to the caller's key principal; RequestHash,
-// when given, must equal the approval's.
+// .../deny. The decider is the key's principal: DecidedBy may be left out;
+// naming anyone else is 403, except with an admin key, which decides for
+// the person it names (the record keeps both). RequestHash, when given, must
+// equal the approval's.
 type ResolveApprovalRequest struct {
 	DecidedBy   string `json:"decided_by,omitempty"`
 	Rationale   string `json:"rationale,omitempty"`
