@@ -49,7 +49,7 @@ type Resolution struct {
 	DecidedBy string
 	KeyID     string
 	Principal string
-	Rationale  string
+	Rationale string
 	// RequestHash, when set, must equal the approval's (the approver saw this exact request).
 	RequestHash string
 }

@@ -266,9 +266,9 @@ type Approval struct {
 	DecidedBy string `json:"decided_by,omitempty"`
 	// DecidedByKey is the id of the API key that decided, and
 	// DecidedByPrincipal that key's principal.
-	DecidedByKey       string `json:"decided_by_key,omitempty"`
-	DecidedByPrincipal string `json:"decided_by_principal,omitempty"`
-	Rationale   string         `json:"rationale,omitempty"`
-	CreatedAt   time.Time      `json:"created_at"`
-	DecidedAt   *time.Time     `json:"decided_at,omitempty"`
+	DecidedByKey       string     `json:"decided_by_key,omitempty"`
+	DecidedByPrincipal string     `json:"decided_by_principal,omitempty"`
+	Rationale          string     `json:"rationale,omitempty"`
+	CreatedAt          time.Time  `json:"created_at"`
+	DecidedAt          *time.Time `json:"decided_at,omitempty"`
 }
