@@ -603,6 +603,7 @@ func testApprovals(t *testing.T, s kernel.Store) {
 	a2 := approval("t", "ap-2", time.Second, kernel.ApprovalGranted, time.Hour)
 	decided := at(time.Minute)
 	a2.DecidedBy, a2.Rationale, a2.DecidedAt = "alice", "ok", &decided
+	a2.DecidedByKey, a2.DecidedByPrincipal = "key_1", "admin"
 	a3 := approval("t", "ap-0", 2*time.Second, kernel.ApprovalPending, time.Hour) // newest, smallest id
 	update(t, s, func(tx kernel.Tx) error {
 		for _, a := range []*kernel.Approval{a1, a2, a3} {
