@@ -73,6 +73,8 @@ type Server struct {
 	conns *connGuard
 	// streams are the open event streams, by tenant and by key.
 	streams *streamSet
+	// storeCheck is /v0/ready's store write check.
+	storeCheck writeCheck
 }
 
 // New builds a server for k.
@@ -102,15 +104,16 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 		cfg.MaxStreamsPerTenant = DefaultMaxStreamsPerTenant
 	}
 	s := &Server{
-		k:         k,
-		cfg:       cfg,
-		log:       cfg.Logger,
-		metrics:   newMetrics(),
-		deltas:    newHub(),
-		heartbeat: SSEHeartbeat,
-		closing:   make(chan struct{}),
-		conns:     newConnGuard(cfg.MaxConns),
-		streams:   newStreamSet(cfg.MaxStreamsPerTenant),
+		k:          k,
+		cfg:        cfg,
+		log:        cfg.Logger,
+		metrics:    newMetrics(),
+		deltas:     newHub(),
+		heartbeat:  SSEHeartbeat,
+		closing:    make(chan struct{}),
+		conns:      newConnGuard(cfg.MaxConns),
+		streams:    newStreamSet(cfg.MaxStreamsPerTenant),
+		storeCheck: writeCheck{interval: time.Second, timeout: 5 * time.Second},
 	}
 	if cfg.AdminKey != "" {
 		s.adminHash = sha256Sum(cfg.AdminKey)
@@ -354,11 +357,41 @@ func (s *Server) health(*call) (int, any, error) {
 	return http.StatusOK, wire.Status{Status: "ok"}, nil
 }
 
-func (s *Server) readyz(*call) (int, any, error) {
+// readyz answers 503 while the server is not ready, and when the store
+// cannot write: a kernel that cannot record steps must not be sent any.
+func (s *Server) readyz(c *call) (int, any, error) {
 	if !s.ready.Load() {
 		return 0, nil, &kernel.Error{Code: kernel.CodeUnavailable, Message: "not ready"}
 	}
+	if err := s.storeCheck.check(c.ctx, s.k.CheckWritable); err != nil {
+		s.log.Warn("not ready: the store cannot write", "err", err)
+		return 0, nil, &kernel.Error{Code: kernel.CodeUnavailable, Message: "not ready: the store cannot write (see the kernel log)"}
+	}
 	return http.StatusOK, wire.Status{Status: "ready"}, nil
+}
+
+// writeCheck runs a store write check at most once per interval, whatever
+// the rate of /v0/ready (an open route): callers within the interval share
+// the last result, and one check runs at a time, under a deadline.
+type writeCheck struct {
+	interval, timeout time.Duration
+
+	mu  sync.Mutex // held during a check
+	at  time.Time
+	err error
+}
+
+func (w *writeCheck) check(ctx context.Context, f func(context.Context) error) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.at.IsZero() && time.Since(w.at) < w.interval {
+		return w.err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.timeout)
+	defer cancel()
+	w.err = f(ctx)
+	w.at = time.Now()
+	return w.err
 }
 
 func (s *Server) metricsz(c *call) (int, any, error) {
