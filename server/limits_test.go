@@ -56,6 +56,8 @@ func TestRefusedBeforeTheBody(t *testing.T) {
 			wire.HeaderAgentID + ": bot\n" + wire.HeaderSignature + ": sha256=00\nContent-Length: 1048000", 404, wire.CodeNotFound},
 		{"another agent's execution", "POST /v0/executions/" + r.id + "/steps HTTP/1.1\nHost: k\n" +
 			wire.HeaderAgentID + ": other\n" + wire.HeaderSignature + ": sha256=00\nContent-Length: 1048000", 404, wire.CodeNotFound},
+		{"no such route", "POST /v0/nothing-here HTTP/1.1\nHost: k\nTransfer-Encoding: chunked", 404, wire.CodeNotFound},
+		{"a method the route does not take", "PATCH /v0/executions HTTP/1.1\nHost: k\nTransfer-Encoding: chunked", 405, wire.CodeMethodNotAllowed},
 		{"an unregistered agent's signature missing", "POST /v0/executions/" + r.id + "/steps HTTP/1.1\nHost: k\n" +
 			wire.HeaderAgentID + ": bot\nContent-Length: 1048000", 401, wire.CodeUnauthenticated},
 	} {

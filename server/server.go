@@ -163,10 +163,13 @@ type routeOpts struct {
 // routes builds the router. Every route is registered here, in one table.
 func (s *Server) routes() *mux.Router {
 	r := mux.NewRouter()
+	// Neither reads a body: like every refusal, they close the connection
+	// rather than drain one.
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		s.writeError(w, req, &kernel.Error{Code: kernel.CodeNotFound, Message: "no route for " + req.Method + " " + req.URL.Path})
+		s.refuse(&call{w: w, r: req}, &kernel.Error{Code: kernel.CodeNotFound, Message: "no route for " + req.Method + " " + req.URL.Path})
 	})
 	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		closeUnread(&call{w: w, r: req})
 		s.writeJSON(w, http.StatusMethodNotAllowed, wire.ErrorBody{Code: wire.CodeMethodNotAllowed,
 			Message: "method " + req.Method + " is not allowed on " + req.URL.Path})
 	})
@@ -344,11 +347,17 @@ func (s *Server) readBody(c *call, limit int64) error {
 // was not read, the connection is closed after the answer rather than
 // drained: a refused caller's upload, stalled or not, costs nothing more.
 func (s *Server) refuse(c *call, err error) {
+	closeUnread(c)
+	s.writeError(c.w, c.r, err)
+}
+
+// closeUnread makes net/http close c's connection after the answer instead
+// of reading the rest of a body the handler did not read.
+func closeUnread(c *call) {
 	if !c.bodyRead && c.r.ContentLength != 0 {
 		c.w.Header().Set("Connection", "close")
 		_ = http.NewResponseController(c.w).SetReadDeadline(time.Now())
 	}
-	s.writeError(c.w, c.r, err)
 }
 
 // open routes
