@@ -146,6 +146,10 @@ func (s *Server) resolveApproval(c *call, grant bool) (int, any, error) {
 	by := c.p.Name
 	if req.DecidedBy != "" && req.DecidedBy != by {
 		if c.p.Kind != PrincipalAdmin {
+			// Another tenant's approval, or none, is 404 as on every route.
+			if _, err := s.k.GetApproval(c.ctx, c.tenant, c.vars("approval_id")); err != nil {
+				return 0, nil, err
+			}
 			return 0, nil, errorf(kernel.CodeForbidden, "decided_by %q is not this key's principal %q: a decision is made by the key's holder (only admin keys may decide for someone else)", req.DecidedBy, by)
 		}
 		by = req.DecidedBy
