@@ -36,7 +36,6 @@ func (s *Server) HTTPServer() *http.Server {
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ConnState:         s.conns.state,
-		ErrorLog:          nil,
 	}
 	hs.RegisterOnShutdown(s.CloseStreams) // SSE clients reconnect with Last-Event-ID
 	return hs
