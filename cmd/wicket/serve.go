@@ -217,7 +217,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
-	hs := srv.HTTPServer() // timeouts, idle eviction, CloseStreams on shutdown
+	hs := srv.HTTPServer()                                         // timeouts, idle eviction, CloseStreams on shutdown
 	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http: accept errors and the like
 	ln = srv.Listener(ln)
 	if err := k.Start(ctx); err != nil {
