@@ -18,13 +18,10 @@ import (
 //
 //   - the body must be valid UTF-8 and exactly one JSON object, with nothing
 //     but whitespace after it; an empty body counts as {};
-//
 //   - no object, at any depth, may have the same key twice (compared after
 //     unescaping): encoding/json would silently keep the last one, and what
 //     a caller meant is then ambiguous;
-//
-//   - a field of the wrong type is an error that names the field.
-//
+//   - a field of the wrong type is an error that names the field;
 //   - field names are matched exactly: encoding/json matches them without
 //     regard to case, so {"agent_id": "a", "AGENT_ID": "b"} would decode as
 //     "b"; a key that differs from a field's name only in case (Unicode
