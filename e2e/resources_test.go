@@ -97,9 +97,6 @@ const (
 // were read before credentials (32 MiB a bundle upload) and idle
 // connections took every file descriptor until accept failed.
 func TestUnauthenticatedFloodCostsLittle(t *testing.T) {
-	if testing.Short() {
-		t.Skip("thousands of connections; not in -short")
-	}
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil || lim.Cur < floodIdle+floodUploads+floodChunked+256 {
 		t.Fatalf("this test holds %d connections and needs as many file descriptors; the limit is %d (%v)", floodIdle+floodUploads+floodChunked, lim.Cur, err)
