@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/server/wire"
@@ -74,5 +76,77 @@ func TestGuardCannotBeSwitchedOffByItsTenant(t *testing.T) {
 		if want := map[string]string{"safe-shell": "admin", "mine": "tenant"}[b.Name]; b.Owner != want {
 			t.Errorf("bundle %s owner %q, want %q", b.Name, b.Owner, want)
 		}
+	}
+}
+
+// TestApprovalDecidedByTheKeyServe attacks a real `wicket serve` with a key
+// whose principal is ops-bot, on an approval restricted to alice: writing
+// "decided_by": "alice" is refused and the approval stays pending; alice's
+// approver key decides (and can do nothing else), and the record names her
+// key.
+func TestApprovalDecidedByTheKeyServe(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
+	key := func(role, principal string) wire.CreatedKey {
+		t.Helper()
+		var k wire.CreatedKey
+		st, err := testkit.Bearer(p.url, testkit.AdminKey, "POST", "/v0/tenants/default/keys", map[string]any{"role": role, "principal": principal}, &k)
+		wantStatus(t, "key "+principal, st, err, 201)
+		return k
+	}
+	opsBot, alice := key("tenant-admin", "ops-bot"), key("approver", "alice")
+	as := func(k wire.CreatedKey, method, path string, body, out any) (int, error) {
+		return testkit.Bearer(p.url, k.Key, method, path, body, out)
+	}
+	const secret = "bot-secret-0123456789"
+	a := testkit.NewAgent("bot", secret, p.url, func(ctx context.Context, r *testkit.Run) (any, error) {
+		return r.Step(ctx, "tool_call", "wire", map[string]any{"amount": 100}, testkit.StepOpts{}, func() (any, error) { return "sent", nil })
+	})
+	defer a.Close()
+	st, err := as(opsBot, "POST", "/v0/agents", map[string]any{"id": "bot", "webhook_url": a.WebhookURL(), "secret": secret}, nil)
+	wantStatus(t, "register", st, err, 201)
+	st, err = as(opsBot, "POST", "/v0/policies/bot", map[string]any{"bundle": "default_action: allow\nrules:\n  - id: money\n    priority: 1\n    when: {target: wire}\n    then:\n      decision: require_approval\n      approval_config: {approvers: [alice]}\n"}, nil)
+	wantStatus(t, "policy", st, err, 200)
+	var x wire.Execution
+	st, err = as(opsBot, "POST", "/v0/executions", map[string]any{"agent_id": "bot"}, &x)
+	wantStatus(t, "create", st, err, 201)
+	var id string
+	for deadline := time.Now().Add(20 * time.Second); id == ""; {
+		var l wire.ApprovalList
+		st, err := as(alice, "GET", "/v0/approvals?status=pending", nil, &l)
+		wantStatus(t, "approver lists approvals", st, err, 200)
+		if len(l.Approvals) > 0 {
+			id = l.Approvals[0].ID
+		} else if time.Now().After(deadline) {
+			t.Fatal("no approval")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, err = as(opsBot, "POST", "/v0/approvals/"+id+"/grant", map[string]any{"decided_by": "alice"}, nil)
+	wantStatus(t, "ops-bot grants as alice", st, err, 403)
+	st, err = as(opsBot, "POST", "/v0/approvals/"+id+"/grant", nil, nil)
+	wantStatus(t, "ops-bot grants as itself", st, err, 403)
+	st, err = as(alice, "POST", "/v0/executions", map[string]any{"agent_id": "bot"}, nil)
+	wantStatus(t, "approver creates an execution", st, err, 403)
+	st, err = as(alice, "GET", "/v0/agents", nil, nil)
+	wantStatus(t, "approver lists agents", st, err, 403)
+	st, err = as(alice, "GET", "/v0/executions/"+x.ID+"/events", nil, nil)
+	wantStatus(t, "approver reads the events", st, err, 200)
+	var ap wire.Approval
+	st, err = as(alice, "POST", "/v0/approvals/"+id+"/grant", map[string]any{"rationale": "checked"}, &ap)
+	wantStatus(t, "alice grants", st, err, 200)
+	if ap.DecidedBy != "alice" || ap.DecidedByKey != alice.KeyID || ap.DecidedByPrincipal != "alice" {
+		t.Fatalf("granted approval %+v", ap)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		st, err := as(alice, "GET", "/v0/executions/"+x.ID, nil, &x)
+		wantStatus(t, "read execution", st, err, 200)
+		if x.Status == "completed" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("execution %s after the grant", x.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
