@@ -48,6 +48,10 @@ type Config struct {
 	// MaxStreamsPerTenant bounds the open event streams of one tenant
 	// (default 256); one more is 429.
 	MaxStreamsPerTenant int
+	// SignatureTolerance is how far the timestamp of an agent's v1
+	// signature may be from the server's clock (default 300 s); an older
+	// or newer request is 401.
+	SignatureTolerance time.Duration
 	// Logger receives request logs (debug) and internal errors (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -102,6 +106,9 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 	}
 	if cfg.MaxStreamsPerTenant <= 0 {
 		cfg.MaxStreamsPerTenant = DefaultMaxStreamsPerTenant
+	}
+	if cfg.SignatureTolerance <= 0 {
+		cfg.SignatureTolerance = wire.DefaultSignatureTolerance
 	}
 	s := &Server{
 		k:          k,

@@ -13,7 +13,7 @@ import (
 
 // SchemaVersion is the schema version this binary writes: the number of
 // migrations it knows.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // ErrNewerSchema is returned by Open for a file written by a newer binary.
 var ErrNewerSchema = errors.New("store schema is newer than this binary supports")
@@ -24,14 +24,15 @@ var ErrNewerSchema = errors.New("store schema is newer than this binary supports
 var migrations = []func(tx *bolt.Tx) error{
 	0: migrateCreateBuckets,
 	1: migrateBinaryRecords, // codec_v1.go
-	2: migrateBundleOwners,
+	2: migrateAgentSigning,  // migrate_signing.go
+	3: migrateBundleOwners,
 }
 
-// migrateBundleOwners gives every stored bundle an owner (schema 3): the
+// migrateBundleOwners gives every stored bundle an owner (schema 4): the
 // bundles a tenant names as its guards become the admin's, so that the
 // tenant cannot replace or delete them; every other bundle is the tenant's,
 // so that tenant-admins keep managing the bundles they stored. The records
-// stay JSON; a schema 2 binary would drop the owner when rewriting one,
+// stay JSON; a schema 3 binary would drop the owner when rewriting one,
 // which is why the version moves.
 func migrateBundleOwners(tx *bolt.Tx) error {
 	guards := map[string]bool{} // tenant␀name
