@@ -65,11 +65,23 @@ func TestBundleSourceAPI(t *testing.T) {
 	if code != http.StatusForbidden || err == nil || !strings.Contains(err.Error(), "allow_bundle_sources") {
 		t.Fatalf("tenant-admin without the ceiling: %d %v", code, err)
 	}
-	if err := env.Kernel.UpsertTenant(ctx, kernel.Tenant{ID: "acme", AllowBundleSources: true}); err != nil {
+	if err := env.Kernel.SetTenantBundleTrust(ctx, "acme", nil, true); err != nil {
 		t.Fatal(err)
 	}
 	if code, err := testkit.Bearer(env.URL, acmeAdmin, "PUT", "/v0/bundles/authz/source", src, &b); err != nil || code != 200 || b.Tenant != "acme" {
 		t.Fatalf("tenant-admin with the ceiling: %d %v %+v", code, err, b)
+	}
+
+	// A bundle the admin pointed at a server is the admin's: the tenant
+	// may neither repoint nor stop it.
+	if code, err := env.Admin("PUT", "/v0/bundles/owned/source?tenant=acme", src, &b); err != nil || code != 200 || b.Owner != "admin" {
+		t.Fatalf("admin sets a source for acme: %d %v %+v", code, err, b)
+	}
+	for _, method := range []string{"PUT", "DELETE"} {
+		code, err := testkit.Bearer(env.URL, acmeAdmin, method, "/v0/bundles/owned/source", src, nil)
+		if code != http.StatusForbidden || err == nil {
+			t.Errorf("tenant-admin %s on an admin-owned source: %d %v, want 403", method, code, err)
+		}
 	}
 
 	for name, bad := range map[string]wire.BundleSource{
@@ -95,7 +107,7 @@ func TestBundleSourceAPI(t *testing.T) {
 		t.Errorf("still polling after DELETE")
 	}
 	recs, err := env.Kernel.BundleSources(ctx)
-	if err != nil || len(recs) != 1 || recs[0].Tenant != "acme" {
+	if err != nil || len(recs) != 2 || recs[0].Tenant != "acme" || recs[1].Tenant != "acme" {
 		t.Fatalf("stored sources: %+v %v", recs, err)
 	}
 }

@@ -27,7 +27,9 @@ const (
 
 var engineName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 
-// putBundle stores a bundle and makes it live. The body is a .tar.gz
+// putBundle stores a bundle and makes it live. An admin key stores an
+// admin-owned bundle (it may then be a guard); a tenant-admin key stores the
+// tenant's own and may not replace an admin-owned one (403). The body is a .tar.gz
 // (Content-Type application/gzip, application/x-gzip or
 // application/octet-stream) or the JSON form wire.BundleFilesRequest.
 // The kernel's loader validates it whole; a refused bundle changes nothing.
@@ -59,7 +61,7 @@ func (s *Server) putBundle(c *call) (int, any, error) {
 	default:
 		return 0, nil, errorf(kernel.CodeValidation, "Content-Type %q is not supported: send application/gzip (a .tar.gz) or application/json ({engine, files})", mt)
 	}
-	rec, err := s.k.PutBundle(c.ctx, c.tenant, name, src)
+	rec, err := s.k.PutBundle(c.ctx, c.tenant, name, src, c.p.bundleOwner())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -205,7 +207,7 @@ func (s *Server) getBundle(c *call) (int, any, error) {
 }
 
 func (s *Server) deleteBundle(c *call) (int, any, error) {
-	if err := s.k.DeleteBundle(c.ctx, c.tenant, c.vars("name")); err != nil {
+	if err := s.k.DeleteBundle(c.ctx, c.tenant, c.vars("name"), c.p.bundleOwner()); err != nil {
 		return 0, nil, err
 	}
 	return http.StatusNoContent, nil, nil
@@ -225,7 +227,7 @@ func (s *Server) putBundleSource(c *call) (int, any, error) {
 	if req.URL == "" {
 		return 0, nil, errorf(kernel.CodeValidation, "url is required")
 	}
-	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), &kernel.BundlePull{URL: req.URL, MinDelay: req.MinDelay, MaxDelay: req.MaxDelay})
+	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), &kernel.BundlePull{URL: req.URL, MinDelay: req.MinDelay, MaxDelay: req.MaxDelay}, c.p.bundleOwner())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -237,7 +239,7 @@ func (s *Server) deleteBundleSource(c *call) (int, any, error) {
 	if err := s.mayPullBundles(c); err != nil {
 		return 0, nil, err
 	}
-	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), nil)
+	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), nil, c.p.bundleOwner())
 	if err != nil {
 		return 0, nil, err
 	}

@@ -1,12 +1,19 @@
 // Package manifest reads the provisioning manifest of `wicket serve
-// --config FILE` and applies it to a kernel as an upsert: bundles first,
-// then tenants with their keys, then agents with their policies.
+// --config FILE` and applies it to a kernel as an upsert: tenants with
+// their keys first, then bundles, then agents with their policies, and last
+// the tenants' guards. Everything the manifest stores is the admin's: its
+// bundles (and agents' inline policies) are admin-owned, which is what a
+// guard must be, so a guard names a bundle listed under bundles with the
+// guarded tenant's id as its tenant.
 //
 // # Format
 //
 //	bundles:
 //	  - name: research
 //	    path: bundles/research     # directory or .tar.gz, relative to the manifest
+//	  - name: no-destructive
+//	    path: bundles/no-destructive
+//	    tenant: acme               # default: default
 //	  - name: authz                # or pulled from a bundle server (OPA's protocol)
 //	    source: {url: "https://bundles.example/authz.tar.gz", min_delay: 60s, max_delay: 120s}
 //	tenants:
@@ -203,13 +210,13 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 				return nil, fmt.Errorf("%s.key: must be at least 16 bytes", kw)
 			}
 			switch k.Role {
-			case kernel.RoleClient, kernel.RoleTenantAdmin:
+			case kernel.RoleClient, kernel.RoleTenantAdmin, kernel.RoleApprover:
 			case kernel.RoleAdmin:
 				if t.ID != kernel.DefaultTenant {
 					return nil, fmt.Errorf("%s.role: admin keys belong to the default tenant", kw)
 				}
 			default:
-				return nil, fmt.Errorf("%s.role: %q is invalid (want client or tenant-admin)", kw, k.Role)
+				return nil, fmt.Errorf("%s.role: %q is invalid (want client, tenant-admin or approver)", kw, k.Role)
 			}
 			if k.Principal == "" {
 				return nil, fmt.Errorf("%s.principal is required", kw)
@@ -258,12 +265,15 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 // Apply provisions everything in the manifest. It stops at the first error.
 func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 	for _, t := range m.Tenants {
+		if err := k.EnsureTenant(ctx, t.ID); err != nil {
+			return fmt.Errorf("tenant %s: %w", t.ID, err)
+		}
 		keys, err := m.bundleKeys(t)
 		if err != nil {
 			return err
 		}
 		if t.ID != kernel.DefaultTenant || len(keys) > 0 || t.AllowBundleSources {
-			if err := k.UpsertTenant(ctx, kernel.Tenant{ID: t.ID, Guards: t.Guards, BundleKeys: keys, AllowBundleSources: t.AllowBundleSources}); err != nil {
+			if err := k.SetTenantBundleTrust(ctx, t.ID, keys, t.AllowBundleSources); err != nil {
 				return fmt.Errorf("tenant %s: %w", t.ID, err)
 			}
 		}
@@ -286,7 +296,7 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 			return fmt.Errorf("bundles[%d]: %w", i, err)
 		}
 		src.Name = name
-		if _, err := k.PutBundle(ctx, b.Tenant, b.Name, src); err != nil {
+		if _, err := k.PutBundle(ctx, b.Tenant, b.Name, src, kernel.BundleOwnerAdmin); err != nil {
 			return fmt.Errorf("bundles[%d] (%s): %w", i, b.Path, err)
 		}
 	}
@@ -307,9 +317,20 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 			}
 		}
 		if len(rules) > 0 {
-			if _, err := k.SetAgentPolicy(ctx, a.Tenant, a.ID, rules); err != nil {
+			if _, err := k.SetAgentPolicy(ctx, a.Tenant, a.ID, rules, kernel.BundleOwnerAdmin); err != nil {
 				return fmt.Errorf("agent %s: policy: %w", a.ID, err)
 			}
+		}
+	}
+	// Guards last: they must name bundles stored above. The manifest is
+	// authoritative for the tenants it lists (no guards: none), except the
+	// default tenant, whose guards it sets only when it lists some.
+	for _, t := range m.Tenants {
+		if t.ID == kernel.DefaultTenant && len(t.Guards) == 0 {
+			continue
+		}
+		if _, err := k.SetTenantGuards(ctx, t.ID, t.Guards); err != nil {
+			return fmt.Errorf("tenant %s guards: %w", t.ID, err)
 		}
 	}
 	return nil
@@ -317,7 +338,7 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 
 // PullSource is the bundle's source as the puller takes it.
 func (b Bundle) PullSource() pull.Source {
-	s := pull.Source{Tenant: b.Tenant, Name: b.Name}
+	s := pull.Source{Tenant: b.Tenant, Name: b.Name, Owner: kernel.BundleOwnerAdmin}
 	if b.Source != nil {
 		s.URL, s.MinDelay, s.MaxDelay = b.Source.URL, b.Source.MinDelay, b.Source.MaxDelay
 	}

@@ -54,6 +54,10 @@ type Source struct {
 	// polling.min_delay_seconds and max_delay_seconds; default 60s, 120s).
 	MinDelay time.Duration `json:"min_delay,omitempty"`
 	MaxDelay time.Duration `json:"max_delay,omitempty"`
+	// Owner is whose the downloads are: kernel.BundleOwnerAdmin for the
+	// manifest's sources and an admin's, kernel.BundleOwnerTenant for a
+	// tenant-admin's (empty: the tenant's).
+	Owner kernel.BundleOwner `json:"owner,omitempty"`
 }
 
 // Validate checks the URL (http or https, a host, no user info) and the
@@ -90,10 +94,11 @@ func (s Source) delays() (time.Duration, time.Duration) {
 	return lo, hi
 }
 
-// Activator loads an archive as the bundle tenant/name: it must verify,
-// compile and store it and make it live, or refuse it whole and change
-// nothing. It returns the revision and digest that went live.
-type Activator func(ctx context.Context, tenant, name string, archive []byte) (revision, digest string, err error)
+// Activator loads an archive as src's bundle (src.Tenant, src.Name, as
+// src.Owner's): it must verify, compile and store it and make it live, or
+// refuse it whole and change nothing. It returns the revision and digest
+// that went live.
+type Activator func(ctx context.Context, src Source, archive []byte) (revision, digest string, err error)
 
 // Options tune a Puller.
 type Options struct {
@@ -180,7 +185,7 @@ func (p *Puller) Start(src Source) error {
 // A URL whose host resolves to a refused address, or a first download
 // that fails, registers nothing.
 func (p *Puller) Watch(ctx context.Context, tenant, name string, bp kernel.BundlePull) error {
-	src := Source{Tenant: tenant, Name: name, URL: bp.URL}
+	src := Source{Tenant: tenant, Name: name, URL: bp.URL, Owner: bp.Owner}
 	for _, d := range []struct {
 		s   string
 		dst *time.Duration
@@ -382,7 +387,7 @@ func (p *Puller) poll(ctx context.Context, r *running) error {
 		return nil
 	case err == nil:
 		var rev, digest string
-		rev, digest, err = p.activate(ctx, src.Tenant, src.Name, archive)
+		rev, digest, err = p.activate(ctx, src, archive)
 		if err == nil {
 			r.st.ETag, r.st.Revision, r.st.Digest = etag, rev, digest
 			r.st.Activations++
@@ -453,7 +458,10 @@ func FromRecord(b *kernel.BundleRecord) Source {
 	if b.Source == nil {
 		return s
 	}
-	s.URL = b.Source.URL
+	s.URL, s.Owner = b.Source.URL, b.Source.Owner
+	if s.Owner == "" {
+		s.Owner = b.OwnedBy()
+	}
 	s.MinDelay, _ = time.ParseDuration(b.Source.MinDelay)
 	s.MaxDelay, _ = time.ParseDuration(b.Source.MaxDelay)
 	return s
@@ -461,14 +469,20 @@ func FromRecord(b *kernel.BundleRecord) Source {
 
 // Kernel is the part of the kernel an activator needs.
 type Kernel interface {
-	PutBundle(ctx context.Context, tenant, name string, src kernel.BundleSource) (*kernel.BundleRecord, error)
+	PutBundle(ctx context.Context, tenant, name string, src kernel.BundleSource, owner kernel.BundleOwner) (*kernel.BundleRecord, error)
 }
 
 // KernelActivator activates downloads with k.PutBundle: verified (with
-// the tenant's keys), compiled, stored and swapped in, or refused whole.
+// the tenant's keys), compiled, stored as the source owner's and swapped
+// in, or refused whole (a tenant's download may not replace a bundle the
+// admin owns).
 func KernelActivator(k Kernel) Activator {
-	return func(ctx context.Context, tenant, name string, archive []byte) (string, string, error) {
-		rec, err := k.PutBundle(ctx, tenant, name, kernel.BundleSource{Archive: archive, Name: name})
+	return func(ctx context.Context, src Source, archive []byte) (string, string, error) {
+		owner := src.Owner
+		if owner == "" {
+			owner = kernel.BundleOwnerTenant
+		}
+		rec, err := k.PutBundle(ctx, src.Tenant, src.Name, kernel.BundleSource{Archive: archive, Name: src.Name}, owner)
 		if err != nil {
 			return "", "", err
 		}
