@@ -46,6 +46,11 @@ type Options struct {
 	// DefaultPolicy applies to agents bound to no bundle: "allow" (default),
 	// "deny", or the name of a bundle of the agent's tenant.
 	DefaultPolicy string
+	// BundleKeys are the kernel's bundle verification keys
+	// (--bundle-verification-key); a tenant's own keys come with each bundle
+	// to compile (kernel.BundleSource.TenantKeys). With any key, an unsigned
+	// or tampered bundle is refused; with none, signatures are not checked.
+	BundleKeys []bundle.Key
 }
 
 // Host implements kernel.Policy and kernel.BundleLoader.
@@ -80,6 +85,23 @@ type declaredLimit struct {
 	rule    kernel.RateLimitRule
 	targets []*bundle.Glob
 	kind    string
+}
+
+// verificationKeys are the keys that verify a tenant's bundles: the
+// kernel's and the tenant's own. A tenant key may not reuse a kernel key's
+// id: its bundles are then refused with an error saying so, rather than
+// verified against the wrong key.
+func verificationKeys(kernelKeys []bundle.Key, tenant string, tenantKeys []kernel.BundleKey) ([]bundle.Key, error) {
+	keys := append([]bundle.Key(nil), kernelKeys...)
+	for _, k := range tenantKeys {
+		for _, kk := range kernelKeys {
+			if kk.ID == k.ID {
+				return nil, fmt.Errorf("tenant %s has a bundle key with id %q, which is also a kernel key's id: rename one", tenant, k.ID)
+			}
+		}
+		keys = append(keys, bundle.Key{ID: k.ID, Algorithm: k.Algorithm, Key: k.Key, Scope: k.Scope})
+	}
+	return keys, nil
 }
 
 // NewHost builds a host with the given engines. A duplicate engine name panics.
@@ -120,11 +142,15 @@ func (h *Host) CompileBundle(ctx context.Context, b *bundle.Bundle) (policy.Eval
 func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSource) (*kernel.CompiledBundle, error) {
 	var b *bundle.Bundle
 	var err error
+	opts := bundle.Options{Name: src.Name}
+	if opts.Keys, err = verificationKeys(h.opts.BundleKeys, tenant, src.TenantKeys); err != nil {
+		return nil, err
+	}
 	switch {
 	case src.Archive != nil:
-		b, err = bundle.LoadTarGz(bytes.NewReader(src.Archive))
+		b, err = opts.LoadTarGz(bytes.NewReader(src.Archive))
 	case src.Files != nil:
-		b, err = bundle.LoadFiles(src.Files)
+		b, err = opts.LoadFiles(src.Files)
 	default:
 		return nil, fmt.Errorf("empty bundle")
 	}
