@@ -56,8 +56,6 @@ func (p Principal) String() string {
 	return string(p.Kind) + ":" + p.Tenant + "/" + p.KeyID
 }
 
-func (p Principal) bearer() bool { return p.Kind != PrincipalAgent }
-
 // bundleOwner is who owns the bundles p stores, and the rights p has over
 // stored ones: admin keys act as the admin, everything else as the tenant.
 func (p Principal) bundleOwner() kernel.BundleOwner {
