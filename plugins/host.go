@@ -277,6 +277,7 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 	}
 	var answers []answer
 	var limits []kernel.RateLimitRule
+	onInterrupted := "" // approval when an evaluated bundle asks for it
 	eval := func(name string) (*loaded, *kernel.PolicyResult) {
 		l, done := h.get(in.Tenant, name)
 		defer done()
@@ -294,6 +295,9 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 		}
 		if d != nil {
 			answers = append(answers, answer{d: d, ref: l.ref})
+		}
+		if l.b.Manifest.OnInterrupted == bundle.OnInterruptedApproval {
+			onInterrupted = kernel.OnInterruptedApproval
 		}
 		for _, dl := range l.limits {
 			if dl.matches(in) {
@@ -335,6 +339,7 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 		res.Decision, res.Bundle = d.Decision, d.Bundle
 	}
 	res.RateLimits = limits
+	res.OnInterrupted = onInterrupted
 	res.EvalTime = time.Since(start)
 	return res, nil
 }
