@@ -298,17 +298,9 @@ func (c AgentCall) by() string {
 // A session is driven only by the key that holds its lease; a webhook
 // execution only by its agent's signature.
 func checkCall(tx ReadTx, c AgentCall) (*Execution, error) {
-	e, err := loadExec(tx, c.Tenant, c.ExecutionID)
+	e, err := checkOwner(tx, c)
 	if err != nil {
 		return nil, err
-	}
-	switch {
-	case c.Holder != "" && !e.Session():
-		return nil, Errorf(CodeForbidden, "execution %s is not a session: only its agent drives it, with its signature", e.ID)
-	case c.Holder == "" && e.Session():
-		return nil, Errorf(CodeForbidden, "execution %s is a session: only the API key holding its lease drives it", e.ID)
-	case c.Holder == "" && e.AgentID != c.AgentID:
-		return nil, Errorf(CodeNotFound, "execution %s not found", c.ExecutionID)
 	}
 	if e.Status.Terminal() {
 		return e, nil
@@ -320,7 +312,24 @@ func checkCall(tx ReadTx, c AgentCall) (*Execution, error) {
 		return nil, (&Error{Code: CodeLeaseSuperseded, Message: fmt.Sprintf("dispatch %s attempt %d is not the current lease of execution %s", c.Lease.DispatchID, c.Lease.Attempt, e.ID)}).
 			WithDetails(map[string]any{"dispatch_id": c.Lease.DispatchID, "dispatch_attempt": c.Lease.Attempt})
 	}
-	if c.Holder != "" && e.Holder.KeyID != c.Holder {
+	return e, nil
+}
+
+// checkOwner loads the execution of an agent call and checks who may
+// drive it (see checkCall), without the lease.
+func checkOwner(tx ReadTx, c AgentCall) (*Execution, error) {
+	e, err := loadExec(tx, c.Tenant, c.ExecutionID)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case c.Holder != "" && !e.Session():
+		return nil, Errorf(CodeForbidden, "execution %s is not a session: only its agent drives it, with its signature", e.ID)
+	case c.Holder == "" && e.Session():
+		return nil, Errorf(CodeForbidden, "execution %s is a session: only the API key holding its lease drives it", e.ID)
+	case c.Holder == "" && e.AgentID != c.AgentID:
+		return nil, Errorf(CodeNotFound, "execution %s not found", c.ExecutionID)
+	case c.Holder != "" && e.Holder.KeyID != c.Holder:
 		return nil, Errorf(CodeForbidden, "the lease of session %s is held by another API key", e.ID)
 	}
 	return e, nil

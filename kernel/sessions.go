@@ -2,9 +2,12 @@ package kernel
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/wicket-run/wicket/kernel/policy"
 )
 
 // Sessions: the gate for a loop the kernel does not own (docs/gate.md).
@@ -199,4 +202,50 @@ func (k *Kernel) CheckHolder(ctx context.Context, tenant, id, keyID string) erro
 		}
 		return nil
 	})
+}
+
+// OutrightDenier is implemented by a Policy that can tell, without a
+// step's arguments, that it denies the step whatever they are
+// (plugins.Host, for the rules engine). Probe uses it.
+type OutrightDenier interface {
+	DeniesOutright(ctx context.Context, agent *Agent, in *policy.Input) (bool, error)
+}
+
+// ProbeRequest asks whether policy denies a step outright.
+type ProbeRequest struct {
+	AgentCall
+	Kind, Target, Effect, Idempotency string
+}
+
+// Probe reports whether the policy deciding the execution's steps denies
+// a step of this kind, target and effect whatever its arguments (false
+// when the policy cannot tell). Nothing is recorded; the caller is the
+// execution's agent or its session's holder (no lease needed). It is what
+// `wicket mcp-proxy --hide-denied` asks before listing a tool.
+func (k *Kernel) Probe(ctx context.Context, req ProbeRequest) (bool, error) {
+	sr := StepRequest{Kind: req.Kind, Target: req.Target, Effect: req.Effect, Idempotency: req.Idempotency}
+	if err := validateStep(&sr); err != nil {
+		return false, err
+	}
+	var e *Execution
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		e, err = checkOwner(tx, req.AgentCall)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	od, ok := k.policy.(OutrightDenier)
+	if !ok {
+		return false, nil
+	}
+	a, err := k.Agent(ctx, e.Tenant, e.AgentID)
+	if err != nil {
+		return false, err
+	}
+	in := &policy.Input{Tenant: e.Tenant, AgentID: e.AgentID, ExecutionID: e.ID,
+		Step:      policy.Step{Kind: sr.Kind, Target: sr.Target, Args: json.RawMessage("null"), Idempotency: sr.Idempotency, Effect: sr.Effect},
+		Execution: policy.Execution{Status: string(e.Status), Labels: e.Labels, Totals: e.Totals, CreatedAt: e.CreatedAt}}
+	return od.DeniesOutright(ctx, a, in)
 }

@@ -340,3 +340,19 @@ func (s *Server) reconcileStep(c *call) (int, any, error) {
 	}
 	return http.StatusOK, decisionView(d), nil
 }
+
+// probeStep answers whether policy denies a step outright (whatever its
+// arguments); the execution's agent or its session's holder asks, without
+// a lease, and nothing is recorded.
+func (s *Server) probeStep(c *call) (int, any, error) {
+	var req wire.StepProbeRequest
+	if err := decode(c.body, &req); err != nil {
+		return 0, nil, err
+	}
+	denied, err := s.k.Probe(c.ctx, kernel.ProbeRequest{AgentCall: s.agentCall(c), Kind: req.Kind, Target: req.Target,
+		Effect: req.Effect, Idempotency: req.Idempotency})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.StepProbe{DeniedOutright: denied}, nil
+}

@@ -202,6 +202,7 @@ func (s *Server) routes() *mux.Router {
 		{"POST", "/v0/sessions", classClient, s.beginSession, routeOpts{}},
 		{"POST", "/v0/executions/{id}/attach", classClient, s.attachSession, routeOpts{}},
 		{"POST", "/v0/executions/{id}/detach", classAgent, s.detachSession, mutation},
+		{"POST", "/v0/executions/{id}/probe", classAgent, s.probeStep, routeOpts{}},
 
 		{"POST", "/v0/executions/{id}/steps", classAgent, s.submitStep, mutation},
 		{"GET", "/v0/executions/{id}/steps", classExecRead, s.listSteps, routeOpts{}},

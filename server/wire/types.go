@@ -181,6 +181,22 @@ type ReconcileRequest struct {
 	Detail  string          `json:"detail,omitempty"`
 }
 
+// StepProbeRequest is the body of POST /v0/executions/{id}/probe: a step
+// without its arguments.
+type StepProbeRequest struct {
+	Kind        string `json:"kind"`
+	Target      string `json:"target"`
+	Effect      string `json:"effect,omitempty"`
+	Idempotency string `json:"idempotency,omitempty"`
+}
+
+// StepProbe is the answer of a probe: whether policy denies the step
+// whatever its arguments (false when the policy cannot tell). Nothing is
+// recorded.
+type StepProbe struct {
+	DeniedOutright bool `json:"denied_outright"`
+}
+
 // SessionRequest is the body of POST /v0/sessions: an execution that the
 // calling API key's own loop drives (no webhook).
 type SessionRequest struct {
