@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -17,17 +19,38 @@ import (
 	"github.com/wicket-run/wicket/server/wire"
 )
 
-const desktopRules = `default_action: allow
-rules:
-  - id: no-deletes
-    priority: 1
-    when: {target: "files.delete"}
-    then: {decision: deny, reason: deleting files is not allowed}
-  - id: writes-need-a-human
-    priority: 2
-    when: {target: "files.write"}
-    then: {decision: require_approval, reason: a human reviews every write}
-`
+// gateQuickStart reads docs/gate.md's quick start: its manifest (the
+// first yaml block) and its desktop host config (the first json block).
+func gateQuickStart(t *testing.T) (manifest string, host struct {
+	MCPServers map[string]struct {
+		Command string            `json:"command"`
+		Args    []string          `json:"args"`
+		Env     map[string]string `json:"env"`
+	} `json:"mcpServers"`
+}) {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/gate.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := func(lang string) string {
+		_, rest, ok := strings.Cut(string(doc), "```"+lang+"\n")
+		if !ok {
+			t.Fatalf("docs/gate.md has no %s block", lang)
+		}
+		b, _, _ := strings.Cut(rest, "```")
+		// The quick start's blocks are indented in a list item.
+		var out []string
+		for _, l := range strings.Split(b, "\n") {
+			out = append(out, strings.TrimPrefix(l, "   "))
+		}
+		return strings.Join(out, "\n")
+	}
+	if err := json.Unmarshal([]byte(block("json")), &host); err != nil {
+		t.Fatalf("docs/gate.md's host config: %v", err)
+	}
+	return block("yaml"), host
+}
 
 func mcpText(res *mcp.CallToolResult) string {
 	var b strings.Builder
@@ -47,27 +70,58 @@ func mcpText(res *mcp.CallToolResult) string {
 // record without reaching the upstream.
 func TestMCPProxyProcess(t *testing.T) {
 	dir := t.TempDir()
-	p := startServe(t, filepath.Join(dir, "data"), freeAddr(t), "--lease-timeout", "2s")
+	manifest, host := gateQuickStart(t)
+	key, secret := "desktop-key-0123456789abcdef", "desktop-secret-0123456789"
+	t.Setenv("DESKTOP_KEY", key)
+	t.Setenv("DESKTOP_SECRET", secret)
+	mpath := filepath.Join(dir, "wicket.yaml")
+	if err := os.WriteFile(mpath, []byte(manifest), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startServe(t, filepath.Join(dir, "data"), freeAddr(t), "--lease-timeout", "2s", "--config", mpath)
 	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
 	admin := client.New(p.url, client.WithAPIKey(testkit.AdminKey))
 	ctx := context.Background()
-	if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: "desktop", Secret: "desktop-secret-0123456789"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.SetPolicy(ctx, "desktop", desktopRules); err != nil {
-		t.Fatal(err)
-	}
-	k, err := admin.CreateKey(ctx, "default", wire.KeyRequest{Role: "client", Principal: "desktop-host"})
-	if err != nil {
-		t.Fatal(err)
+	srv, ok := host.MCPServers["files"]
+	if !ok || srv.Command != "wicket" || len(srv.Args) < 1 || srv.Args[0] != "mcp-proxy" {
+		t.Fatalf("docs/gate.md's host config: %+v", host)
 	}
 	journal := filepath.Join(dir, "journal")
 	files := testBinary(t, "mcpfiles") + " --journal " + journal
+	// The documented arguments, with the upstream replaced by the test's
+	// and --agent dropped when attaching; the documented environment.
+	docArgs := func(attach string) []string {
+		var out []string
+		for i := 1; i < len(srv.Args); i++ {
+			switch a := srv.Args[i]; {
+			case a == "--upstream":
+				i++
+				name, _, _ := strings.Cut(srv.Args[i], "=")
+				out = append(out, a, name+"="+files)
+			case a == "--agent" && attach != "":
+				i++
+				out = append(out, "--execution", attach)
+			default:
+				out = append(out, a)
+			}
+		}
+		return append(out, "--heartbeat", "300ms")
+	}
+	env := os.Environ()
+	for k, v := range srv.Env {
+		switch k {
+		case "WICKET_URL":
+			v = p.url
+		case "WICKET_API_KEY":
+			v = key
+		}
+		env = append(env, k+"="+v)
+	}
 
 	connect := func(args ...string) (*exec.Cmd, *mcp.ClientSession, *syncBuffer) {
 		t.Helper()
-		cmd := exec.Command(wicketBinary(t), append([]string{"mcp-proxy", "--url", p.url, "--key", k.Key,
-			"--upstream", "files=" + files, "--heartbeat", "300ms"}, args...)...)
+		cmd := exec.Command(wicketBinary(t), append([]string{"mcp-proxy"}, args...)...)
+		cmd.Env = env
 		stderr := &syncBuffer{}
 		cmd.Stderr = stderr
 		c := mcp.NewClient(&mcp.Implementation{Name: "desktop-host", Version: "1"}, nil)
@@ -91,7 +145,7 @@ func TestMCPProxyProcess(t *testing.T) {
 		return res
 	}
 
-	cmd, cs, stderr := connect("--agent", "desktop")
+	cmd, cs, stderr := connect(docArgs("")...)
 	if r := call(cs, "files_read", map[string]any{"path": "todo.md"}); r.IsError || mcpText(r) != "content of todo.md" {
 		t.Fatalf("read: %q\n%s", mcpText(r), stderr)
 	}
@@ -131,7 +185,7 @@ func TestMCPProxyProcess(t *testing.T) {
 	// on the same session, and it waits for the lease to lapse.
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	_ = cs.Close()
-	_, cs, stderr = connect("--execution", id)
+	_, cs, stderr = connect(docArgs(id)...)
 	if r := call(cs, "files_read", map[string]any{"path": "todo.md"}); r.IsError || mcpText(r) != "content of todo.md" {
 		t.Fatalf("replayed read: %q\n%s", mcpText(r), stderr)
 	}

@@ -50,7 +50,7 @@ commands:
   bench     measure steps/s over HTTP against an in-process kernel
   exec      ls | create | get | events | watch | cancel executions
   agent     ls | get | put | rm agents
-  approval  ls | get | grant | deny approvals
+  approval  ls | get | grant | deny | retry | happened approvals
   tenant    ls | create tenants; key create | ls | rm
   mcp-proxy an MCP server whose tool calls go through a Wicket session
   version   print the version
