@@ -215,7 +215,7 @@ func (k *Kernel) finish(r *rec, e *Execution, st ExecStatus, reason string, outp
 		return fmt.Errorf("list steps of %s: %w", e.ID, err)
 	}
 	for _, s := range steps {
-		if s.Status != StepExecuting && s.Status != StepAwaitingApproval {
+		if s.Status != StepExecuting && s.Status != StepAwaitingApproval && s.Status != StepInterrupted {
 			continue
 		}
 		s.Status = StepCancelled
