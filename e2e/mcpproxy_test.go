@@ -100,7 +100,7 @@ func TestMCPProxyProcess(t *testing.T) {
 				out = append(out, a, name+"="+files)
 			case a == "--agent" && attach != "":
 				i++
-				out = append(out, "--execution", attach)
+				out = append(out, a, srv.Args[i], "--execution", attach) // a restart: the same args and --execution
 			default:
 				out = append(out, a)
 			}

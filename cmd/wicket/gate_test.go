@@ -42,11 +42,10 @@ func TestGateCommands(t *testing.T) {
 		t.Fatalf("happened on an unknown approval: %v", err)
 	}
 	for _, args := range [][]string{
-		{"mcp-proxy", "--upstream", "files=cat"},                                    // neither --agent nor --execution
-		{"mcp-proxy", "--agent", "desk", "--execution", "x", "--upstream", "f=cat"}, // both
-		{"mcp-proxy", "--agent", "desk"},                                            // no upstream
-		{"mcp-proxy", "--agent", "desk", "--upstream", "files"},                     // no command
-		{"mcp-proxy", "--agent", "desk", "--upstream", "f=cat", "extra"},            // an argument
+		{"mcp-proxy", "--upstream", "files=cat"},                         // neither --agent nor --execution
+		{"mcp-proxy", "--agent", "desk"},                                 // no upstream
+		{"mcp-proxy", "--agent", "desk", "--upstream", "files"},          // no command
+		{"mcp-proxy", "--agent", "desk", "--upstream", "f=cat", "extra"}, // an argument
 	} {
 		if _, err := cli(args...); !errors.As(err, &ue) {
 			t.Errorf("%v: %v, want a usage error", args, err)

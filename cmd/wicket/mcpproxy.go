@@ -13,7 +13,7 @@ import (
 	"github.com/wicket-run/wicket/internal/mcpproxy"
 )
 
-const mcpProxyUsage = `usage: wicket mcp-proxy --agent ID | --execution ID --upstream NAME=COMMAND|URL ... [flags]
+const mcpProxyUsage = `usage: wicket mcp-proxy --agent ID [--execution ID] --upstream NAME=COMMAND|URL ... [flags]
 
 An MCP server in front of upstream MCP servers: every tools/call is a
 tool_call step of a Wicket session (target "<server>.<tool>"), decided by
@@ -41,7 +41,7 @@ func mcpProxyCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	kernelURL := fs.String("url", envString("WICKET_URL", "http://127.0.0.1:8080"), "kernel base URL (WICKET_URL)")
 	key := fs.String("key", envString("WICKET_API_KEY", ""), "API key that holds the session: client role or above (WICKET_API_KEY)")
 	agentID := fs.String("agent", "", "begin a session of this agent")
-	execID := fs.String("execution", "", "attach to this session instead (after a restart), waiting for a dead holder's lease to lapse")
+	execID := fs.String("execution", "", "attach to this session of --agent instead (after a restart), waiting for a dead holder's lease to lapse")
 	listen := fs.String("listen", "", "serve streamable HTTP on this address (e.g. 127.0.0.1:8765) instead of stdio")
 	wait := fs.Duration("approval-wait", mcpproxy.DefaultApprovalWait, "how long one call waits for an approval")
 	hide := fs.Bool("hide-denied", false, "leave out of tools/list the tools policy denies whatever their arguments")
@@ -68,7 +68,7 @@ func mcpProxyCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		ApprovalWait: *wait, HideDenied: *hide, HeartbeatInterval: *heartbeat, Version: version,
 		Effects: map[string]string{}, Labels: map[string]string{},
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
-	if (*agentID == "") == (*execID == "") {
+	if *agentID == "" && *execID == "" {
 		return usageError{"give --agent ID (begin a session) or --execution ID (attach to one)"}
 	}
 	for _, u := range upstreams {

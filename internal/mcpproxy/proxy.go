@@ -74,7 +74,8 @@ type Config struct {
 	// lease (client role or above).
 	KernelURL, APIKey string
 	// AgentID is the agent a new session belongs to (policy is its
-	// bundle's); ExecutionID, when set, attaches to that session instead.
+	// bundle's); ExecutionID, when set, attaches to that session instead
+	// (which must then be AgentID's, when both are given).
 	AgentID, ExecutionID string
 	// Upstreams are the servers whose tools the proxy serves.
 	Upstreams []Upstream
@@ -142,7 +143,7 @@ func New(ctx context.Context, cfg Config) (*Proxy, error) {
 	if cfg.KernelURL == "" {
 		return nil, errors.New("mcp-proxy: the kernel's URL is required (--url or WICKET_URL)")
 	}
-	if (cfg.AgentID == "") == (cfg.ExecutionID == "") {
+	if cfg.AgentID == "" && cfg.ExecutionID == "" {
 		return nil, errors.New("mcp-proxy: give --agent (begin a session) or --execution (attach to one)")
 	}
 	if len(cfg.Upstreams) == 0 {
@@ -256,8 +257,14 @@ func (p *Proxy) startSession(ctx context.Context) error {
 			return fmt.Errorf("mcp-proxy: begin a session of agent %s: %w", p.cfg.AgentID, err)
 		}
 		p.log.Info("session begun; resume it after a restart with --execution "+s.ID(), "execution_id", s.ID(), "agent_id", p.cfg.AgentID)
-	} else if s, err = p.attach(ctx, p.cfg.ExecutionID); err != nil {
-		return err
+	} else {
+		if s, err = p.attach(ctx, p.cfg.ExecutionID); err != nil {
+			return err
+		}
+		if p.cfg.AgentID != "" && s.Execution().AgentID != p.cfg.AgentID {
+			s.Close()
+			return fmt.Errorf("mcp-proxy: session %s belongs to agent %s, not %s", s.ID(), s.Execution().AgentID, p.cfg.AgentID)
+		}
 	}
 	p.mu.Lock()
 	p.session = s
