@@ -104,6 +104,10 @@ type Verdict struct {
 	// attached to the winning answer and those declared by the manifests of
 	// the evaluated bundles that match the step.
 	RateLimits []RateLimitRule `json:"rate_limits,omitempty"`
+	// OnInterrupted is OnInterruptedApproval when a bundle evaluated for
+	// the step declares on_interrupted: approval; the step records it when
+	// it proceeds.
+	OnInterrupted string `json:"on_interrupted,omitempty"`
 }
 
 // record is what the step records of v.

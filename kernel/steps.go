@@ -35,6 +35,10 @@ const (
 	DecisionExecutionBlocked Decision = "execution_blocked"
 	// DecisionExecutionTerminal: the execution is completed, failed or cancelled.
 	DecisionExecutionTerminal Decision = "execution_terminal"
+	// DecisionInterrupted: the step was in flight when an earlier attempt
+	// ended, and the submitter said it can reconcile it: it answers with
+	// POST …/steps/{step_id}/reconcile.
+	DecisionInterrupted Decision = "interrupted"
 )
 
 // MaxTargetLen bounds a step target.
@@ -54,6 +58,11 @@ type StepRequest struct {
 	// recorded: an agent that would complete a step under another id must
 	// not run the effect.
 	ClaimedStepID string
+	// Reconcile says the submitter can reconcile the step should it be
+	// found interrupted (an at_most_once step in flight when its attempt
+	// ended): it is then answered DecisionInterrupted instead of the
+	// agent's on_interrupted behaviour.
+	Reconcile bool
 }
 
 // StepDecision is the kernel's answer to a submission.
@@ -249,6 +258,12 @@ func (k *Kernel) preread(tx ReadTx, sub *submission, pre *preread) error {
 	default:
 		return fmt.Errorf("read step %s: %w", pre.stepID, err)
 	}
+	if e.Status == ExecBlocked && (pre.step == nil || pre.step.ApprovalID != e.BlockedOn) {
+		// A session keeps its lease while blocked: only the step that waits
+		// is answered (blocked until its approval is resolved).
+		pre.decision = &StepDecision{Decision: DecisionExecutionBlocked, ApprovalID: e.BlockedOn, Reason: "the execution waits on an approval"}
+		return nil
+	}
 	if !needsPolicy(pre.step) {
 		return nil
 	}
@@ -386,9 +401,6 @@ func (k *Kernel) writeStep(r *rec, sub *submission, pre *preread, v *Verdict) (*
 	if n != pre.occ {
 		return nil, errRetry
 	}
-	if err := r.tx.PutOccurrence(e.Tenant, e.ID, sub.occKey, Occurrence{Lease: e.Lease, Count: n + 1}); err != nil {
-		return nil, fmt.Errorf("put occurrence: %w", err)
-	}
 	s := pre.step
 	if s != nil {
 		// Re-read the step in this transaction: preread's copy may be stale.
@@ -412,8 +424,8 @@ func (k *Kernel) writeStep(r *rec, sub *submission, pre *preread, v *Verdict) (*
 		if s.Verdict != nil {
 			d.Reason, d.RuleID = s.Verdict.Reason, s.Verdict.RuleID
 		}
-	case s != nil && s.Status == StepExecuting:
-		d, err = k.orphan(r, e, s, base)
+	case s != nil && (s.Status == StepExecuting || s.Status == StepInterrupted):
+		d, err = k.orphan(r, e, s, base, sub.Reconcile)
 	case s != nil && s.Status == StepAwaitingApproval:
 		d, err = k.afterApproval(r, e, s, base)
 	default:
@@ -424,6 +436,14 @@ func (k *Kernel) writeStep(r *rec, sub *submission, pre *preread, v *Verdict) (*
 	}
 	if err != nil {
 		return nil, err
+	}
+	if d.Decision != DecisionBlocked {
+		// A blocked answer consumes no occurrence: a session's holder,
+		// which keeps its lease, proposes the step again under the same id
+		// once the approval is resolved (an agent's attempt ends here).
+		if err := r.tx.PutOccurrence(e.Tenant, e.ID, sub.occKey, Occurrence{Lease: e.Lease, Count: n + 1}); err != nil {
+			return nil, fmt.Errorf("put occurrence: %w", err)
+		}
 	}
 	if !e.Status.Terminal() {
 		k.renew(r, e)
@@ -479,11 +499,36 @@ func (r *rec) proceed(e *Execution, s *Step, p executingPayload, count bool) err
 	return nil
 }
 
-// orphan handles a step found executing under an older attempt
-// (docs/durability.md#orphaned-steps).
-func (k *Kernel) orphan(r *rec, e *Execution, s *Step, base *StepDecision) (*StepDecision, error) {
+// orphan handles a step found executing (or interrupted) under an older
+// attempt (docs/durability.md#orphaned-steps). A safe_to_retry step
+// proceeds again. An at_most_once step may or may not have happened:
+// answered interrupted when the submitter can reconcile it, else it
+// raises an interrupted_side_effect approval when the agent or a bundle
+// that allowed it asked for one, else it fails indeterminate.
+func (k *Kernel) orphan(r *rec, e *Execution, s *Step, base *StepDecision, reconcile bool) (*StepDecision, error) {
 	prev := s.Lease
 	if s.Idempotency == AtMostOnce {
+		if reconcile {
+			s.Status = StepInterrupted
+			s.Lease = e.Lease
+			if err := r.tx.PutStep(s); err != nil {
+				return nil, err
+			}
+			if err := r.event(e, EvStepInterrupted, stepPayload(s, map[string]any{"orphaned_from": prev, "reconcile": true,
+				"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt})); err != nil {
+				return nil, err
+			}
+			base.Decision = DecisionInterrupted
+			base.Reason = "the step was in flight when an earlier attempt ended; reconcile it"
+			return base, nil
+		}
+		mode, err := k.onInterrupted(r, e, s)
+		if err != nil {
+			return nil, err
+		}
+		if mode == OnInterruptedApproval {
+			return k.interruptApproval(r, e, s, base, prev)
+		}
 		s.Status = StepFailed
 		s.Error = json.RawMessage(`{"code":"indeterminate","message":"the step was in flight when its dispatch attempt ended; it may or may not have run"}`)
 		t := r.now
@@ -516,7 +561,8 @@ func (k *Kernel) afterApproval(r *rec, e *Execution, s *Step, base *StepDecision
 		base.Reason = a.Reason
 		return base, nil
 	case ApprovalGranted:
-		if err := r.proceed(e, s, executingPayload{ApprovalID: a.ID}, true); err != nil {
+		// A retried interrupted step was counted when it first ran.
+		if err := r.proceed(e, s, executingPayload{ApprovalID: a.ID}, a.Type != ApprovalInterrupted); err != nil {
 			return nil, err
 		}
 		base.Decision = DecisionProceed
@@ -537,6 +583,7 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, base *StepDecision, 
 		return nil, err
 	}
 	s.Verdict = v.record()
+	s.OnInterrupted = v.OnInterrupted
 	base.Reason, base.RuleID = v.Reason, v.RuleID
 	if v.Action == policy.Allow || v.Action == policy.RequireApproval {
 		if limited, reason, ruleID, err := k.rateLimit(r, e, v.RateLimits); err != nil {
@@ -623,8 +670,12 @@ func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecisi
 	}
 	e.Status = ExecBlocked
 	e.BlockedOn = a.ID
-	e.Dispatch.State = DispatchParked
-	e.Dispatch.LeaseUntil = time.Time{}
+	if !e.Session() {
+		// A session's holder keeps its lease (and heartbeats) while it
+		// waits; an agent's dispatch is parked and a new one comes.
+		e.Dispatch.State = DispatchParked
+		e.Dispatch.LeaseUntil = time.Time{}
+	}
 	if err := r.event(e, EvExecutionBlocked, map[string]any{"approval_id": a.ID, "step_id": s.ID}); err != nil {
 		return nil, err
 	}

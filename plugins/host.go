@@ -292,6 +292,7 @@ func (h *Host) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.Ve
 	var answers []*policy.Answer
 	var refs []policy.BundleRef
 	var limits []kernel.RateLimitRule
+	onInterrupted := "" // approval when an evaluated bundle asks for it
 	// eval evaluates one bundle; it returns the bundle, or the fail-closed
 	// verdict when the bundle cannot answer.
 	eval := func(name string) (*loaded, *kernel.Verdict) {
@@ -308,6 +309,9 @@ func (h *Host) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.Ve
 		if err != nil {
 			v := failClosed(l.ref, fmt.Sprintf("%s bundle %q failed (fail closed): %v", l.ref.Engine, name, err), start)
 			return nil, &v
+		}
+		if l.b.Manifest.OnInterrupted == bundle.OnInterruptedApproval {
+			onInterrupted = kernel.OnInterruptedApproval
 		}
 		answers = append(answers, a)
 		refs = append(refs, l.ref)
@@ -344,6 +348,7 @@ func (h *Host) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.Ve
 		v = def.Verdict(in.Step.Kind)
 	}
 	v.RateLimits = limits
+	v.OnInterrupted = onInterrupted
 	v.EvalTime = time.Since(start)
 	return v, nil
 }
@@ -379,4 +384,51 @@ func orRule(s string) string {
 		return "rate_limit"
 	}
 	return s
+}
+
+// outrightDenier is an evaluator that can tell, without the arguments,
+// that it denies a step whatever they are (the rules engine can; Rego and
+// wasm cannot, and are never said to).
+type outrightDenier interface {
+	DeniesOutright(in *policy.Input, def policy.Action) bool
+}
+
+// DeniesOutright reports whether the policy of req (the tenant's guards and
+// the agent's bundle, composed as Decide composes them) denies a step like
+// req.Input (its arguments ignored) whatever its arguments are: one of them
+// denying outright is enough. Bundles whose engine cannot tell count as not
+// denying. It implements kernel.OutrightDenier.
+func (h *Host) DeniesOutright(ctx context.Context, req *kernel.PolicyRequest) (bool, error) {
+	in := req.Input
+	agentBundle := req.Bundle
+	if agentBundle == "" {
+		switch h.opts.DefaultPolicy {
+		case "", "allow", "deny":
+			if len(req.Guards) == 0 {
+				v := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}.Verdict(in.Step.Kind)
+				return v.Action.Rank() >= policy.Deny.Rank(), nil
+			}
+		default:
+			agentBundle = h.opts.DefaultPolicy
+		}
+	}
+	denies := func(name string, agent bool) bool {
+		l, done := h.get(in.Tenant, name)
+		defer done()
+		if l == nil {
+			return true // a bundle that is not loaded fails closed
+		}
+		var def policy.Action // a guard's default does not apply
+		if agent {
+			def = l.def
+		}
+		od, ok := l.ev.(outrightDenier)
+		return ok && od.DeniesOutright(in, def)
+	}
+	for _, g := range req.Guards {
+		if denies(g, false) {
+			return true, nil
+		}
+	}
+	return agentBundle != "" && denies(agentBundle, true), nil
 }

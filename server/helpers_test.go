@@ -65,6 +65,8 @@ func (testPolicy) Decide(_ context.Context, req *kernel.PolicyRequest) (kernel.V
 	case "limited":
 		return kernel.Verdict{Bundle: ref, Action: policy.Allow, RuleID: "limited",
 			RateLimits: []kernel.RateLimitRule{{ID: "one_per_minute", RateLimit: policy.RateLimit{MaxCalls: 1, Window: "1m"}}}}, nil
+	case "careful_send": // a bundle that asks for on_interrupted: approval
+		return kernel.Verdict{Bundle: ref, Action: policy.Allow, RuleID: "careful", OnInterrupted: kernel.OnInterruptedApproval}, nil
 	case "forbidden":
 		return kernel.Verdict{Bundle: ref, Action: policy.Deny, RuleID: "no", Reason: "forbidden tool"}, nil
 	}

@@ -71,6 +71,7 @@ var layout = []row{
 	{"internal/netguard/netguardtest", []string{std, testPkg}, "a fake DNS server for netguard tests (test support)"},
 	{"internal/manifest", []string{std, "kernel", "plugins/bundle", "plugins/pull", "go.yaml.in/yaml/v3"}, "the provisioning manifest"},
 	{"internal/fakellm", []string{std}, "a fake LLM provider for examples and tests"},
+	{"internal/mcpproxy", []string{std, "sdk/agent", "sdk/client", "server/wire", "github.com/modelcontextprotocol/go-sdk"}, "wicket mcp-proxy: the only user of the MCP Go SDK; a client of the kernel like any agent"},
 	{"internal/testkit", []string{std, testPkg, anyPkg}, "the end-to-end harness (test support)"},
 	{"internal/cpubench", []string{std, testPkg}, "a CPU-time metric for benchmarks (test support)"},
 	{"internal/wasmwarm", []string{std}, "fills a wazero disk cache for tests from a non-race build (test support)"},
@@ -102,10 +103,11 @@ var heavy = map[string]string{
 	"go.etcd.io/bbolt": "",
 	"github.com/open-policy-agent/opa": "plugins/rego evaluates Rego; plugins/bundle reads, verifies and signs bundles, whose format is OPA's " +
 		"(neither kernel/ nor server/ sees OPA)",
-	"github.com/tetratelabs/wazero":       "",
-	"github.com/gorilla/mux":              "",
-	"github.com/jackc/pgx/v5":             "",
-	"github.com/prometheus/client_golang": "",
+	"github.com/tetratelabs/wazero":          "",
+	"github.com/gorilla/mux":                 "",
+	"github.com/jackc/pgx/v5":                "",
+	"github.com/prometheus/client_golang":    "",
+	"github.com/modelcontextprotocol/go-sdk": "",
 }
 
 // pkg is what go list says of one package.
