@@ -49,7 +49,9 @@ func wicketBinary(t *testing.T) string {
 type process struct {
 	cmd    *exec.Cmd
 	url    string
-	stderr *bytes.Buffer
+	stderr *syncBuffer
+	// boot is how long the process took to become ready.
+	boot time.Duration
 }
 
 func freeAddr(t *testing.T) string {
@@ -69,15 +71,17 @@ func startServe(t *testing.T, dir, addr string, extra ...string) *process {
 	args := append([]string{"serve", "--data", dir, "--addr", addr, "--admin-key", testkit.AdminKey,
 		"--ready-file", ready, "--lease-timeout", "1s", "--dispatch-timeout", "300ms", "--log-level", "warn"}, extra...)
 	cmd := exec.Command(wicketBinary(t), args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &process{cmd: cmd, url: "http://" + addr, stderr: &stderr}
-	deadline := time.Now().Add(20 * time.Second)
+	p := &process{cmd: cmd, url: "http://" + addr, stderr: stderr}
+	deadline := start.Add(20 * time.Second)
 	for {
 		if _, err := os.Stat(ready); err == nil {
+			p.boot = time.Since(start)
 			return p
 		}
 		if time.Now().After(deadline) {

@@ -36,6 +36,7 @@ type serveOptions struct {
 	maxBody                       int64
 	noSync                        bool
 	readyFile                     string
+	limits                        limitOptions
 }
 
 func envString(name, def string) string {
@@ -80,6 +81,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.Int64Var(&o.maxBody, "max-body", int64(envInt("WICKET_MAX_BODY", 1<<20)), "largest request body in bytes (WICKET_MAX_BODY)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
+	limitFlags(&o.limits, fs)
 }
 
 func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
@@ -143,6 +145,10 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if o.adminKey != "" && len(o.adminKey) < 16 {
 		return usageError{"serve: --admin-key must be at least 16 bytes"}
 	}
+	limits, err := o.limits.limits()
+	if err != nil {
+		return err
+	}
 
 	if err := os.MkdirAll(o.data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
@@ -154,7 +160,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer st.Close()
 
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
-		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log}
+		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log, BundleLoadTimeout: o.limits.bundleLoadTimeout}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
@@ -164,9 +170,10 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache")})
+	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), Limits: limits})
 	defer wasmEngine.Close()
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards}, rules.New(), rego.New(), wasmEngine)
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards, Limits: limits},
+		rules.New(), rego.New(rego.WithLimits(limits)), wasmEngine)
 	defer host.Close()
 	k.SetPolicy(host)
 	k.SetBundleLoader(host)

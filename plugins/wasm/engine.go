@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
-	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/experimental"
@@ -17,19 +16,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
 
-// Defaults applied by [New] to zero Config fields.
 const (
-	// DefaultMemoryPages is the default memory cap: 256 pages of 64 KiB = 16 MiB.
-	// A Go SDK module starts at 37 pages and levels off near 130 (its heap
-	// never shrinks below Go's 4 MiB GC goal); a C SDK module needs 2.
-	DefaultMemoryPages = 256
-	// DefaultTimeout is the default per-evaluation deadline.
-	DefaultTimeout = time.Second
-	// MaxMemoryPages is the largest cap a bundle may ask for (4 GiB, wasm32's limit).
-	MaxMemoryPages = 65536
-	// minInstantiateTimeout is the least time an instantiation (including
-	// _initialize and, for OPA, loading data.json) is given.
-	minInstantiateTimeout = 5 * time.Second
 	// maxOutputBytes bounds a module's output.
 	maxOutputBytes = 1 << 20
 )
@@ -38,23 +25,18 @@ const (
 const PolicyFile = "policy.wasm"
 
 // Config configures an [Engine]. The zero value is usable: no disk cache and
-// the defaults below.
+// the default limits.
 type Config struct {
 	// CacheDir is where compiled modules are cached across restarts (the
-	// kernel passes <data dir>/wasm-cache). It is created if missing. Empty
-	// means an in-memory cache only.
+	// kernel passes <data dir>/wasm-cache). It is created if missing, with
+	// mode 0700; an existing directory that group or others may write is
+	// refused. Empty means an in-memory cache only.
 	CacheDir string
-	// DefaultMemoryPages caps linear memory, in 64 KiB pages, for bundles
-	// whose manifest sets no sandbox.memory_pages. Zero means
-	// DefaultMemoryPages (256 = 16 MiB).
-	DefaultMemoryPages uint32
-	// DefaultTimeout is the per-evaluation deadline for bundles whose manifest
-	// sets no sandbox.timeout. Zero means DefaultTimeout (1s).
-	DefaultTimeout time.Duration
-	// PoolSize is the most instances kept per bundle revision, which is also
-	// the most concurrent evaluations of one revision; more wait. Zero means
-	// runtime.GOMAXPROCS(0).
-	PoolSize int
+	// Limits are the kernel's ceilings and defaults for sandbox.timeout,
+	// sandbox.memory_pages and sandbox.pool_size (zero fields: the
+	// defaults of [bundle.Limits]). A bundle asking for more is refused.
+	// Instances start under Limits.MaxTimeout.
+	Limits bundle.Limits
 	// Env holds the environment variables visible to modules granted "env".
 	// Nil means none: the kernel's own environment is never passed through.
 	Env map[string]string
@@ -85,18 +67,7 @@ type sandboxRuntime struct {
 // New returns an engine configured by cfg, with defaults filled in. Nothing
 // is created on disk until the first Compile.
 func New(cfg Config) *Engine {
-	if cfg.DefaultMemoryPages == 0 {
-		cfg.DefaultMemoryPages = DefaultMemoryPages
-	}
-	if cfg.DefaultMemoryPages > MaxMemoryPages {
-		cfg.DefaultMemoryPages = MaxMemoryPages
-	}
-	if cfg.DefaultTimeout <= 0 {
-		cfg.DefaultTimeout = DefaultTimeout
-	}
-	if cfg.PoolSize <= 0 {
-		cfg.PoolSize = runtime.GOMAXPROCS(0)
-	}
+	cfg.Limits = cfg.Limits.WithDefaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -114,7 +85,8 @@ func (e *Engine) Name() string { return bundle.EngineWasm }
 //
 // Compile refuses, with an error naming the cause: a bundle that is not a
 // wasm bundle or has no policy.wasm; an unknown ABI or grant; an invalid
-// sandbox timeout or memory cap; a module that does not decode or validate,
+// sandbox timeout, memory cap or pool size, or one over the engine's
+// [Config.Limits] (matching [bundle.ErrCeiling]); a module that does not decode or validate,
 // declares more memory than the cap, imports anything the ABI and grants do
 // not allow ("wasm: module imports env.http_get, which is not granted"),
 // lacks a required export, or fails to initialise.
@@ -149,8 +121,8 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 		cm:     cm,
 		sb:     sb,
 		ref:    b.Ref(),
-		idle:   make(chan instance, e.cfg.PoolSize),
-		slots:  make(chan struct{}, e.cfg.PoolSize),
+		idle:   make(chan instance, sb.pool),
+		slots:  make(chan struct{}, sb.pool),
 	}
 	switch sb.abi {
 	case bundle.ABIWicket:

@@ -15,6 +15,7 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/wicket-run/wicket/kernel/policy"
+	"github.com/wicket-run/wicket/plugins/bundle"
 )
 
 // driver implements one ABI on top of a compiled module.
@@ -153,7 +154,7 @@ func (ev *evaluator) discard(inst instance) {
 
 // instantiate creates one instance under the instantiation deadline.
 func (ev *evaluator) instantiate(ctx context.Context) (instance, error) {
-	timeout := ev.sb.instantiateTimeout()
+	timeout := ev.sb.startTimeout
 	ictx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	out := ev.engine.newOutputs(ev.sb, ev.ref.Name, ev.ref.Revision)
@@ -243,15 +244,7 @@ func (e *timeoutError) Error() string {
 
 func (e *timeoutError) Is(target error) bool { return target == context.DeadlineExceeded }
 
-func pagesString(pages uint32) string {
-	bytes := uint64(pages) * 65536
-	switch {
-	case bytes%(1<<20) == 0:
-		return fmt.Sprintf("%d pages (%d MiB)", pages, bytes>>20)
-	default:
-		return fmt.Sprintf("%d pages (%d KiB)", pages, bytes>>10)
-	}
-}
+func pagesString(pages uint32) string { return bundle.PagesString(pages) }
 
 // Close closes the idle instances and the compiled module; instances in use
 // are closed when their evaluation ends. Evaluate fails after Close.

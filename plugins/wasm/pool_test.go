@@ -19,7 +19,7 @@ func TestConcurrentEvaluations(t *testing.T) {
 		iters   = 40
 		pool    = 4
 	)
-	e := newEngine(t, Config{PoolSize: pool})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: pool}})
 	for _, m := range []struct {
 		name string
 		wasm func(testing.TB) []byte
@@ -60,7 +60,7 @@ func TestConcurrentEvaluations(t *testing.T) {
 
 // TestTrappedInstanceNotReused counts instantiations around a trap.
 func TestTrappedInstanceNotReused(t *testing.T) {
-	e := newEngine(t, Config{PoolSize: 1})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 1}})
 	ev := compile(t, e, newBundle("trap", conditional(trap), bundle.Sandbox{}))
 	count := func(want int64) {
 		t.Helper()
@@ -84,7 +84,7 @@ func TestTrappedInstanceNotReused(t *testing.T) {
 // TestPoolBound: with one instance busy in an infinite loop, another
 // evaluation waits and gives up when its context ends.
 func TestPoolBound(t *testing.T) {
-	e := newEngine(t, Config{PoolSize: 1})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 1}})
 	ev := compile(t, e, newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{Timeout: "300ms"}))
 	done := make(chan error, 1)
 	go func() {
@@ -106,7 +106,7 @@ func TestPoolBound(t *testing.T) {
 
 // TestCloseWhileEvaluating closes an evaluator with evaluations in flight.
 func TestCloseWhileEvaluating(t *testing.T) {
-	e := newEngine(t, Config{PoolSize: 4})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 4}})
 	ev, err := e.Compile(context.Background(), newBundle("c", cPolicy(t), bundle.Sandbox{}))
 	if err != nil {
 		t.Fatal(err)
