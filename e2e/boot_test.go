@@ -56,6 +56,19 @@ func storeBundle(t *testing.T, dir, tenant, name string, archive []byte) {
 	}
 }
 
+// storeDelete removes a bundle record from a stopped kernel's store.
+func storeDelete(t *testing.T, dir, tenant, name string) {
+	t.Helper()
+	st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), bbolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.Update(context.Background(), func(tx kernel.Tx) error { return tx.DeleteBundle(tenant, name) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // evalDecision dry-runs a step for an agent and returns the decision.
 func evalDecision(t *testing.T, base, agent string) (decision, rule, reason string) {
 	t.Helper()

@@ -241,7 +241,7 @@ func (h *Host) TenantMemory(tenant string) (reserved, ceiling int64) {
 // be activated is closed and its memory reservation released.
 func (h *Host) Discard(cb *kernel.CompiledBundle) {
 	if l, ok := cb.Handle.(*loaded); ok {
-		go l.close()
+		go h.retire(l)
 	}
 }
 
@@ -266,7 +266,7 @@ func (h *Host) Activate(tenant string, cb *kernel.CompiledBundle) {
 	delete(h.failed, key)
 	h.mu.Unlock()
 	if old != nil && old != l {
-		go old.close()
+		go h.retire(old)
 	}
 }
 
@@ -279,7 +279,22 @@ func (h *Host) Remove(tenant, name string) {
 	delete(h.failed, key)
 	h.mu.Unlock()
 	if old != nil {
-		go old.close()
+		go h.retire(old)
+	}
+}
+
+// cachePruner is implemented by engines that keep compiled artifacts on
+// disk (the wasm engine): PruneCache removes those no compiled bundle uses.
+type cachePruner interface{ PruneCache() error }
+
+// retire closes a revision that was replaced, removed or discarded (after
+// its last evaluation) and lets the engines drop what only it used.
+func (h *Host) retire(l *loaded) {
+	l.close()
+	for _, e := range h.engines {
+		if p, ok := e.(cachePruner); ok {
+			_ = p.PruneCache() // best effort: the cache is an optimisation
+		}
 	}
 }
 

@@ -1,15 +1,38 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/wasm"
 )
+
+// checkPrivateDir refuses a directory of the data dir (the data dir itself,
+// its wasm cache) that group or others may write, as the store file is
+// refused: whoever can write there can replace the store or plant machine
+// code the kernel runs. A missing directory is fine (it is created 0700).
+func checkPrivateDir(dir string) error {
+	fi, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("serve: %s is not a directory", dir)
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Errorf("serve: %s is writable by group or others (mode %04o): chmod 700 it", dir, perm)
+	}
+	return nil
+}
 
 // limitOptions are the serve flags of the kernel's ceilings on what a
 // bundle's manifest may ask for (bundle.Limits).
@@ -19,6 +42,7 @@ type limitOptions struct {
 	poolSize, maxPoolSize int
 	tenantMemory          byteSize
 	bundleLoadTimeout     time.Duration
+	cacheMax              byteSize
 }
 
 func limitFlags(o *limitOptions, fs *flag.FlagSet) {
@@ -31,6 +55,9 @@ func limitFlags(o *limitOptions, fs *flag.FlagSet) {
 	envSize("WICKET_WASM_MEMORY", &o.memory)
 	envSize("WICKET_WASM_MAX_MEMORY", &o.maxMemory)
 	envSize("WICKET_WASM_TENANT_MEMORY", &o.tenantMemory)
+	o.cacheMax = byteSize(wasm.DefaultCacheMaxBytes)
+	envSize("WICKET_WASM_CACHE_MAX", &o.cacheMax)
+	fs.Var(&o.cacheMax, "wasm-cache-max", "size cap of DATA/wasm-cache, the compiled wasm modules kept across restarts (WICKET_WASM_CACHE_MAX)")
 	fs.Var(&o.memory, "wasm-memory", "memory cap of a wasm instance whose manifest sets no sandbox.memory_pages, e.g. 16MiB (WICKET_WASM_MEMORY)")
 	fs.Var(&o.maxMemory, "wasm-max-memory", "largest memory cap a wasm bundle may ask for (WICKET_WASM_MAX_MEMORY)")
 	fs.IntVar(&o.poolSize, "wasm-pool-size", envInt("WICKET_WASM_POOL_SIZE", d.PoolSize), "instances per wasm bundle revision when its manifest sets no sandbox.pool_size (WICKET_WASM_POOL_SIZE)")
@@ -70,6 +97,8 @@ func (o *limitOptions) limits() (bundle.Limits, error) {
 		return bundle.Limits{}, usageError{"serve: --wasm-tenant-memory must be positive"}
 	case o.bundleLoadTimeout <= 0:
 		return bundle.Limits{}, usageError{"serve: --bundle-load-timeout must be positive"}
+	case o.cacheMax <= 0:
+		return bundle.Limits{}, usageError{"serve: --wasm-cache-max must be positive"}
 	}
 	l := bundle.Limits{Timeout: o.timeout, MaxTimeout: o.maxTimeout, MemoryPages: mem, MaxMemoryPages: maxMem,
 		PoolSize: o.poolSize, MaxPoolSize: o.maxPoolSize, TenantMemory: int64(o.tenantMemory)}

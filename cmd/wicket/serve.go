@@ -153,6 +153,11 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := os.MkdirAll(o.data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
+	for _, d := range []string{o.data, filepath.Join(o.data, "wasm-cache")} {
+		if err := checkPrivateDir(d); err != nil {
+			return err
+		}
+	}
 	st, err := bbolt.Open(filepath.Join(o.data, "wicket.db"), bbolt.Options{NoSync: o.noSync})
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
@@ -170,7 +175,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), Limits: limits})
+	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), CacheMaxBytes: int64(o.limits.cacheMax), Limits: limits})
 	defer wasmEngine.Close()
 	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards, Limits: limits},
 		rules.New(), rego.New(rego.WithLimits(limits)), wasmEngine)
@@ -179,6 +184,10 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	k.SetBundleLoader(host)
 	if err := k.LoadBundles(ctx); err != nil {
 		return err
+	}
+	// Everything stored is compiled: the cache keeps only what it uses.
+	if err := wasmEngine.PruneCache(); err != nil {
+		log.Warn("wasm cache", "err", err)
 	}
 	if man != nil {
 		if err := man.Apply(ctx, k); err != nil {

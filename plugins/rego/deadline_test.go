@@ -108,3 +108,9 @@ func TestTimeoutCeiling(t *testing.T) {
 		t.Errorf("%v does not match bundle.ErrCeiling", err)
 	}
 }
+
+// testEngine is an engine whose deadline tolerates a loaded machine under
+// the race detector (the deadline itself is tested above).
+func testEngine() *Engine {
+	return New(WithLimits(bundle.Limits{Timeout: time.Minute, MaxTimeout: time.Minute}))
+}

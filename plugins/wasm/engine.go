@@ -28,10 +28,14 @@ const PolicyFile = "policy.wasm"
 // the default limits.
 type Config struct {
 	// CacheDir is where compiled modules are cached across restarts (the
-	// kernel passes <data dir>/wasm-cache). It is created if missing, with
-	// mode 0700; an existing directory that group or others may write is
-	// refused. Empty means an in-memory cache only.
+	// kernel passes <data dir>/wasm-cache), one subdirectory per module
+	// (named by the SHA-256 of its bytes). It is created if missing, with
+	// mode 0700; a directory that group or others may write is refused (its
+	// files are machine code the kernel runs). Empty means an in-memory
+	// cache only. See [Engine.PruneCache].
 	CacheDir string
+	// CacheMaxBytes caps the size of CacheDir (zero: DefaultCacheMaxBytes).
+	CacheMaxBytes int64
 	// Limits are the kernel's ceilings and defaults for sandbox.timeout,
 	// sandbox.memory_pages and sandbox.pool_size (zero fields: the
 	// defaults of [bundle.Limits]). A bundle asking for more is refused.
@@ -51,14 +55,13 @@ type Config struct {
 type Engine struct {
 	cfg Config
 
-	mu       sync.Mutex // guards the fields below
-	cache    wazero.CompilationCache
-	runtimes map[uint32]*sandboxRuntime // by memory cap in pages
-	closed   bool
+	mu      sync.Mutex         // guards the fields below
+	modules map[string]*module // by digest, while an evaluator uses them
+	closed  bool
 }
 
 // sandboxRuntime is one wazero runtime, with WASI and the OPA host functions
-// instantiated, for one memory cap.
+// instantiated, for one module and memory cap.
 type sandboxRuntime struct {
 	r     wazero.Runtime
 	pages uint32
@@ -68,10 +71,13 @@ type sandboxRuntime struct {
 // is created on disk until the first Compile.
 func New(cfg Config) *Engine {
 	cfg.Limits = cfg.Limits.WithDefaults()
+	if cfg.CacheMaxBytes <= 0 {
+		cfg.CacheMaxBytes = DefaultCacheMaxBytes
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Engine{cfg: cfg, runtimes: map[uint32]*sandboxRuntime{}}
+	return &Engine{cfg: cfg, modules: map[string]*module{}}
 }
 
 // Name returns "wasm", the manifest engine this engine serves.
@@ -105,18 +111,26 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	if !ok {
 		return nil, fmt.Errorf("wasm: bundle has no %s", PolicyFile)
 	}
-	rt, err := e.runtime(ctx, sb.pages)
+	mod, err := e.acquire(bin)
 	if err != nil {
+		return nil, err
+	}
+	rt, err := e.runtime(ctx, mod, sb.pages)
+	if err != nil {
+		e.release(mod)
 		return nil, err
 	}
 	// Go modules take about a second to compile: use every CPU.
 	cctx := experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0))
 	cm, err := rt.r.CompileModule(cctx, bin)
+	e.compiled(mod)
 	if err != nil {
+		e.release(mod)
 		return nil, fmt.Errorf("wasm: compile %s: %w", PolicyFile, err)
 	}
 	ev := &evaluator{
 		engine: e,
+		mod:    mod,
 		rt:     rt,
 		cm:     cm,
 		sb:     sb,
@@ -132,6 +146,7 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	}
 	if err != nil {
 		_ = cm.Close(ctx)
+		e.release(mod)
 		return nil, err
 	}
 	// Prove the module starts (and, for OPA, that data.json and the
@@ -145,34 +160,23 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	return ev, nil
 }
 
-// runtime returns the wazero runtime for a memory cap, creating it (and the
-// shared compilation cache) on first use.
-func (e *Engine) runtime(ctx context.Context, pages uint32) (*sandboxRuntime, error) {
+// runtime returns mod's wazero runtime for a memory cap, creating it on
+// first use.
+func (e *Engine) runtime(ctx context.Context, mod *module, pages uint32) (*sandboxRuntime, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil, errors.New("wasm: engine closed")
 	}
-	if rt, ok := e.runtimes[pages]; ok {
+	if rt, ok := mod.runtimes[pages]; ok {
 		return rt, nil
-	}
-	if e.cache == nil {
-		if e.cfg.CacheDir == "" {
-			e.cache = wazero.NewCompilationCache()
-		} else {
-			c, err := wazero.NewCompilationCacheWithDir(e.cfg.CacheDir)
-			if err != nil {
-				return nil, fmt.Errorf("wasm: compilation cache %s: %w", e.cfg.CacheDir, err)
-			}
-			e.cache = c
-		}
 	}
 	// NewRuntimeConfig picks wazero's optimising compiler where it is
 	// supported (amd64, arm64) and the interpreter elsewhere.
 	rc := wazero.NewRuntimeConfig().
 		WithCloseOnContextDone(true).
 		WithMemoryLimitPages(pages).
-		WithCompilationCache(e.cache)
+		WithCompilationCache(mod.cache)
 	r := wazero.NewRuntimeWithConfig(ctx, rc)
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r); err != nil {
 		_ = r.Close(ctx)
@@ -183,12 +187,12 @@ func (e *Engine) runtime(ctx context.Context, pages uint32) (*sandboxRuntime, er
 		return nil, err
 	}
 	rt := &sandboxRuntime{r: r, pages: pages}
-	e.runtimes[pages] = rt
+	mod.runtimes[pages] = rt
 	return rt, nil
 }
 
-// Close releases every runtime and the in-memory compilation cache (the
-// disk cache stays). Evaluators compiled by e fail after Close. It is safe to
+// Close releases every runtime and in-memory compilation cache (the disk
+// cache stays). Evaluators compiled by e fail after Close. It is safe to
 // call more than once.
 func (e *Engine) Close() error {
 	e.mu.Lock()
@@ -197,18 +201,10 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	e.closed = true
-	ctx := context.Background()
 	var errs []error
-	for _, rt := range e.runtimes {
-		if err := rt.r.Close(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("wasm: close runtime (%d pages): %w", rt.pages, err))
-		}
+	for _, m := range e.modules {
+		errs = append(errs, m.close())
 	}
-	e.runtimes = nil
-	if e.cache != nil {
-		if err := e.cache.Close(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("wasm: close compilation cache: %w", err))
-		}
-	}
+	e.modules = nil
 	return errors.Join(errs...)
 }

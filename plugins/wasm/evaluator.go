@@ -50,6 +50,7 @@ func (e *callError) Unwrap() error { return e.err }
 // evaluator is one compiled bundle revision with its instance pool.
 type evaluator struct {
 	engine *Engine
+	mod    *module
 	rt     *sandboxRuntime
 	cm     wazero.CompiledModule
 	sb     *sandbox
@@ -61,8 +62,9 @@ type evaluator struct {
 	slots chan struct{}
 	idle  chan instance
 
-	closeOnce sync.Once
-	closed    atomic.Bool
+	closeOnce  sync.Once
+	finishOnce sync.Once
+	closed     atomic.Bool
 	// instances counts instantiations, for tests and diagnostics.
 	instances atomic.Int64
 }
@@ -119,6 +121,10 @@ func (ev *evaluator) acquire(ctx context.Context) (instance, error) {
 	case <-ctx.Done():
 		return nil, fmt.Errorf("wasm: waiting for a free instance: %w", ctx.Err())
 	}
+	if ev.closed.Load() { // closed while waiting: its module may be gone
+		ev.returnSlot()
+		return nil, errors.New("wasm: evaluator closed")
+	}
 	select {
 	case inst := <-ev.idle:
 		return inst, nil
@@ -126,7 +132,7 @@ func (ev *evaluator) acquire(ctx context.Context) (instance, error) {
 	}
 	inst, err := ev.instantiate(ctx)
 	if err != nil {
-		<-ev.slots
+		ev.returnSlot()
 		return nil, err
 	}
 	return inst, nil
@@ -143,13 +149,22 @@ func (ev *evaluator) release(inst instance) {
 			ev.drain()
 		}
 	}
+	ev.returnSlot()
+}
+
+// returnSlot gives back an instance slot; the last one of a closed
+// evaluator finishes it.
+func (ev *evaluator) returnSlot() {
 	<-ev.slots
+	if ev.closed.Load() && len(ev.slots) == 0 {
+		ev.finish()
+	}
 }
 
 // discard closes a failed instance; the next evaluation creates a fresh one.
 func (ev *evaluator) discard(inst instance) {
 	_ = inst.close(context.Background())
-	<-ev.slots
+	ev.returnSlot()
 }
 
 // instantiate creates one instance under the instantiation deadline.
@@ -255,11 +270,20 @@ func (ev *evaluator) Close() error {
 		ev.drain()
 		ctx := context.Background()
 		err = errors.Join(ev.drv.close(ctx), ev.cm.Close(ctx))
+		if len(ev.slots) == 0 {
+			ev.finish()
+		}
 		if err != nil {
 			err = fmt.Errorf("wasm: close %s@%s: %w", ev.ref.Name, ev.ref.Revision, err)
 		}
 	})
 	return err
+}
+
+// finish gives the module back to the engine once the evaluator is closed
+// and no instance is in use (its runtime may then be closed).
+func (ev *evaluator) finish() {
+	ev.finishOnce.Do(func() { ev.engine.release(ev.mod) })
 }
 
 // drain closes every idle instance.
