@@ -42,6 +42,22 @@ type Engine interface {
 	Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluator, error)
 }
 
+// tenantKey carries the tenant of a Compile to the engine.
+type tenantKey struct{}
+
+// WithTenant returns ctx carrying the tenant a bundle is compiled for. The
+// host sets it in Compile; engines that isolate tenants from each other
+// (plugins/worker) read it with [TenantFrom].
+func WithTenant(ctx context.Context, tenant string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, tenant)
+}
+
+// TenantFrom returns the tenant set by [WithTenant], or "" when none is.
+func TenantFrom(ctx context.Context) string {
+	t, _ := ctx.Value(tenantKey{}).(string)
+	return t
+}
+
 // Options configure a Host.
 type Options struct {
 	// DefaultPolicy applies to agents bound to no bundle: "allow" (default),
@@ -166,7 +182,7 @@ func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSour
 	if err := h.reserve(l); err != nil {
 		return nil, err
 	}
-	ev, err := h.CompileBundle(ctx, b)
+	ev, err := h.CompileBundle(WithTenant(ctx, tenant), b)
 	if err != nil {
 		h.release(l)
 		return nil, err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/plugins/wasm"
+	"github.com/wicket-run/wicket/plugins/worker"
 )
 
 // checkPrivateDir refuses a directory of the data dir (the data dir itself,
@@ -43,6 +44,8 @@ type limitOptions struct {
 	tenantMemory          byteSize
 	bundleLoadTimeout     time.Duration
 	cacheMax              byteSize
+	regoIsolation         string
+	regoMemory            byteSize
 }
 
 func limitFlags(o *limitOptions, fs *flag.FlagSet) {
@@ -63,6 +66,10 @@ func limitFlags(o *limitOptions, fs *flag.FlagSet) {
 	fs.IntVar(&o.poolSize, "wasm-pool-size", envInt("WICKET_WASM_POOL_SIZE", d.PoolSize), "instances per wasm bundle revision when its manifest sets no sandbox.pool_size (WICKET_WASM_POOL_SIZE)")
 	fs.IntVar(&o.maxPoolSize, "wasm-max-pool-size", envInt("WICKET_WASM_MAX_POOL_SIZE", d.MaxPoolSize), "largest sandbox.pool_size a wasm bundle may ask for (WICKET_WASM_MAX_POOL_SIZE)")
 	fs.Var(&o.tenantMemory, "wasm-tenant-memory", "most wasm memory one tenant's bundles may reserve together (memory cap × pool size of each) (WICKET_WASM_TENANT_MEMORY)")
+	fs.StringVar(&o.regoIsolation, "rego-isolation", envString("WICKET_REGO_ISOLATION", "process"), "process: evaluate each tenant's Rego in a worker process with --rego-memory; none: in the kernel (trusted policies only) (WICKET_REGO_ISOLATION)")
+	o.regoMemory = byteSize(worker.DefaultMemory)
+	envSize("WICKET_REGO_MEMORY", &o.regoMemory)
+	fs.Var(&o.regoMemory, "rego-memory", "memory cap of each tenant's Rego worker process (WICKET_REGO_MEMORY)")
 	fs.DurationVar(&o.bundleLoadTimeout, "bundle-load-timeout", envDuration("WICKET_BUNDLE_LOAD_TIMEOUT", 10*time.Second), "at boot, a stored bundle that does not compile within this is skipped (WICKET_BUNDLE_LOAD_TIMEOUT)")
 }
 
@@ -99,6 +106,8 @@ func (o *limitOptions) limits() (bundle.Limits, error) {
 		return bundle.Limits{}, usageError{"serve: --bundle-load-timeout must be positive"}
 	case o.cacheMax <= 0:
 		return bundle.Limits{}, usageError{"serve: --wasm-cache-max must be positive"}
+	case o.regoMemory < 32<<20:
+		return bundle.Limits{}, usageError{"serve: --rego-memory must be at least 32MiB (a worker needs about 20MiB to start)"}
 	}
 	l := bundle.Limits{Timeout: o.timeout, MaxTimeout: o.maxTimeout, MemoryPages: mem, MaxMemoryPages: maxMem,
 		PoolSize: o.poolSize, MaxPoolSize: o.maxPoolSize, TenantMemory: int64(o.tenantMemory)}

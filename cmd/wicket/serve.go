@@ -18,7 +18,6 @@ import (
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
-	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/server"
@@ -177,8 +176,13 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), CacheMaxBytes: int64(o.limits.cacheMax), Limits: limits})
 	defer wasmEngine.Close()
+	regoEng, closeRego, err := regoEngine(&o.limits, limits, log)
+	if err != nil {
+		return err
+	}
+	defer closeRego()
 	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards, Limits: limits},
-		rules.New(), rego.New(rego.WithLimits(limits)), wasmEngine)
+		rules.New(), regoEng, wasmEngine)
 	defer host.Close()
 	k.SetPolicy(host)
 	k.SetBundleLoader(host)
