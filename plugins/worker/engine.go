@@ -72,7 +72,7 @@ type Engine struct {
 
 	mu      sync.Mutex
 	tenants map[string]*slot
-	closed  bool
+	closed  atomic.Bool
 
 	// starts counts worker processes started, for tests and diagnostics.
 	starts atomic.Int64
@@ -134,7 +134,7 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 // Close kills every worker. Evaluators fail afterwards.
 func (e *Engine) Close() error {
 	e.mu.Lock()
-	e.closed = true
+	e.closed.Store(true)
 	slots := e.tenants
 	e.tenants = map[string]*slot{}
 	e.mu.Unlock()
@@ -163,7 +163,7 @@ func (e *Engine) Workers() int {
 func (e *Engine) slot(tenant string) (*slot, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.closed {
+	if e.closed.Load() {
 		return nil, fmt.Errorf("%s: engine closed", e.cfg.Name)
 	}
 	s := e.tenants[tenant]
@@ -192,6 +192,9 @@ func (s *slot) running(ctx context.Context) (*proc, error) {
 	defer s.mu.Unlock()
 	if s.cur != nil && !s.cur.exited() {
 		return s.cur, nil
+	}
+	if s.e.closed.Load() {
+		return nil, fmt.Errorf("%s: engine closed", s.e.cfg.Name)
 	}
 	p, err := s.e.start(ctx, s.tenant)
 	if err != nil {

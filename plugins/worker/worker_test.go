@@ -207,7 +207,8 @@ func TestMemoryBound(t *testing.T) {
 // worker (the worker survives); an evaluation that does not stop (here: a
 // grace period too short for the worker to answer) has its worker killed.
 func TestDeadline(t *testing.T) {
-	e := newEngine(t, worker.Config{Limits: bundle.Limits{Timeout: 200 * time.Millisecond, MaxTimeout: 2 * time.Second}})
+	// A long grace: only Rego's own deadline is under test here.
+	e := newEngine(t, worker.Config{Grace: time.Minute, Limits: bundle.Limits{Timeout: 200 * time.Millisecond, MaxTimeout: 2 * time.Second}})
 	cube := compile(t, e, "acme", regoBundle("cube", cubePolicy, ""))
 	_, err := cube.Evaluate(context.Background(), input("x", `{}`))
 	if err == nil || err.Error() != "rego: evaluate data.wicket.decision: timed out after 200ms" {
