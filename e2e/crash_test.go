@@ -25,7 +25,7 @@ var (
 )
 
 // wicketBinary builds cmd/wicket once per test binary.
-func wicketBinary(t *testing.T) string {
+func wicketBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "wicket-bin-")
