@@ -14,10 +14,13 @@ import (
 
 // Delivery is one webhook the kernel asks a Deliverer to send.
 type Delivery struct {
-	Tenant      string
-	AgentID     string
-	WebhookURL  string
-	Secret      string
+	Tenant     string
+	AgentID    string
+	WebhookURL string
+	Secret     string
+	// Signing is the agent's scheme (SigningV1 or SigningBody): how the
+	// webhook is signed.
+	Signing     string
 	ExecutionID string
 	DispatchID  string
 	Attempt     int
@@ -126,6 +129,16 @@ func (p DefaultPolicy) Decide(_ context.Context, _ *Agent, in *policy.Input) (Po
 	d.Reason = "kernel default policy: " + string(d.Decision)
 	d.RuleID = "kernel_default"
 	return PolicyResult{Decision: *d, Bundle: DefaultBundleRef}, nil
+}
+
+// CheckWritable commits an empty transaction: it fails when the store
+// cannot write (a read-only or full file system, an I/O error, a closed
+// store or an unreachable database), which reads alone would not show.
+func (k *Kernel) CheckWritable(ctx context.Context) error {
+	if err := k.store.Update(ctx, func(Tx) error { return nil }); err != nil {
+		return fmt.Errorf("store write check: %w", err)
+	}
+	return nil
 }
 
 // Kernel is the domain service. Create it with New, call Start to run the

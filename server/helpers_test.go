@@ -216,6 +216,8 @@ type envOpts struct {
 	loader kernel.BundleLoader
 	// noAgents skips registering the default agents.
 	noAgents bool
+	// store wraps the bbolt store the kernel uses (fault injection).
+	store func(kernel.Store) kernel.Store
 }
 
 func newEnv(t *testing.T, opt ...func(*envOpts)) *env {
@@ -235,7 +237,11 @@ func newEnv(t *testing.T, opt ...func(*envOpts)) *env {
 		t.Fatalf("open store: %v", err)
 	}
 	d := &recDeliverer{}
-	k, err := kernel.New(st, d, o.pol, o.kcfg)
+	var ks kernel.Store = st
+	if o.store != nil {
+		ks = o.store(st)
+	}
+	k, err := kernel.New(ks, d, o.pol, o.kcfg)
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
 	}
@@ -246,7 +252,12 @@ func newEnv(t *testing.T, opt ...func(*envOpts)) *env {
 		t.Fatalf("start kernel: %v", err)
 	}
 	srv := New(k, o.scfg)
-	ts := httptest.NewServer(srv.Handler())
+	// The server as `wicket serve` runs it: its timeouts, connection limit
+	// and idle eviction.
+	ts := httptest.NewUnstartedServer(srv.Handler())
+	ts.Config = srv.HTTPServer()
+	ts.Listener = srv.Listener(ts.Listener)
+	ts.Start()
 	e := &env{t: t, k: k, srv: srv, ts: ts, deliv: d}
 	t.Cleanup(func() {
 		ts.Close()
@@ -379,17 +390,31 @@ func (e *env) admin(method, path string, body any) resp {
 type agentReq struct {
 	agentID, secret string
 	lease           *kernel.Lease // nil: no dispatch headers
+	// body signs with the Rebuno body scheme instead of v1.
+	body bool
 }
 
 func (e *env) agent(a agentReq, method, path string, body any) resp {
 	e.t.Helper()
 	b := bodyBytes(e.t, body)
-	h := map[string]string{wire.HeaderAgentID: a.agentID, wire.HeaderSignature: wire.Sign([]byte(a.secret), b)}
+	h := map[string]string{wire.HeaderAgentID: a.agentID}
 	if a.lease != nil {
 		h[wire.HeaderDispatchID] = a.lease.DispatchID
 		h[wire.HeaderDispatchAttempt] = strconv.Itoa(a.lease.Attempt)
 	}
+	if a.body {
+		h[wire.HeaderSignature] = wire.Sign([]byte(a.secret), b)
+	} else {
+		h[wire.HeaderWicketSignature] = signV1(a.secret, method, path, h, b, time.Now())
+	}
 	return e.do(method, path, rawBody(b), h)
+}
+
+// signV1 is the v1 signature of a request to path (the target as sent)
+// with the dispatch headers in hdr, at time at.
+func signV1(secret, method, path string, hdr map[string]string, body []byte, at time.Time) string {
+	return wire.SignV1([]byte(secret), at, wire.SignedRequest{Method: method, Target: path,
+		DispatchID: hdr[wire.HeaderDispatchID], DispatchAttempt: hdr[wire.HeaderDispatchAttempt], Body: body})
 }
 
 // waitDelivery waits for the delivery of an execution's attempt.

@@ -94,11 +94,11 @@ func decisionView(d *kernel.StepDecision) wire.StepDecision {
 }
 
 func agentView(a *kernel.Agent) wire.Agent {
-	return wire.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Bundle: a.Bundle, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
+	return wire.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Bundle: a.Bundle, Signing: a.SigningScheme(), CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
 }
 
 func bundleView(b *kernel.BundleRecord) wire.Bundle {
-	return wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine,
+	return wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine, Owner: string(b.OwnedBy()),
 		Size: len(b.Archive), UpdatedAt: b.UpdatedAt}
 }
 
@@ -107,6 +107,7 @@ func approvalView(a *kernel.Approval) wire.Approval {
 		ID: a.ID, Tenant: a.Tenant, ExecutionID: a.ExecutionID, AgentID: a.AgentID, StepID: a.StepID, Kind: a.Kind,
 		Target: a.Target, Args: a.Args, RequestHash: a.RequestHash, Status: string(a.Status), Approvers: a.Approvers,
 		Message: a.Message, Reason: a.Reason, RuleID: a.RuleID, ExpiresAt: a.ExpiresAt, DecidedBy: a.DecidedBy,
+		DecidedByKey: a.DecidedByKey, DecidedByPrincipal: a.DecidedByPrincipal,
 		Rationale: a.Rationale, CreatedAt: a.CreatedAt, DecidedAt: a.DecidedAt,
 	}
 }

@@ -155,6 +155,36 @@ func TestBench(t *testing.T) {
 	}
 }
 
+func TestServeAdminKeyFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "key")
+	for _, tc := range []struct {
+		name, content string
+		args          []string
+		want          string
+	}{
+		{"both flags", "admin-key-0123456789\n", []string{"--admin-key", "admin-key-0123456789"}, "not both"},
+		{"empty file", "\n", nil, "is empty"},
+		{"two lines", "admin-key-0123456789\nsecond-line\n", nil, "more than one line"},
+		{"short key", "short\n", nil, "at least 16 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(key, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			args := append([]string{"serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--admin-key-file", key}, tc.args...)
+			_, _, err := runCmd(t, context.Background(), args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+	_, _, err := runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--admin-key-file", filepath.Join(dir, "missing"))
+	if err == nil || !strings.Contains(err.Error(), "--admin-key-file") {
+		t.Fatalf("a missing key file: %v", err)
+	}
+}
+
 // TestWebhookCIDRFlags: the flags repeat, the environment twins are
 // comma-separated, flags replace the environment, and a bad prefix is a
 // usage error.
@@ -194,5 +224,34 @@ func TestWebhookCIDRFlags(t *testing.T) {
 	_, _, err = runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--webhook-allow-cidr", "10.0.0.0/99")
 	if _, ok := err.(usageError); !ok || !strings.Contains(err.Error(), "--webhook-allow-cidr") {
 		t.Errorf("a bad prefix: %T %v, want a usage error naming the flag", err, err)
+	}
+}
+
+// TestSignatureToleranceFlag: the default is 300 s, WICKET_SIGNATURE_TOLERANCE
+// sets it, the flag overrides it, and a non-positive value is refused.
+func TestSignatureToleranceFlag(t *testing.T) {
+	parse := func(args ...string) serveOptions {
+		t.Helper()
+		var o serveOptions
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		serveFlags(&o, fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	if o := parse(); o.signatureTolerance != 300*time.Second {
+		t.Errorf("default %s", o.signatureTolerance)
+	}
+	t.Setenv("WICKET_SIGNATURE_TOLERANCE", "90s")
+	if o := parse(); o.signatureTolerance != 90*time.Second {
+		t.Errorf("from the environment: %s", o.signatureTolerance)
+	}
+	if o := parse("--signature-tolerance", "2m"); o.signatureTolerance != 2*time.Minute {
+		t.Errorf("flag: %s", o.signatureTolerance)
+	}
+	_, _, err := runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--signature-tolerance", "0s")
+	if _, ok := err.(usageError); !ok {
+		t.Errorf("zero tolerance: %T %v, want a usage error", err, err)
 	}
 }

@@ -75,7 +75,10 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	srv := server.New(k, server.Config{AdminKey: AdminKey})
 	srv.SetReady(true)
-	hs := httptest.NewServer(srv.Handler())
+	hs := httptest.NewUnstartedServer(srv.Handler())
+	hs.Config = srv.HTTPServer() // the limits `wicket serve` runs with
+	hs.Listener = srv.Listener(hs.Listener)
+	hs.Start()
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}
@@ -169,6 +172,9 @@ func BearerWithHeaders(base, key, method, path string, headers map[string]string
 func (e *Env) RegisterAgent(a *Agent, bundle string) {
 	e.T.Helper()
 	body := map[string]any{"id": a.ID, "webhook_url": a.WebhookURL(), "secret": string(a.Secret)}
+	if a.Signing != "" {
+		body["signing"] = a.Signing
+	}
 	if bundle != "" {
 		body["policy"] = bundle
 	}

@@ -554,7 +554,7 @@ func testEventConflict(t *testing.T, s kernel.Store) {
 
 func testAgents(t *testing.T, s kernel.Store) {
 	mk := func(id, url string) *kernel.Agent {
-		return &kernel.Agent{ID: id, Tenant: "t", WebhookURL: url, Secret: "s3cret-" + id, Bundle: "b", CreatedAt: t0, UpdatedAt: t0}
+		return &kernel.Agent{ID: id, Tenant: "t", WebhookURL: url, Secret: "s3cret-" + id, Bundle: "b", Signing: kernel.SigningV1, CreatedAt: t0, UpdatedAt: t0}
 	}
 	update(t, s, func(tx kernel.Tx) error {
 		for _, id := range []string{"b", "a", "c"} {
@@ -566,6 +566,7 @@ func testAgents(t *testing.T, s kernel.Store) {
 	})
 	moved := mk("b", "http://127.0.0.1:5002/b")
 	moved.UpdatedAt = at(time.Second)
+	moved.Signing = kernel.SigningBody
 	update(t, s, func(tx kernel.Tx) error {
 		if err := tx.PutAgent(moved); err != nil {
 			return fmt.Errorf("PutAgent: %w", err)
@@ -603,6 +604,7 @@ func testApprovals(t *testing.T, s kernel.Store) {
 	a2 := approval("t", "ap-2", time.Second, kernel.ApprovalGranted, time.Hour)
 	decided := at(time.Minute)
 	a2.DecidedBy, a2.Rationale, a2.DecidedAt = "alice", "ok", &decided
+	a2.DecidedByKey, a2.DecidedByPrincipal = "key_1", "admin"
 	a3 := approval("t", "ap-0", 2*time.Second, kernel.ApprovalPending, time.Hour) // newest, smallest id
 	update(t, s, func(tx kernel.Tx) error {
 		for _, a := range []*kernel.Approval{a1, a2, a3} {
@@ -642,9 +644,14 @@ func testApprovals(t *testing.T, s kernel.Store) {
 }
 
 func testBundles(t *testing.T, s kernel.Store) {
+	// The owner round-trips (a new revision may change it).
 	mk := func(tenant, name, rev string) *kernel.BundleRecord {
+		owner := kernel.BundleOwnerTenant
+		if rev == "2" {
+			owner = kernel.BundleOwnerAdmin
+		}
 		return &kernel.BundleRecord{
-			Tenant: tenant, Name: name, Revision: rev, Digest: strings.Repeat("0", 64), Engine: "rego",
+			Tenant: tenant, Name: name, Revision: rev, Digest: strings.Repeat("0", 64), Engine: "rego", Owner: owner,
 			Archive: []byte{0x1f, 0x8b, 0, 1, 2, 255, 0, byte(len(name))}, UpdatedAt: t0,
 		}
 	}

@@ -30,7 +30,7 @@ type module struct {
 	digest    string
 	dir       string // "" for an in-memory cache
 	cache     wazero.CompilationCache
-	runtimes  map[uint32]*sandboxRuntime
+	runtimes  map[runtimeKey]*sandboxRuntime
 	refs      int
 	compiling int // compilations under way, whose entry must not be touched
 }
@@ -62,7 +62,7 @@ func (e *Engine) acquire(bin []byte) (*module, error) {
 	}
 	m := e.modules[digest]
 	if m == nil {
-		m = &module{digest: digest, runtimes: map[uint32]*sandboxRuntime{}}
+		m = &module{digest: digest, runtimes: map[runtimeKey]*sandboxRuntime{}}
 		if e.cfg.CacheDir == "" {
 			m.cache = wazero.NewCompilationCache()
 		} else {

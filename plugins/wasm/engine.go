@@ -47,6 +47,10 @@ type Config struct {
 	// Logger receives module output of bundles granted "stdout" (nil:
 	// slog.Default()).
 	Logger *slog.Logger
+	// Builtins implements the builtins OPA-compiled modules import from
+	// their host (sprintf, time.*, …): rego.NewHostBuiltins(). Nil refuses
+	// every OPA module that imports one.
+	Builtins HostBuiltins
 }
 
 // Engine compiles wasm bundles into evaluators. It is safe for concurrent
@@ -65,6 +69,17 @@ type Engine struct {
 type sandboxRuntime struct {
 	r     wazero.Runtime
 	pages uint32
+	// fuel is set for the runtime of modules that check their deadline
+	// themselves (instrumentFuel): it compiles without wazero's per-loop
+	// check.
+	fuel bool
+}
+
+// runtimeKey identifies a runtime: a memory cap, and whether its modules
+// are instrumented with fuel.
+type runtimeKey struct {
+	pages uint32
+	fuel  bool
 }
 
 // New returns an engine configured by cfg, with defaults filled in. Nothing
@@ -111,11 +126,20 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	if !ok {
 		return nil, fmt.Errorf("wasm: bundle has no %s", PolicyFile)
 	}
+	// The cache entry is named by the module as uploaded.
 	mod, err := e.acquire(bin)
 	if err != nil {
 		return nil, err
 	}
-	rt, err := e.runtime(ctx, mod, sb.pages)
+	// OPA modules check their own deadline (instrument.go); the others, and
+	// an OPA module that cannot be instrumented, rely on wazero's check.
+	fuel := false
+	if sb.abi == bundle.ABIOPA {
+		if fueled, err := instrumentFuel(bin); err == nil {
+			bin, fuel = fueled, true
+		}
+	}
+	rt, err := e.runtime(ctx, mod, sb.pages, fuel)
 	if err != nil {
 		e.release(mod)
 		return nil, err
@@ -142,7 +166,7 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	case bundle.ABIWicket:
 		ev.drv, err = newWicketDriver(cm)
 	case bundle.ABIOPA:
-		ev.drv, err = newOPADriver(ctx, rt, cm, b)
+		ev.drv, err = newOPADriver(ctx, rt, cm, b, e.cfg.Builtins, sb)
 	}
 	if err != nil {
 		_ = cm.Close(ctx)
@@ -160,21 +184,22 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	return ev, nil
 }
 
-// runtime returns mod's wazero runtime for a memory cap, creating it on
-// first use.
-func (e *Engine) runtime(ctx context.Context, mod *module, pages uint32) (*sandboxRuntime, error) {
+// runtime returns mod's wazero runtime for a memory cap and kind of
+// deadline check, creating it on first use.
+func (e *Engine) runtime(ctx context.Context, mod *module, pages uint32, fuel bool) (*sandboxRuntime, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil, errors.New("wasm: engine closed")
 	}
-	if rt, ok := mod.runtimes[pages]; ok {
+	key := runtimeKey{pages: pages, fuel: fuel}
+	if rt, ok := mod.runtimes[key]; ok {
 		return rt, nil
 	}
 	// NewRuntimeConfig picks wazero's optimising compiler where it is
 	// supported (amd64, arm64) and the interpreter elsewhere.
 	rc := wazero.NewRuntimeConfig().
-		WithCloseOnContextDone(true).
+		WithCloseOnContextDone(!fuel).
 		WithMemoryLimitPages(pages).
 		WithCompilationCache(mod.cache)
 	r := wazero.NewRuntimeWithConfig(ctx, rc)
@@ -186,8 +211,8 @@ func (e *Engine) runtime(ctx context.Context, mod *module, pages uint32) (*sandb
 		_ = r.Close(ctx)
 		return nil, err
 	}
-	rt := &sandboxRuntime{r: r, pages: pages}
-	mod.runtimes[pages] = rt
+	rt := &sandboxRuntime{r: r, pages: pages, fuel: fuel}
+	mod.runtimes[key] = rt
 	return rt, nil
 }
 
