@@ -54,6 +54,9 @@ type process struct {
 	boot time.Duration
 }
 
+// stderrString is what the process has logged so far.
+func (p *process) stderrString() string { return p.stderr.String() }
+
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

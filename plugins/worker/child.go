@@ -70,7 +70,7 @@ func Serve(in io.Reader, out io.Writer, newEngine func(bundle.Limits) plugins.En
 		switch req.Op {
 		case opCompile:
 			// Compile in line: requests after it may use the bundle.
-			b, err := bundle.LoadFiles(req.Files)
+			b, err := bundle.Options{Name: req.Name}.LoadFiles(req.Files)
 			var ev policy.Evaluator
 			if err == nil {
 				ev, err = eng.Compile(context.Background(), b)

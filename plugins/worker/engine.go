@@ -123,7 +123,7 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	if err != nil {
 		return nil, err
 	}
-	ev := &evaluator{slot: s, files: b.Files, timeout: eff.Timeout}
+	ev := &evaluator{slot: s, name: b.Manifest.Name, files: b.Files, timeout: eff.Timeout}
 	if _, _, err := ev.ensure(ctx); err != nil {
 		s.unref()
 		return nil, err
@@ -432,6 +432,7 @@ func (p *proc) call(ctx context.Context, req request, deadline time.Duration, wh
 // compiled again in the next worker when that one is replaced.
 type evaluator struct {
 	slot    *slot
+	name    string
 	files   map[string][]byte
 	timeout time.Duration
 
@@ -455,7 +456,7 @@ func (ev *evaluator) ensure(ctx context.Context) (*proc, uint64, error) {
 	if p == ev.proc {
 		return p, ev.id, nil
 	}
-	res, err := p.call(ctx, request{Op: opCompile, Files: ev.files}, ev.slot.e.cfg.CompileTimeout, "compilation")
+	res, err := p.call(ctx, request{Op: opCompile, Files: ev.files, Name: ev.name}, ev.slot.e.cfg.CompileTimeout, "compilation")
 	if err != nil {
 		return nil, 0, err
 	}

@@ -37,6 +37,7 @@ type request struct {
 	Limits *bundle.Limits    `json:"limits,omitempty"`
 	Memory int64             `json:"memory,omitempty"`
 	Files  map[string][]byte `json:"files,omitempty"`
+	Name   string            `json:"name,omitempty"` // of a bundle without bundle.yaml
 	Bundle uint64            `json:"bundle,omitempty"`
 	Input  json.RawMessage   `json:"input,omitempty"`
 }
