@@ -143,9 +143,13 @@ func (ev *evaluator) acquire(ctx context.Context) (instance, error) {
 		return nil, errors.New("wasm: evaluator closed")
 	}
 	select {
-	case ev.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("wasm: waiting for a free instance: %w", ctx.Err())
+	case ev.slots <- struct{}{}: // a free slot is taken even if ctx is done
+	default:
+		select {
+		case ev.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wasm: waiting for a free instance: %w", ctx.Err())
+		}
 	}
 	if ev.closed.Load() { // closed while waiting: its module may be gone
 		ev.returnSlot()

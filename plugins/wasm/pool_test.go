@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,7 +92,12 @@ func TestPoolBound(t *testing.T) {
 		_, err := ev.Evaluate(context.Background(), bigInput())
 		done <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // let the loop take the only instance
+	for deadline := time.Now().Add(30 * time.Second); len(ev.slots) == 0; { // the loop holds the only instance
+		if time.Now().After(deadline) {
+			t.Fatal("the looping evaluation never took the instance")
+		}
+		time.Sleep(time.Millisecond) // polling
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	_, err := ev.Evaluate(ctx, smallInput())
@@ -112,6 +118,7 @@ func TestCloseWhileEvaluating(t *testing.T) {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
+	var done atomic.Int64
 	for range 8 {
 		wg.Add(1)
 		go func() {
@@ -123,10 +130,16 @@ func TestCloseWhileEvaluating(t *testing.T) {
 					}
 					return
 				}
+				done.Add(1)
 			}
 		}()
 	}
-	time.Sleep(5 * time.Millisecond)
+	for deadline := time.Now().Add(30 * time.Second); done.Load() < 8; { // evaluations are under way
+		if time.Now().After(deadline) {
+			t.Fatal("no evaluations finished")
+		}
+		time.Sleep(time.Millisecond) // polling
+	}
 	if err := ev.Close(); err != nil {
 		t.Fatal(err)
 	}
