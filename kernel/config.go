@@ -40,6 +40,9 @@ type Config struct {
 	ApprovalExpiry ApprovalExpiry
 	// ReapInterval is how often expired leases and approvals are looked for (default 1s).
 	ReapInterval time.Duration
+	// BundleLoadTimeout bounds the compilation of one stored bundle at
+	// boot; a bundle that takes longer is skipped (default 10s).
+	BundleLoadTimeout time.Duration
 	// Logger receives operational logs (default slog.Default()).
 	Logger *slog.Logger
 	// Clock is the kernel's time: event times, lease and approval expiry,
@@ -72,6 +75,7 @@ func DefaultConfig() Config {
 		ApprovalTimeout:     24 * time.Hour,
 		ApprovalExpiry:      ExpireFailsExecution,
 		ReapInterval:        time.Second,
+		BundleLoadTimeout:   10 * time.Second,
 	}
 }
 
@@ -104,6 +108,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReapInterval == 0 {
 		c.ReapInterval = d.ReapInterval
+	}
+	if c.BundleLoadTimeout <= 0 {
+		c.BundleLoadTimeout = d.BundleLoadTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -79,6 +79,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return approvalCommand(ctx, args[1:], stdout, stderr)
 	case "tenant":
 		return tenantCommand(ctx, args[1:], stdout, stderr)
+	case workerCommand:
+		return policyWorker(os.Stdin, os.Stdout)
 	case "mcp-proxy":
 		return mcpProxyCommand(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":

@@ -42,6 +42,7 @@ type serveOptions struct {
 	maxBody                       int64
 	noSync                        bool
 	readyFile                     string
+	limits                        limitOptions
 	bundleKeyFile, bundleKeyID    string
 	bundleKeyAlg                  string
 	net                           netLimits
@@ -149,6 +150,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
+	limitFlags(&o.limits, fs)
 }
 
 func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
@@ -223,6 +225,10 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if o.adminKey != "" && len(o.adminKey) < 16 {
 		return usageError{"serve: --admin-key must be at least 16 bytes"}
 	}
+	limits, err := o.limits.limits()
+	if err != nil {
+		return err
+	}
 
 	guard, err := webhookGuard(o)
 	if err != nil {
@@ -230,6 +236,11 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if err := os.MkdirAll(o.data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
+	}
+	for _, d := range []string{o.data, filepath.Join(o.data, "wasm-cache")} {
+		if err := checkPrivateDir(d); err != nil {
+			return err
+		}
 	}
 	st, err := bbolt.Open(filepath.Join(o.data, "wicket.db"), bbolt.Options{NoSync: o.noSync})
 	if err != nil {
@@ -245,19 +256,27 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
-		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: kernel.ApprovalExpiry(o.approvalExpiry), Logger: log}
+		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: kernel.ApprovalExpiry(o.approvalExpiry), Logger: log,
+		BundleLoadTimeout: o.limits.bundleLoadTimeout}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
 	sender := webhook.New(webhook.WithGuard(guard))
 	defer sender.Close()
-	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), Builtins: rego.NewHostBuiltins()})
+	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), CacheMaxBytes: int64(o.limits.cacheMax), Limits: limits,
+		Builtins: rego.NewHostBuiltins()})
 	defer wasmEngine.Close()
 	kernelKeys, err := o.verificationKeys()
 	if err != nil {
 		return err
 	}
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, BundleKeys: kernelKeys}, rules.New(), rego.New(), wasmEngine)
+	regoEng, closeRego, err := regoEngine(&o.limits, limits, log)
+	if err != nil {
+		return err
+	}
+	defer closeRego()
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Limits: limits, BundleKeys: kernelKeys},
+		rules.New(), regoEng, wasmEngine)
 	defer host.Close()
 	k, err := kernel.New(st, sender, host, host, cfg)
 	if err != nil {
@@ -265,6 +284,10 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if err := k.LoadBundles(ctx); err != nil {
 		return err
+	}
+	// Everything stored is compiled: the cache keeps only what it uses.
+	if err := wasmEngine.PruneCache(); err != nil {
+		log.Warn("wasm cache", "err", err)
 	}
 	if man != nil {
 		if err := man.Apply(ctx, k); err != nil {
