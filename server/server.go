@@ -37,6 +37,9 @@ type Config struct {
 	MaxBundleBytes int64
 	// Logger receives request logs (debug) and internal errors (default slog.Default()).
 	Logger *slog.Logger
+	// Backup serves GET /v0/store/backup (admin), a hot copy of the store;
+	// nil answers 503.
+	Backup Backuper
 }
 
 // Server serves the /v0 API of one kernel. Create it with New; it is safe
@@ -179,6 +182,8 @@ func (s *Server) routes() *mux.Router {
 		{"POST", "/v0/tenants/{tenant}/keys", classTenants, s.createKey, routeOpts{}},
 		{"GET", "/v0/tenants/{tenant}/keys", classTenants, s.listKeys, routeOpts{}},
 		{"DELETE", "/v0/tenants/{tenant}/keys/{key_id}", classTenants, s.deleteKey, routeOpts{}},
+
+		{"GET", "/v0/store/backup", classTenants, s.backup, routeOpts{}},
 	} {
 		r.Handle(x.path, s.wrap(x.path, x.cl, x.o, x.h)).Methods(x.method)
 	}

@@ -110,17 +110,8 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var o serveOptions
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	serveFlags(&o, fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("serve: unexpected argument %q", fs.Arg(0))}
-	}
+// serve runs the kernel until ctx ends.
+func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error {
 	log, err := newLogger(o.logLevel, o.logFormat, stderr)
 	if err != nil {
 		return err
@@ -180,7 +171,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		log.Info("manifest applied", "path", o.config, "agents", len(man.Agents), "tenants", len(man.Tenants), "bundles", len(man.Bundles))
 	}
 
-	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log})
+	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log, Backup: st})
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}
