@@ -204,8 +204,8 @@ func init() {
 				}
 			}},
 		&command{name: "policy eval", client: true, max: 0, summary: "evaluate a step: offline against a bundle, or by a running kernel",
-			help: `Offline (--bundle): evaluates one policy input document (--input, a file or -
-for stdin) against a bundle directory or .tar.gz and prints the decision.
+			help: `Offline (--bundle): evaluates one policy input document (docs/policy.md;
+--input, a file or - for stdin) against a bundle directory or .tar.gz and prints the decision.
 
 Online (--agent): asks the kernel at --url what the agent's policy (its tenant's
 guards, its bundle, the kernel default) decides for one step, without recording
