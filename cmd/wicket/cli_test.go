@@ -96,6 +96,7 @@ func TestRefusedConnection(t *testing.T) {
 	// Arguments that get each command as far as its first request.
 	extra := map[string][]string{
 		"bundle put":   {b},
+		"agent policy": {"a", filepath.Join(b, "rules.yaml")},
 		"policy eval":  {"--agent", "a"},
 		"store backup": {"-o", filepath.Join(dir, "backup.db")},
 	}

@@ -330,6 +330,18 @@ func init() {
 					return printAnswer(stdout, a, err)
 				}
 			}},
+		&command{name: "agent policy", args: "ID RULES.yaml", min: 2, max: 2, client: true, summary: "store native YAML rules as the agent's own bundle and bind it",
+			help: "RULES.yaml (- for stdin) holds native rules (default_action, rules); they become\nthe bundle agent-<id> and the agent is bound to it (POST /v0/policies/{id}).\nRules that do not load are refused whole (400) and the running ones stay.",
+			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
+				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
+					rules, err := readInput(pos[1])
+					if err != nil {
+						return err
+					}
+					p, err := o.client().SetPolicy(ctx, pos[0], string(rules))
+					return printAnswer(stdout, p, err)
+				}
+			}},
 		&command{name: "agent rm", args: "ID", min: 1, max: 1, client: true, summary: "remove an agent (its executions stay readable)",
 			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
 				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {

@@ -186,6 +186,19 @@ func TestBundleCommands(t *testing.T) {
 		t.Fatalf("policy eval with --agent and --bundle: exit %d", code)
 	}
 
+	// agent policy: native rules from a file, bound at once.
+	rules := filepath.Join(dir, "rules.yaml")
+	_ = os.WriteFile(rules, []byte("default_action: deny\n"), 0o600)
+	if out, errOut, code := cli("agent", "policy", "ops", rules); code != 0 || !strings.Contains(out, `"name": "agent-ops"`) {
+		t.Fatalf("agent policy: %d %s %s", code, out, errOut)
+	}
+	if out, _, _ := cli("policy", "eval", "--agent", "ops", "--target", "ls"); !strings.Contains(out, `"decision": "deny"`) {
+		t.Fatalf("after agent policy: %s", out)
+	}
+	if out, errOut, code := cli("agent", "put", "ops", "--webhook-url", "http://127.0.0.1:9/", "--secret", "ops-secret-0123456789", "--bundle", "gate"); code != 0 {
+		t.Fatalf("agent put: %s %s", out, errOut)
+	}
+
 	// bundle rm --data on a running kernel: refused, the lock is held.
 	if _, errOut, code := runExit(t, "bundle", "rm", "gate", "--data", s.data); code != 1 || !strings.Contains(errOut, "stop it first") {
 		t.Fatalf("bundle rm --data on a running kernel: %d %s", code, errOut)
