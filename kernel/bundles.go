@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 )
@@ -59,7 +60,9 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	if err != nil {
 		return nil, err
 	}
+	t0 := time.Now()
 	cb, err := l.Compile(ctx, tenant, src)
+	compiled := time.Since(t0)
 	if err != nil {
 		var ke *Error
 		if errors.As(err, &ke) {
@@ -82,6 +85,8 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, err
 	}
 	l.Activate(tenant, cb)
+	k.log.Info("bundle activated", "tenant", tenant, "bundle", br.Name, "revision", br.Revision, "engine", br.Engine,
+		"sha256", br.Digest, "compile", compiled.Round(time.Microsecond).String())
 	return br, nil
 }
 
@@ -210,14 +215,21 @@ func (k *Kernel) LoadBundles(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list bundles: %w", err)
 	}
+	start := time.Now()
+	failed := 0
 	for _, rec := range recs {
+		t0 := time.Now()
 		cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive})
 		if err != nil {
-			k.log.Error("stored bundle does not load", "tenant", rec.Tenant, "bundle", rec.Name, "err", err)
+			failed++
+			k.log.Error("stored bundle does not load: its agents fail closed until it is replaced", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "err", err)
 			continue
 		}
 		k.bundles.Activate(rec.Tenant, cb)
+		k.log.Info("bundle loaded", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "engine", rec.Engine,
+			"compile", time.Since(t0).Round(time.Microsecond).String())
 	}
+	k.log.Info("bundles loaded", "bundles", len(recs)-failed, "failed", failed, "took", time.Since(start).Round(time.Millisecond).String())
 	return nil
 }
 

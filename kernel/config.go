@@ -39,6 +39,8 @@ type Config struct {
 	ReapInterval time.Duration
 	// Logger receives operational logs (default slog.Default()).
 	Logger *slog.Logger
+	// Observer receives measurements (nil: none are taken).
+	Observer Observer
 }
 
 // DefaultConfig returns the defaults `wicket serve` documents (README,

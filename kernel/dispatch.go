@@ -289,6 +289,9 @@ func (k *Kernel) deliver(ctx context.Context, d Delivery) {
 	dctx, cancel := context.WithTimeout(ctx, k.cfg.DispatchTimeout)
 	derr := k.deliv.Deliver(dctx, d)
 	cancel()
+	if obs := k.cfg.Observer; obs != nil {
+		obs.Delivery(derr)
+	}
 	if ctx.Err() != nil {
 		return // shutting down: the lease (or recoverDeliveries) takes over
 	}
@@ -326,7 +329,8 @@ func (k *Kernel) deliver(ctx context.Context, d Delivery) {
 		k.log.Error("record delivery", "execution_id", d.ExecutionID, "err", err)
 	}
 	if derr != nil {
-		k.log.Debug("delivery failed", "execution_id", d.ExecutionID, "attempt", d.Attempt, "err", derr)
+		k.log.Warn("delivery failed", "tenant", d.Tenant, "agent", d.AgentID, "execution_id", d.ExecutionID,
+			"dispatch_id", d.DispatchID, "attempt", d.Attempt, "err", derr)
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 )
 
 func TestAgents(t *testing.T) {
-	e := newEnv(t, func(o *envOpts) { o.noAgents = true })
+	e := newEnv(t, func(o *envOpts) { o.noAgents = true; o.loader = &fakeLoader{} })
 	const secret = "agent-secret-0123456789"
 	r := e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "webhook_url": "http://127.0.0.1:9/w", "secret": secret}).
 		want(t, http.StatusCreated)
@@ -23,6 +23,19 @@ func TestAgents(t *testing.T) {
 	if a.ID != "writer" || a.Tenant != "default" || a.WebhookURL != "http://127.0.0.1:9/w" || a.Bundle != "" {
 		t.Fatalf("agent %+v", a)
 	}
+	// A binding to a bundle that does not exist is refused when it is made.
+	r = e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "webhook_url": "http://127.0.0.1:9/w2", "policy": "research"})
+	r.wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	if !strings.Contains(string(r.body), `bundle \"research\" does not exist`) {
+		t.Fatalf("refused binding: %s", r.body)
+	}
+	e.do("PUT", "/v0/bundles/research", rawBody(`{"engine":"rules","files":{"rules.yaml":"default_action: deny\n"}}`),
+		map[string]string{"Authorization": "Bearer " + testAdminKey, "Content-Type": "application/json"}).want(t, http.StatusOK)
+	// A bundle of another tenant is no more there.
+	e.admin("POST", "/v0/tenants", map[string]any{"id": "other"}).want(t, http.StatusCreated)
+	e.do("PUT", "/v0/bundles/theirs?tenant=other", rawBody(`{"engine":"rules","files":{"rules.yaml":"default_action: deny\n"}}`),
+		map[string]string{"Authorization": "Bearer " + testAdminKey, "Content-Type": "application/json"}).want(t, http.StatusOK)
+	e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "policy": "theirs"}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 	// An update without a secret keeps it, and binds a policy.
 	e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "webhook_url": "http://127.0.0.1:9/w2", "policy": "research"}).
 		want(t, http.StatusOK).decode(t, &a)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/wicket-run/wicket/internal/metrics"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/server/wire"
 )
@@ -40,6 +41,15 @@ type Config struct {
 	// Backup serves GET /v0/store/backup (admin), a hot copy of the store;
 	// nil answers 503.
 	Backup Backuper
+	// Metrics receives the server's measurements and serves /metrics (nil:
+	// a registry of the server's own).
+	Metrics *metrics.Metrics
+	// MetricsKey, when set, is the bearer key GET /metrics requires (the
+	// admin key is accepted too); empty leaves /metrics open.
+	MetricsKey string
+	// MetricsElsewhere takes /metrics off the API's router: the caller
+	// serves MetricsHandler on a listener of its own.
+	MetricsElsewhere bool
 }
 
 // Server serves the /v0 API of one kernel. Create it with New; it is safe
@@ -52,7 +62,7 @@ type Server struct {
 	router    *mux.Router
 	handler   http.Handler
 	ready     atomic.Bool
-	metrics   *metrics
+	metrics   *metrics.Metrics
 	deltas    *hub
 	// heartbeat is the SSE heartbeat interval (SSEHeartbeat; tests shorten it).
 	heartbeat time.Duration
@@ -76,13 +86,28 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 		k:         k,
 		cfg:       cfg,
 		log:       cfg.Logger,
-		metrics:   newMetrics(),
+		metrics:   cfg.Metrics,
 		deltas:    newHub(),
 		heartbeat: SSEHeartbeat,
 		closing:   make(chan struct{}),
 	}
 	if cfg.AdminKey != "" {
 		s.adminHash = sha256Sum(cfg.AdminKey)
+	}
+	if s.metrics == nil {
+		s.metrics = metrics.New()
+	}
+	for _, g := range []struct {
+		name, help string
+		fn         func() float64
+	}{
+		{"wicket_ready", "Whether the server reports ready.", func() float64 { return boolFloat(s.ready.Load()) }},
+		{"wicket_event_streams", "Open event streams (SSE).", func() float64 { return float64(s.deltas.count()) }},
+		{"wicket_deliveries_in_flight", "Webhook deliveries holding a delivery slot.", func() float64 { return float64(k.DeliveriesInFlight()) }},
+	} {
+		if err := s.metrics.GaugeFunc(g.name, g.help, g.fn); err != nil {
+			s.log.Warn("metric not registered", "name", g.name, "err", err)
+		}
 	}
 	s.ready.Store(true)
 	s.router = s.routes()
@@ -143,7 +168,6 @@ func (s *Server) routes() *mux.Router {
 	for _, x := range []rt{
 		{"GET", "/v0/health", classOpen, s.health, routeOpts{}},
 		{"GET", "/v0/ready", classOpen, s.readyz, routeOpts{}},
-		{"GET", "/metrics", classOpen, s.metricsz, routeOpts{}},
 
 		{"POST", "/v0/executions", classClient, s.createExecution, routeOpts{}},
 		{"GET", "/v0/executions", classClient, s.listExecutions, routeOpts{}},
@@ -186,6 +210,15 @@ func (s *Server) routes() *mux.Router {
 		{"GET", "/v0/store/backup", classTenants, s.backup, routeOpts{}},
 	} {
 		r.Handle(x.path, s.wrap(x.path, x.cl, x.o, x.h)).Methods(x.method)
+	}
+	if !s.cfg.MetricsElsewhere {
+		mh := s.metricsHandler()
+		r.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if rec, ok := w.(*recorder); ok {
+				rec.route = "/metrics"
+			}
+			mh.ServeHTTP(w, req)
+		})).Methods("GET")
 	}
 	return r
 }
@@ -276,9 +309,9 @@ func (s *Server) readyz(*call) (int, any, error) {
 	return http.StatusOK, wire.Status{Status: "ready"}, nil
 }
 
-func (s *Server) metricsz(c *call) (int, any, error) {
-	c.w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	c.w.WriteHeader(http.StatusOK)
-	s.metrics.write(c.w, s.ready.Load(), s.deltas.count(), s.k.DeliveriesInFlight())
-	return 0, nil, nil
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/wicket-run/wicket/internal/manifest"
+	"github.com/wicket-run/wicket/internal/metrics"
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
@@ -36,6 +37,7 @@ type serveOptions struct {
 	maxBody                       int64
 	noSync                        bool
 	readyFile                     string
+	metricsAddr, metricsKey       string
 }
 
 func envString(name, def string) string {
@@ -79,6 +81,8 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.StringVar(&o.logFormat, "log-format", envString("WICKET_LOG_FORMAT", "text"), "text or json (WICKET_LOG_FORMAT)")
 	fs.Int64Var(&o.maxBody, "max-body", int64(envInt("WICKET_MAX_BODY", 1<<20)), "largest request body in bytes (WICKET_MAX_BODY)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", envString("WICKET_METRICS_ADDR", ""), "serve /metrics on this address instead of the API's (WICKET_METRICS_ADDR)")
+	fs.StringVar(&o.metricsKey, "metrics-key", envString("WICKET_METRICS_KEY", ""), "bearer key /metrics requires; the admin key works too (WICKET_METRICS_KEY; empty: /metrics is open)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
 }
 
@@ -138,14 +142,22 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	if err := os.MkdirAll(o.data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
-	st, err := bbolt.Open(filepath.Join(o.data, "wicket.db"), bbolt.Options{NoSync: o.noSync})
+	reg := metrics.New()
+	t0 := time.Now()
+	st, err := bbolt.Open(storePath(o.data), bbolt.Options{NoSync: o.noSync, OnCommit: reg.Commit})
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
 	defer st.Close()
+	var size int64
+	if fi, err := os.Stat(st.Path()); err == nil {
+		size = fi.Size()
+	}
+	log.Info("store opened", "path", st.Path(), "size", bytesString(size), "schema", bbolt.SchemaVersion, "fsync", !o.noSync,
+		"took", time.Since(t0).Round(time.Millisecond).String())
 
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
-		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log}
+		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log, Observer: reg}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
@@ -170,8 +182,15 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		}
 		log.Info("manifest applied", "path", o.config, "agents", len(man.Agents), "tenants", len(man.Tenants), "bundles", len(man.Bundles))
 	}
+	if err := checkDefaultPolicy(ctx, k, o.defaultPolicy, log); err != nil {
+		return err
+	}
 
-	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log, Backup: st})
+	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log, Backup: st,
+		Metrics: reg, MetricsKey: o.metricsKey, MetricsElsewhere: o.metricsAddr != ""})
+	if err := reg.PendingApprovals(k.PendingApprovals); err != nil {
+		return err
+	}
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}
@@ -185,16 +204,28 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		return err
 	}
 	srv.SetReady(true)
-	log.Info("wicket serving", "addr", ln.Addr().String(), "data", o.data, "version", version, "fsync", !o.noSync)
+	log.Info("wicket serving", "version", version, "data", o.data, "auth", keysConfigured)
 	if o.readyFile != "" {
 		if err := os.WriteFile(o.readyFile, []byte(ln.Addr().String()), 0o600); err != nil {
 			return fmt.Errorf("write ready file: %w", err)
 		}
 	}
-	fmt.Fprintf(stdout, "wicket listening on http://%s\n", ln.Addr())
+	log.Info("listening on", "url", "http://"+ln.Addr().String())
 
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
+	if o.metricsAddr != "" {
+		mln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("listen %s (metrics): %w", o.metricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", srv.MetricsHandler())
+		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+		defer ms.Close()
+		go func() { errc <- ms.Serve(mln) }()
+		log.Info("metrics listening on", "url", "http://"+mln.Addr().String()+"/metrics")
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -216,3 +247,30 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 
 // discardLogger drops every record (bench output stays readable).
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// checkDefaultPolicy refuses a --default-policy that names a bundle the
+// default tenant does not hold (it would deny every step of every unbound
+// agent), and warns about each tenant that lacks it: the name is looked up
+// in the agent's own tenant.
+func checkDefaultPolicy(ctx context.Context, k *kernel.Kernel, name string, log *slog.Logger) error {
+	switch name {
+	case "", "allow", "deny":
+		return nil
+	}
+	if !kernel.ValidBundleName(name) {
+		return usagef("--default-policy %q: want allow, deny or a bundle name", name)
+	}
+	if _, err := k.GetBundle(ctx, kernel.DefaultTenant, name); err != nil {
+		return fmt.Errorf("--default-policy %q names no bundle of the default tenant: upload it first (wicket bundle put, or the manifest's bundles): %w", name, err)
+	}
+	ts, err := k.ListTenants(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if _, err := k.GetBundle(ctx, t.ID, name); err != nil {
+			log.Warn("the default policy bundle is missing from a tenant: its unbound agents fail closed", "tenant", t.ID, "bundle", name)
+		}
+	}
+	return nil
+}

@@ -14,10 +14,11 @@ const module = "github.com/wicket-run/wicket"
 // owners maps a dependency prefix to the only package allowed to import it
 // directly (test files excepted).
 var owners = map[string][]string{
-	"go.etcd.io/bbolt":                 {module + "/store/bbolt"},
-	"github.com/open-policy-agent/opa": {module + "/plugins/rego"},
-	"github.com/tetratelabs/wazero":    {module + "/plugins/wasm"},
-	"github.com/gorilla/mux":           {module + "/server"},
+	"go.etcd.io/bbolt":                    {module + "/store/bbolt"},
+	"github.com/open-policy-agent/opa":    {module + "/plugins/rego"},
+	"github.com/tetratelabs/wazero":       {module + "/plugins/wasm"},
+	"github.com/gorilla/mux":              {module + "/server"},
+	"github.com/prometheus/client_golang": {module + "/internal/metrics"},
 }
 
 func TestImportRules(t *testing.T) {

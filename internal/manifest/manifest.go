@@ -221,25 +221,31 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 			return fmt.Errorf("bundles[%d] (%s): %w", i, b.Path, err)
 		}
 	}
-	for _, a := range m.Agents {
+	for i, a := range m.Agents {
+		where := fmt.Sprintf("agents[%d] (%s)", i, a.ID)
 		ag := kernel.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Secret: a.Secret, Bundle: a.Bundle}
-		if a.Policy != "" || a.PolicyFile != "" {
-			ag.Bundle = kernel.AgentPolicyBundle(a.ID)
-		}
-		if _, err := k.PutAgent(ctx, ag); err != nil {
-			return fmt.Errorf("agent %s: %w", a.ID, err)
-		}
 		rules := []byte(a.Policy)
 		if a.PolicyFile != "" {
-			p := m.resolve(a.PolicyFile)
 			var err error
-			if rules, err = os.ReadFile(p); err != nil {
-				return fmt.Errorf("agent %s: policy_file: %w", a.ID, err)
+			if rules, err = os.ReadFile(m.resolve(a.PolicyFile)); err != nil {
+				return fmt.Errorf("%s: policy_file: %w", where, err)
 			}
+		}
+		if a.Policy != "" || a.PolicyFile != "" {
+			// SetAgentPolicy stores the rules bundle and binds the agent to
+			// it; until then a new agent is bound to nothing and an existing
+			// one keeps its binding (nothing is served during provisioning).
+			ag.Bundle = ""
+			if old, err := k.Agent(ctx, a.Tenant, a.ID); err == nil {
+				ag.Bundle = old.Bundle
+			}
+		}
+		if _, err := k.PutAgent(ctx, ag); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
 		}
 		if len(rules) > 0 {
 			if _, err := k.SetAgentPolicy(ctx, a.Tenant, a.ID, rules); err != nil {
-				return fmt.Errorf("agent %s: policy: %w", a.ID, err)
+				return fmt.Errorf("%s: policy: %w", where, err)
 			}
 		}
 	}

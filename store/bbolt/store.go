@@ -54,6 +54,10 @@ type Options struct {
 	// (zero: DefaultGatherWindow; negative: never wait). Without it, N
 	// steady writers split into two alternating half-size batches.
 	GatherWindow time.Duration
+	// OnCommit, when set, is called by the writer after each commit with
+	// the time the commit took (write and fsync) and the number of Update
+	// functions it carried. It must be quick: the writer waits for it.
+	OnCommit func(took time.Duration, updates int)
 	// ReadOnly opens an existing file for reading only, under a shared lock
 	// (a running kernel's exclusive lock excludes it): Update fails, nothing
 	// is migrated, and a file of another schema version is refused. For
@@ -93,6 +97,7 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 	readOnly  bool // Options.ReadOnly: no writer runs
+	onCommit  func(time.Duration, int)
 
 	waiting atomic.Int64  // Updates waiting for the writer to take them
 	commits atomic.Uint64 // committed write transactions
@@ -164,6 +169,7 @@ func Open(path string, opts Options) (*Store, error) {
 		path:     path,
 		maxBatch: opts.MaxBatch,
 		gather:   opts.GatherWindow,
+		onCommit: opts.OnCommit,
 		reqs:     make(chan *request),
 		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),
