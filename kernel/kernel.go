@@ -162,9 +162,10 @@ func (k *Kernel) Start(ctx context.Context) error {
 	k.runMu.Lock()
 	k.runCtx = ctx
 	k.runMu.Unlock()
-	k.wg.Add(2)
+	k.wg.Add(3)
 	go func() { defer k.wg.Done(); k.dispatchLoop(ctx) }()
 	go func() { defer k.wg.Done(); k.reapLoop(ctx) }()
+	go func() { defer k.wg.Done(); k.retentionLoop(ctx) }()
 	return nil
 }
 

@@ -75,6 +75,17 @@ func (t *observedTx) PutExecution(e *Execution) error {
 	return nil
 }
 
+func (t *observedTx) DeleteExecution(tenant, id string) (PurgeStats, error) {
+	st, err := t.Tx.DeleteExecution(tenant, id)
+	if err == nil {
+		if t.o.execTo == nil {
+			t.o.execTo = map[string]ExecStatus{}
+		}
+		t.o.execTo[tenant+"\x00"+id] = "" // deleted
+	}
+	return st, err
+}
+
 func (t *observedTx) Approval(tenant, id string) (*Approval, error) {
 	a, err := t.Tx.Approval(tenant, id)
 	if err == nil {

@@ -72,8 +72,11 @@ type BundleRecord struct {
 
 // Tenant is an isolated namespace.
 type Tenant struct {
-	ID        string    `json:"id"`
-	Guards    []string  `json:"guards,omitempty"`
+	ID     string   `json:"id"`
+	Guards []string `json:"guards,omitempty"`
+	// Retention overrides Config.Retention for the tenant's executions: a
+	// Go duration ("720h"); "0s" keeps them forever; "" follows the kernel.
+	Retention string    `json:"retention,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -175,6 +178,13 @@ type Tx interface {
 	DeleteBundle(tenant, name string) error
 
 	PutCounter(tenant, key string, value []byte) error
+
+	// DeleteExecution deletes an execution and everything stored under it:
+	// its index entries, events, steps, occurrence counters, the approvals
+	// its steps asked for, and the counters whose key starts with
+	// ExecCounterPrefix(id). It reports what it deleted; a missing
+	// execution is ErrNotFound. Retention calls it for terminal executions.
+	DeleteExecution(tenant, id string) (PurgeStats, error)
 
 	PutTenant(t *Tenant) error
 	PutAPIKey(k *APIKey) error

@@ -164,7 +164,7 @@ func (s *Server) createTenant(c *call) (int, any, error) {
 			return 0, nil, errorf(kernel.CodeValidation, "guard bundle name %q is invalid", g)
 		}
 	}
-	t, err := s.k.CreateTenant(c.ctx, kernel.Tenant{ID: req.ID, Guards: req.Guards})
+	t, err := s.k.CreateTenant(c.ctx, kernel.Tenant{ID: req.ID, Guards: req.Guards, Retention: req.Retention})
 	if err != nil {
 		return 0, nil, err
 	}

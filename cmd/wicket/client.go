@@ -396,8 +396,9 @@ func init() {
 		&command{name: "tenant create", args: "ID", min: 1, max: 1, client: true, summary: "create a tenant",
 			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
 				guards := fs.String("guards", "", "comma-separated guard bundles")
+				retention := fs.String("retention", "", "how long its terminal executions are kept (e.g. 720h; 0s forever; default: the kernel's --retention)")
 				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
-					req := wire.TenantRequest{ID: pos[0]}
+					req := wire.TenantRequest{ID: pos[0], Retention: *retention}
 					if *guards != "" {
 						req.Guards = strings.Split(*guards, ",")
 					}

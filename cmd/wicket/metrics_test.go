@@ -13,8 +13,10 @@ import (
 	"time"
 
 	"github.com/wicket-run/wicket/internal/testkit"
+	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/sdk/client"
 	"github.com/wicket-run/wicket/server/wire"
+	"github.com/wicket-run/wicket/store/bbolt"
 )
 
 // scrape reads /metrics and returns each sample ("name{labels}") and its
@@ -220,3 +222,54 @@ func TestMetricsListenerAndKey(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestServeRetention: serve --retention deletes the terminal executions
+// that ended before it (seeded old into the store), keeps the others, and
+// counts what it removed in wicket_retention_deleted_total.
+func TestServeRetention(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	st, err := bbolt.Open(storePath(data), bbolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-48 * time.Hour).UTC()
+	ids := []string{"01960000-0000-7000-8000-000000000001", "01960000-0000-7000-8000-000000000002", "01960000-0000-7000-8000-000000000003"}
+	err = st.Update(t.Context(), func(tx kernel.Tx) error {
+		for i, id := range ids {
+			status := kernel.ExecCompleted
+			if i == 2 {
+				status = kernel.ExecBlocked // old but not over: kept
+			}
+			if err := tx.PutExecution(&kernel.Execution{ID: id, Tenant: kernel.DefaultTenant, AgentID: "a", Status: status, LastSeq: 1, CreatedAt: old, UpdatedAt: old}); err != nil {
+				return err
+			}
+			if err := tx.AppendEvent(kernel.DefaultTenant, kernel.Event{ExecutionID: id, Seq: 1, Type: kernel.EvExecutionCreated, Time: old, Payload: []byte("{}")}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	st.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startServe(t, "--data", data, "--retention", "24h", "--retention-interval", "50ms")
+	m := waitMetric(t, s.url, `wicket_retention_deleted_total{kind="executions"}`, func(v float64) bool { return v == 2 })
+	if m[`wicket_retention_deleted_total{kind="events"}`] != 2 || m[`wicket_executions{status="completed"}`] != 0 || m[`wicket_executions{status="blocked"}`] != 1 {
+		t.Errorf("after retention: events %v, completed %v, blocked %v", m[`wicket_retention_deleted_total{kind="events"}`],
+			m[`wicket_executions{status="completed"}`], m[`wicket_executions{status="blocked"}`])
+	}
+	c := client.New(s.url)
+	if _, err := c.GetExecution(t.Context(), ids[0]); !client.IsCode(err, wire.CodeNotFound) {
+		t.Errorf("a deleted execution: %v", err)
+	}
+	if _, err := c.GetExecution(t.Context(), ids[2]); err != nil {
+		t.Errorf("the blocked one: %v", err)
+	}
+	if !strings.Contains(s.stderr.String(), "retention deleted executions") {
+		t.Errorf("no retention log line")
+	}
+	if _, _, code := runExit(t, "serve", "--data", t.TempDir(), "--retention", "10s"); code != 2 {
+		t.Errorf("--retention 10s: exit %d, want 2", code)
+	}
+}

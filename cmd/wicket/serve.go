@@ -38,6 +38,7 @@ type serveOptions struct {
 	noSync                        bool
 	readyFile                     string
 	metricsAddr, metricsKey       string
+	retention, retentionInterval  time.Duration
 }
 
 func envString(name, def string) string {
@@ -81,6 +82,8 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.StringVar(&o.logFormat, "log-format", envString("WICKET_LOG_FORMAT", "text"), "text or json (WICKET_LOG_FORMAT)")
 	fs.Int64Var(&o.maxBody, "max-body", int64(envInt("WICKET_MAX_BODY", 1<<20)), "largest request body in bytes (WICKET_MAX_BODY)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.DurationVar(&o.retention, "retention", envDuration("WICKET_RETENTION", 0), "delete terminal executions (with their events, steps, approvals, counters) this long after they end; 0 keeps them (WICKET_RETENTION; a tenant's retention overrides it)")
+	fs.DurationVar(&o.retentionInterval, "retention-interval", envDuration("WICKET_RETENTION_INTERVAL", d.RetentionInterval), "time between retention passes (WICKET_RETENTION_INTERVAL)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", envString("WICKET_METRICS_ADDR", ""), "serve /metrics on this address instead of the API's (WICKET_METRICS_ADDR)")
 	fs.StringVar(&o.metricsKey, "metrics-key", envString("WICKET_METRICS_KEY", ""), "bearer key /metrics requires; the admin key works too (WICKET_METRICS_KEY; empty: /metrics is open)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
@@ -157,7 +160,8 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		"took", time.Since(t0).Round(time.Millisecond).String())
 
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
-		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log, Observer: reg}
+		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log, Observer: reg,
+		Retention: o.retention, RetentionInterval: o.retentionInterval}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
@@ -198,6 +202,13 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
+	var mln net.Listener
+	if o.metricsAddr != "" {
+		if mln, err = net.Listen("tcp", o.metricsAddr); err != nil {
+			ln.Close()
+			return fmt.Errorf("listen %s (metrics): %w", o.metricsAddr, err)
+		}
+	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	hs.RegisterOnShutdown(srv.CloseStreams) // SSE clients reconnect with Last-Event-ID
 	if err := k.Start(ctx); err != nil {
@@ -214,11 +225,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 
 	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
-	if o.metricsAddr != "" {
-		mln, err := net.Listen("tcp", o.metricsAddr)
-		if err != nil {
-			return fmt.Errorf("listen %s (metrics): %w", o.metricsAddr, err)
-		}
+	if mln != nil {
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", srv.MetricsHandler())
 		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}

@@ -62,6 +62,9 @@ type Tenant struct {
 	ID     string   `yaml:"id"`
 	Keys   []Key    `yaml:"keys"`
 	Guards []string `yaml:"guards"`
+	// Retention overrides serve --retention for the tenant ("720h"; "0s"
+	// keeps its executions forever).
+	Retention string `yaml:"retention"`
 }
 
 // Key is an API key given in the manifest.
@@ -139,6 +142,9 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 		if !kernel.ValidID(t.ID) {
 			return nil, fmt.Errorf("%s: id %q is invalid", where, t.ID)
 		}
+		if err := kernel.ValidRetention(t.Retention); err != nil {
+			return nil, fmt.Errorf("%s (%s).retention: %w", where, t.ID, err)
+		}
 		for j := range t.Keys {
 			k := &t.Keys[j]
 			kw := fmt.Sprintf("%s (%s).keys[%d]", where, t.ID, j)
@@ -202,7 +208,7 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 	for _, t := range m.Tenants {
 		if t.ID != kernel.DefaultTenant {
-			if err := k.UpsertTenant(ctx, kernel.Tenant{ID: t.ID, Guards: t.Guards}); err != nil {
+			if err := k.UpsertTenant(ctx, kernel.Tenant{ID: t.ID, Guards: t.Guards, Retention: t.Retention}); err != nil {
 				return fmt.Errorf("tenant %s: %w", t.ID, err)
 			}
 		}

@@ -412,12 +412,16 @@ type ResolveApprovalRequest struct {
 type TenantRequest struct {
 	ID     string   `json:"id"`
 	Guards []string `json:"guards,omitempty"`
+	// Retention is how long the tenant's terminal executions are kept
+	// (a Go duration such as "720h"; "0s" forever; omitted: the kernel's).
+	Retention string `json:"retention,omitempty"`
 }
 
 // Tenant is a tenant as the API shows it.
 type Tenant struct {
 	ID        string    `json:"id"`
 	Guards    []string  `json:"guards,omitempty"`
+	Retention string    `json:"retention,omitempty"`
 	CreatedAt time.Time `json:"created_at,omitzero"`
 }
 
