@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -63,6 +64,29 @@ func waitMetric(t *testing.T, url, sample string, cond func(float64) bool) map[s
 	}
 }
 
+// waitAll polls /metrics until every sample has its value, and fails
+// naming those that do not when the deadline passes.
+func waitAll(t *testing.T, url string, want map[string]float64) map[string]float64 {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		m := scrape(t, url)
+		var off []string
+		for sample, v := range want {
+			if m[sample] != v {
+				off = append(off, fmt.Sprintf("%s = %v, want %v", sample, m[sample], v))
+			}
+		}
+		if len(off) == 0 {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics did not move:\n%s", strings.Join(off, "\n"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // TestMetricsFamilies runs a real kernel and checks that each family moves
 // when the matching thing happens: executions by status, step decisions
 // and evaluation time by engine, deliveries acked and failed, approvals
@@ -110,8 +134,8 @@ func TestMetricsFamilies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m1 := waitMetric(t, s.url, "wicket_approvals_pending", func(v float64) bool { return v == 1 })
-	for sample, want := range map[string]float64{
+	waitAll(t, s.url, map[string]float64{
+		"wicket_approvals_pending":                                                1,
 		"wicket_executions_created_total":                                         1,
 		`wicket_executions{status="blocked"}`:                                     1,
 		`wicket_step_decisions_total{decision="allow",engine="rules"}`:            1,
@@ -120,11 +144,7 @@ func TestMetricsFamilies(t *testing.T) {
 		`wicket_policy_eval_seconds_count{engine="rules"}`:                        3,
 		`wicket_deliveries_total{result="acked"}`:                                 1,
 		`wicket_step_submissions_total{decision="denied"}`:                        1,
-	} {
-		if m1[sample] != want {
-			t.Errorf("%s = %v, want %v", sample, m1[sample], want)
-		}
-	}
+	})
 	// The oldest pending approval ages.
 	waitMetric(t, s.url, "wicket_approvals_pending_oldest_age_seconds", func(v float64) bool { return v > 0.01 })
 	as, err := c.Approvals(ctx, "pending")
@@ -134,19 +154,15 @@ func TestMetricsFamilies(t *testing.T) {
 	if _, err := c.Grant(ctx, as[0].ID, wire.ResolveApprovalRequest{DecidedBy: "ops"}); err != nil {
 		t.Fatal(err)
 	}
-	m2 := waitMetric(t, s.url, `wicket_executions_finished_total{status="completed"}`, func(v float64) bool { return v == 1 })
-	for sample, want := range map[string]float64{
+	m2 := waitAll(t, s.url, map[string]float64{
+		`wicket_executions_finished_total{status="completed"}`:  1,
 		"wicket_approvals_pending":                              0,
 		`wicket_approval_wait_seconds_count{outcome="granted"}`: 1,
 		`wicket_executions{status="completed"}`:                 1,
 		`wicket_executions{status="blocked"}`:                   0,
 		`wicket_executions{status="running"}`:                   0,
 		`wicket_deliveries_total{result="acked"}`:               2,
-	} {
-		if m2[sample] != want {
-			t.Errorf("%s = %v, want %v", sample, m2[sample], want)
-		}
-	}
+	})
 	if m2["wicket_store_commit_seconds_count"] <= m0["wicket_store_commit_seconds_count"] || m2["wicket_store_updates_per_commit_count"] == 0 {
 		t.Errorf("store commits did not move: %v → %v", m0["wicket_store_commit_seconds_count"], m2["wicket_store_commit_seconds_count"])
 	}

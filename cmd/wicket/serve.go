@@ -12,10 +12,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/wicket-run/wicket/internal/manifest"
 	"github.com/wicket-run/wicket/internal/metrics"
+	"github.com/wicket-run/wicket/internal/netguard"
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
@@ -39,6 +41,42 @@ type serveOptions struct {
 	readyFile                     string
 	metricsAddr, metricsKey       string
 	retention, retentionInterval  time.Duration
+	webhookAllow, webhookDeny     stringList
+}
+
+// stringList is a repeatable flag whose environment twin is a
+// comma-separated list; flags given on the command line replace the
+// environment's values.
+type stringList struct {
+	vals    []string
+	fromEnv bool
+}
+
+func (l *stringList) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(l.vals, ",")
+}
+
+// Set appends one value (or several, comma-separated).
+func (l *stringList) Set(v string) error {
+	if l.fromEnv {
+		l.vals, l.fromEnv = nil, false
+	}
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			l.vals = append(l.vals, s)
+		}
+	}
+	return nil
+}
+
+func envList(name string) stringList {
+	var l stringList
+	_ = l.Set(os.Getenv(name))
+	l.fromEnv = true
+	return l
 }
 
 func envString(name, def string) string {
@@ -86,6 +124,9 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.DurationVar(&o.retentionInterval, "retention-interval", envDuration("WICKET_RETENTION_INTERVAL", d.RetentionInterval), "time between retention passes (WICKET_RETENTION_INTERVAL)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", envString("WICKET_METRICS_ADDR", ""), "serve /metrics on this address instead of the API's (WICKET_METRICS_ADDR)")
 	fs.StringVar(&o.metricsKey, "metrics-key", envString("WICKET_METRICS_KEY", ""), "bearer key /metrics requires; the admin key works too (WICKET_METRICS_KEY; empty: /metrics is open)")
+	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
+	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
+	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
 }
 
@@ -142,6 +183,10 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		return usageError{"serve: --admin-key must be at least 16 bytes"}
 	}
 
+	guard, err := webhookGuard(*o)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(o.data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
@@ -159,13 +204,20 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	log.Info("store opened", "path", st.Path(), "size", bytesString(size), "schema", bbolt.SchemaVersion, "fsync", !o.noSync,
 		"took", time.Since(t0).Round(time.Millisecond).String())
 
+	// The kernel's own address is a forbidden webhook destination from the
+	// start (the manifest registers agents before the listener opens);
+	// SetSelf is called again with the bound address below.
+	if self, err := net.ResolveTCPAddr("tcp", o.addr); err == nil && self.Port != 0 {
+		guard.SetSelf(self)
+	}
+
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
 		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log, Observer: reg,
 		Retention: o.retention, RetentionInterval: o.retentionInterval}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
-	sender := webhook.New()
+	sender := webhook.New(webhook.WithGuard(guard))
 	defer sender.Close()
 	k, err := kernel.New(st, sender, nil, cfg)
 	if err != nil {
@@ -208,6 +260,9 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 			ln.Close()
 			return fmt.Errorf("listen %s (metrics): %w", o.metricsAddr, err)
 		}
+		guard.SetSelf(ln.Addr(), mln.Addr())
+	} else {
+		guard.SetSelf(ln.Addr())
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	hs.RegisterOnShutdown(srv.CloseStreams) // SSE clients reconnect with Last-Event-ID
@@ -250,6 +305,20 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// webhookGuard builds the webhook address policy from the
+// --webhook-allow-cidr and --webhook-deny-cidr flags.
+func webhookGuard(o serveOptions) (*netguard.Guard, error) {
+	allow, err := netguard.ParsePrefixes(o.webhookAllow.vals)
+	if err != nil {
+		return nil, usageError{"--webhook-allow-cidr: " + err.Error()}
+	}
+	deny, err := netguard.ParsePrefixes(o.webhookDeny.vals)
+	if err != nil {
+		return nil, usageError{"--webhook-deny-cidr: " + err.Error()}
+	}
+	return netguard.New(netguard.Options{Allow: allow, Deny: deny, What: "--webhook-deny-cidr"}), nil
 }
 
 // discardLogger drops every record (bench output stays readable).
