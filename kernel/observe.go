@@ -75,15 +75,15 @@ func (t *observedTx) PutExecution(e *Execution) error {
 	return nil
 }
 
-func (t *observedTx) DeleteExecution(tenant, id string) (PurgeStats, error) {
-	st, err := t.Tx.DeleteExecution(tenant, id)
-	if err == nil {
+func (t *observedTx) DeleteExecution(tenant, id string, limit int) (PurgeStats, bool, error) {
+	st, done, err := t.Tx.DeleteExecution(tenant, id, limit)
+	if err == nil && done {
 		if t.o.execTo == nil {
 			t.o.execTo = map[string]ExecStatus{}
 		}
 		t.o.execTo[tenant+"\x00"+id] = "" // deleted
 	}
-	return st, err
+	return st, done, err
 }
 
 func (t *observedTx) Approval(tenant, id string) (*Approval, error) {

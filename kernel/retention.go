@@ -156,27 +156,19 @@ func (k *Kernel) purgeTenant(ctx context.Context, tenant string, cutoff time.Tim
 		if err != nil {
 			return total, err
 		}
-		var doomed []*Execution
+		var doomed []string
 		for _, e := range got {
 			if e.Status.Terminal() && !e.UpdatedAt.After(cutoff) {
-				doomed = append(doomed, e)
+				doomed = append(doomed, e.ID)
 			}
 		}
 		for len(doomed) > 0 {
-			// One transaction: whole executions, up to RetentionBatch
-			// records by their event count (at least one execution).
-			n, budget := 0, 0
-			for n < len(doomed) && (n == 0 || budget+int(doomed[n].LastSeq)*2 <= k.cfg.RetentionBatch) {
-				budget += int(doomed[n].LastSeq) * 2
-				n++
-			}
-			batch := doomed[:n]
-			doomed = doomed[n:]
-			st, err := k.purgeBatch(ctx, tenant, batch, cutoff)
+			st, n, err := k.purgeBatch(ctx, tenant, doomed, cutoff)
 			total.Add(st)
 			if err != nil {
 				return total, err
 			}
+			doomed = doomed[n:]
 			// Let step traffic have the writer.
 			select {
 			case <-ctx.Done():
@@ -191,43 +183,60 @@ func (k *Kernel) purgeTenant(ctx context.Context, tenant string, cutoff time.Tim
 	}
 }
 
-// purgeBatch deletes a batch of executions in one transaction, each only if
-// it is still terminal and ended before cutoff.
-func (k *Kernel) purgeBatch(ctx context.Context, tenant string, batch []*Execution, cutoff time.Time) (PurgeStats, error) {
+// purgeBatch deletes, in one transaction of at most RetentionBatch
+// records, the executions of ids that are still terminal and ended before
+// cutoff, in order, and returns what it deleted and how many of ids it is
+// done with (an execution too large for what is left of the batch is
+// begun, and finished by the next calls).
+func (k *Kernel) purgeBatch(ctx context.Context, tenant string, ids []string, cutoff time.Time) (PurgeStats, int, error) {
 	var st PurgeStats
+	var n int
 	_, err := k.update(ctx, func(r *rec) error {
-		st = PurgeStats{}
-		for _, c := range batch {
-			e, err := r.tx.Execution(tenant, c.ID)
+		st, n = PurgeStats{}, 0
+		budget := k.cfg.RetentionBatch
+		for n < len(ids) && budget > 0 {
+			e, err := r.tx.Execution(tenant, ids[n])
 			if errors.Is(err, ErrNotFound) {
+				n++
 				continue
 			}
 			if err != nil {
 				return err
 			}
 			if !e.Status.Terminal() || e.UpdatedAt.After(cutoff) {
+				n++
 				continue
 			}
-			d, err := r.tx.DeleteExecution(tenant, e.ID)
+			d, done, err := r.tx.DeleteExecution(tenant, e.ID, budget)
 			if err != nil {
 				return err
 			}
 			st.Add(d)
+			budget -= d.records()
+			if !done {
+				if d.records() == 0 {
+					return fmt.Errorf("delete execution %s: nothing deleted with a budget of %d", e.ID, budget)
+				}
+				break
+			}
+			n++
 		}
 		return nil
 	})
 	if err != nil {
-		return PurgeStats{}, err
+		return PurgeStats{}, 0, err
 	}
-	if st.records() > 0 {
+	if st.Executions > 0 {
 		k.ownersMu.Lock()
-		for _, e := range batch {
-			delete(k.owners, e.ID)
+		for _, id := range ids[:n] {
+			delete(k.owners, id)
 		}
 		k.ownersMu.Unlock()
+	}
+	if st.records() > 0 {
 		if obs := k.cfg.Observer; obs != nil {
 			obs.Purged(st)
 		}
 	}
-	return st, nil
+	return st, n, nil
 }

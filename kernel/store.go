@@ -180,11 +180,16 @@ type Tx interface {
 	PutCounter(tenant, key string, value []byte) error
 
 	// DeleteExecution deletes an execution and everything stored under it:
-	// its index entries, events, steps, occurrence counters, the approvals
-	// its steps asked for, and the counters whose key starts with
-	// ExecCounterPrefix(id). It reports what it deleted; a missing
-	// execution is ErrNotFound. Retention calls it for terminal executions.
-	DeleteExecution(tenant, id string) (PurgeStats, error)
+	// its steps, the approvals they asked for, occurrence counters, the
+	// counters whose key starts with ExecCounterPrefix(id), its events and
+	// finally the execution with its index entries. It deletes at most
+	// limit records (limit <= 0: all), the events newest first with LastSeq
+	// following them (the log left is always 1..LastSeq), and reports what
+	// it deleted and whether the execution itself is gone (done); call it
+	// again, in another transaction, until it is. An implementation may
+	// delete more than limit. A missing execution is ErrNotFound.
+	// Retention calls it for terminal executions.
+	DeleteExecution(tenant, id string, limit int) (st PurgeStats, done bool, err error)
 
 	PutTenant(t *Tenant) error
 	PutAPIKey(k *APIKey) error

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,11 @@ func testDeleteExecution(t *testing.T, s kernel.Store) {
 	var st kernel.PurgeStats
 	update(t, s, func(tx kernel.Tx) error {
 		var err error
-		st, err = tx.DeleteExecution("t", doomed.ID)
+		var done bool
+		st, done, err = tx.DeleteExecution("t", doomed.ID, 0)
+		if err == nil && !done {
+			t.Error("DeleteExecution without a limit left the execution")
+		}
 		return err
 	})
 	if want := (kernel.PurgeStats{Executions: 1, Events: 4, Steps: 2, Approvals: 1, Counters: 2}); st != want {
@@ -112,9 +117,9 @@ func testDeleteExecution(t *testing.T, s kernel.Store) {
 		return nil
 	})
 	update(t, s, func(tx kernel.Tx) error {
-		_, err := tx.DeleteExecution("t", doomed.ID)
+		_, _, err := tx.DeleteExecution("t", doomed.ID, 0)
 		wantNotFound(t, "a second delete", err)
-		_, err = tx.DeleteExecution("u", kept.ID)
+		_, _, err = tx.DeleteExecution("u", kept.ID, 0)
 		wantNotFound(t, "a delete naming another tenant", err)
 		return nil
 	})
@@ -122,4 +127,74 @@ func testDeleteExecution(t *testing.T, s kernel.Store) {
 	again := newExecution("t", execID(4))
 	again.IdempotencyKey = "idem-1"
 	mustCreate(t, s, again)
+}
+
+// testDeleteExecutionInChunks: with a limit, DeleteExecution deletes a
+// large execution over several transactions; between them the execution
+// is still a valid one (its log is 1..LastSeq from execution.created), and
+// the totals add up.
+func testDeleteExecutionInChunks(t *testing.T, s kernel.Store) {
+	e := newExecution("t", execID(1))
+	e.Status = kernel.ExecCompleted
+	mustCreate(t, s, e)
+	update(t, s, func(tx kernel.Tx) error {
+		for i := range 10 {
+			id := fmt.Sprintf("s%d", i)
+			if err := appendEvents(tx, "t", e.ID, id, kernel.EvStepProposed, kernel.EvStepSucceeded); err != nil {
+				return err
+			}
+			if err := tx.PutStep(&kernel.Step{ID: id, ExecutionID: e.ID, Tenant: "t", Kind: "local", Target: "x", Args: json.RawMessage(`{}`),
+				ArgsHash: strings.Repeat("a", 64), Idempotency: kernel.SafeToRetry, Status: kernel.StepSucceeded, Seq: uint64(i + 1), CreatedAt: at(0)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	var total kernel.PurgeStats
+	for round := 0; ; round++ {
+		if round > 100 {
+			t.Fatal("DeleteExecution with limit 3 never finished")
+		}
+		var st kernel.PurgeStats
+		var done bool
+		update(t, s, func(tx kernel.Tx) error {
+			var err error
+			st, done, err = tx.DeleteExecution("t", e.ID, 3)
+			return err
+		})
+		total.Add(st)
+		if done {
+			break
+		}
+		if st == (kernel.PurgeStats{}) {
+			t.Fatal("a round deleted nothing")
+		}
+		view(t, s, func(tx kernel.ReadTx) error {
+			x, err := tx.Execution("t", e.ID)
+			if err != nil {
+				t.Fatalf("round %d: the execution is gone before DeleteExecution said so: %v", round, err)
+			}
+			evs, err := tx.Events("t", e.ID, 0, 0)
+			if err != nil {
+				return err
+			}
+			if uint64(len(evs)) != x.LastSeq || (len(evs) > 0 && evs[0].Type != kernel.EvExecutionCreated) {
+				t.Fatalf("round %d: %d events left, LastSeq %d", round, len(evs), x.LastSeq)
+			}
+			for i, ev := range evs {
+				if ev.Seq != uint64(i+1) {
+					t.Fatalf("round %d: event %d has seq %d", round, i, ev.Seq)
+				}
+			}
+			return nil
+		})
+	}
+	if want := (kernel.PurgeStats{Executions: 1, Events: 21, Steps: 10}); total != want {
+		t.Errorf("deleted %+v in all, want %+v", total, want)
+	}
+	view(t, s, func(tx kernel.ReadTx) error {
+		_, err := tx.Execution("t", e.ID)
+		wantNotFound(t, "the execution", err)
+		return nil
+	})
 }

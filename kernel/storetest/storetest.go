@@ -77,4 +77,5 @@ var suite = []struct {
 	{"BatchWithFailures", testBatchWithFailures},
 	{"SnapshotReads", testSnapshotReads},
 	{"DeleteExecution", testDeleteExecution},
+	{"DeleteExecutionInChunks", testDeleteExecutionInChunks},
 }

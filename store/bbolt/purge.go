@@ -2,65 +2,52 @@ package bbolt
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"math"
 
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/wicket-run/wicket/kernel"
 )
 
-// DeleteExecution implements kernel.Tx: it deletes the execution and
-// everything stored under it — its index entries (tenant, idempotency key,
-// due dispatch, lease), events, steps, occurrence counters, the approvals
-// its steps asked for (and their expiry entries), and the counters kept
-// under kernel.ExecCounterPrefix(id).
-func (w *writeTx) DeleteExecution(tenant, id string) (kernel.PurgeStats, error) {
+// DeleteExecution implements kernel.Tx. It deletes, in this order and at
+// most limit records: the execution's steps (with the approvals they asked
+// for), occurrence counters, counters under kernel.ExecCounterPrefix, and
+// events from the newest down (LastSeq follows them, so that the log left
+// is always 1..LastSeq); then, when nothing else is left, the execution
+// and its index entries.
+func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeStats, bool, error) {
 	var st kernel.PurgeStats
 	if err := checkIDs("delete execution", tenant, id); err != nil {
-		return st, err
+		return st, false, err
 	}
-	fail := func(what string, err error) (kernel.PurgeStats, error) {
-		return st, fmt.Errorf("bbolt: delete execution %s/%s: %s: %w", tenant, id, what, err)
+	fail := func(what string, err error) (kernel.PurgeStats, bool, error) {
+		return st, false, fmt.Errorf("bbolt: delete execution %s/%s: %s: %w", tenant, id, what, err)
 	}
 	execs := w.bucket(bExecutions)
 	k := key(tenant, id)
 	raw := execs.Get(k)
 	if raw == nil {
-		return st, missing("execution", tenant, id)
+		return st, false, missing("execution", tenant, id)
 	}
-	old, err := decodeExecIndex(raw)
-	if err != nil {
-		return fail("read", err)
+	budget := limit
+	if budget <= 0 {
+		budget = math.MaxInt
 	}
-	if err := w.unindexExecution(&old, old.dueKey(), old.leaseKey(), nil, nil, nil); err != nil {
-		return fail("unindex", err)
-	}
-	if err := execs.Delete(k); err != nil {
-		return fail("record", err)
-	}
-	if owner := w.bucket(bExecTenant).Get([]byte(id)); string(owner) == tenant {
-		if err := w.bucket(bExecTenant).Delete([]byte(id)); err != nil {
-			return fail("tenant index", err)
-		}
-	}
-	st.Executions = 1
 	pfx := prefix(tenant, id)
-	// Steps first: they name the approvals to delete.
+	var err error
 	var approvals []string
-	n, err := deletePrefix(w.bucket(bSteps), pfx, func(v []byte) error {
+	if st.Steps, err = deleteForward(w.bucket(bSteps), pfx, budget, func(v []byte) error {
 		s, err := decode[kernel.Step](v)
-		if err != nil {
-			return err
-		}
-		if s.ApprovalID != "" {
+		if err == nil && s.ApprovalID != "" {
 			approvals = append(approvals, s.ApprovalID)
 		}
-		return nil
-	})
-	if err != nil {
+		return err
+	}); err != nil {
 		return fail("steps", err)
 	}
-	st.Steps = n
+	budget -= st.Steps
 	for _, aid := range approvals {
 		ak := key(tenant, aid)
 		araw := w.bucket(bApprovals).Get(ak)
@@ -80,28 +67,65 @@ func (w *writeTx) DeleteExecution(tenant, id string) (kernel.PurgeStats, error) 
 			return fail("approval "+aid, err)
 		}
 		st.Approvals++
+		budget--
 	}
-	if st.Events, err = deletePrefix(w.bucket(bEvents), pfx, nil); err != nil {
-		return fail("events", err)
-	}
-	occ, err := deletePrefix(w.bucket(bOcc), pfx, nil)
+	occ, err := deleteForward(w.bucket(bOcc), pfx, budget, nil)
 	if err != nil {
 		return fail("occurrence counters", err)
 	}
-	ctr, err := deletePrefix(w.bucket(bCounters), key(tenant, kernel.ExecCounterPrefix(id)), nil)
+	budget -= occ
+	ctr, err := deleteForward(w.bucket(bCounters), key(tenant, kernel.ExecCounterPrefix(id)), budget, nil)
 	if err != nil {
 		return fail("counters", err)
 	}
+	budget -= ctr
 	st.Counters = occ + ctr
-	return st, nil
+	left, n, err := deleteEventsBackward(w.bucket(bEvents), pfx, budget)
+	st.Events = n
+	if err != nil {
+		return fail("events", err)
+	}
+	budget -= n
+	if left > 0 || budget <= 0 {
+		if n > 0 {
+			// The log left is 1..left: LastSeq follows it.
+			e, err := decode[kernel.Execution](raw)
+			if err != nil {
+				return fail("read", err)
+			}
+			e.LastSeq = left
+			if err := execs.Put(k, encodeExecution(e)); err != nil {
+				return fail("record", err)
+			}
+		}
+		return st, false, nil
+	}
+	old, err := decodeExecIndex(raw)
+	if err != nil {
+		return fail("read", err)
+	}
+	if err := w.unindexExecution(&old, old.dueKey(), old.leaseKey(), nil, nil, nil); err != nil {
+		return fail("unindex", err)
+	}
+	if err := execs.Delete(k); err != nil {
+		return fail("record", err)
+	}
+	if owner := w.bucket(bExecTenant).Get([]byte(id)); string(owner) == tenant {
+		if err := w.bucket(bExecTenant).Delete([]byte(id)); err != nil {
+			return fail("tenant index", err)
+		}
+	}
+	st.Executions = 1
+	return st, true, nil
 }
 
-// deletePrefix deletes every key of b that starts with pfx, calling seen
-// (when set) with each value first, and returns how many it deleted.
-func deletePrefix(b *bolt.Bucket, pfx []byte, seen func(v []byte) error) (int, error) {
+// deleteForward deletes up to limit keys of b that start with pfx, in key
+// order, calling seen (when set) with each value first, and returns how
+// many it deleted.
+func deleteForward(b *bolt.Bucket, pfx []byte, limit int, seen func(v []byte) error) (int, error) {
 	c := b.Cursor()
 	n := 0
-	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Seek(pfx) {
+	for k, v := c.Seek(pfx); n < limit && k != nil && bytes.HasPrefix(k, pfx); k, v = c.Seek(pfx) {
 		if seen != nil {
 			if err := seen(v); err != nil {
 				return n, fmt.Errorf("key %q: %w", k, err)
@@ -113,4 +137,31 @@ func deletePrefix(b *bolt.Bucket, pfx []byte, seen func(v []byte) error) (int, e
 		n++
 	}
 	return n, nil
+}
+
+// deleteEventsBackward deletes up to limit events under pfx (keys
+// pfx+seq(8)), newest first. It returns the seq of the newest event left
+// (0: none) and how many it deleted.
+func deleteEventsBackward(b *bolt.Bucket, pfx []byte, limit int) (uint64, int, error) {
+	end := append(bytes.Clone(pfx), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
+	c := b.Cursor()
+	n := 0
+	for {
+		k, _ := c.Seek(end)
+		if k == nil {
+			k, _ = c.Last()
+		} else {
+			k, _ = c.Prev()
+		}
+		if k == nil || !bytes.HasPrefix(k, pfx) {
+			return 0, n, nil
+		}
+		if n >= limit {
+			return binary.BigEndian.Uint64(k[len(pfx):]), n, nil
+		}
+		if err := c.Delete(); err != nil {
+			return 0, n, err
+		}
+		n++
+	}
 }
