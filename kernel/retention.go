@@ -121,7 +121,10 @@ func (k *Kernel) retentionLoop(ctx context.Context) {
 // Purge runs one retention pass over every tenant now and returns what it
 // deleted. The kernel runs it by itself every RetentionInterval; tests and
 // tools may call it directly.
-func (k *Kernel) Purge(ctx context.Context) (PurgeStats, error) {
+func (k *Kernel) Purge(ctx context.Context) (PurgeStats, error) { return k.purgeAt(ctx, k.now()) }
+
+// purgeAt runs a retention pass as if it were now.
+func (k *Kernel) purgeAt(ctx context.Context, now time.Time) (PurgeStats, error) {
 	var total PurgeStats
 	tenants, err := k.ListTenants(ctx)
 	if err != nil {
@@ -132,7 +135,7 @@ func (k *Kernel) Purge(ctx context.Context) (PurgeStats, error) {
 		if keep <= 0 {
 			continue
 		}
-		st, err := k.purgeTenant(ctx, t.ID, k.now().Add(-keep))
+		st, err := k.purgeTenant(ctx, t.ID, now.Add(-keep))
 		total.Add(st)
 		if err != nil {
 			return total, fmt.Errorf("retention of tenant %s: %w", t.ID, err)

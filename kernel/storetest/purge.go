@@ -138,28 +138,37 @@ func testDeleteExecutionInChunks(t *testing.T, s kernel.Store) {
 	e.Status = kernel.ExecCompleted
 	mustCreate(t, s, e)
 	update(t, s, func(tx kernel.Tx) error {
-		for i := range 10 {
+		x, err := tx.Execution("t", e.ID)
+		if err != nil {
+			return err
+		}
+		pad := strings.Repeat("p", 300) // events the size of real ones: many pages
+		for i := range 300 {
 			id := fmt.Sprintf("s%d", i)
-			if err := appendEvents(tx, "t", e.ID, id, kernel.EvStepProposed, kernel.EvStepSucceeded); err != nil {
-				return err
+			for _, typ := range []string{kernel.EvStepProposed, kernel.EvStepSucceeded} {
+				x.LastSeq++
+				if err := tx.AppendEvent("t", kernel.Event{ExecutionID: e.ID, Seq: x.LastSeq, Type: typ, Time: at(0),
+					Payload: json.RawMessage(`{"step_id":"` + id + `","pad":"` + pad + `"}`)}); err != nil {
+					return err
+				}
 			}
 			if err := tx.PutStep(&kernel.Step{ID: id, ExecutionID: e.ID, Tenant: "t", Kind: "local", Target: "x", Args: json.RawMessage(`{}`),
 				ArgsHash: strings.Repeat("a", 64), Idempotency: kernel.SafeToRetry, Status: kernel.StepSucceeded, Seq: uint64(i + 1), CreatedAt: at(0)}); err != nil {
 				return err
 			}
 		}
-		return nil
+		return tx.PutExecution(x)
 	})
 	var total kernel.PurgeStats
 	for round := 0; ; round++ {
 		if round > 100 {
-			t.Fatal("DeleteExecution with limit 3 never finished")
+			t.Fatal("DeleteExecution with limit 37 never finished")
 		}
 		var st kernel.PurgeStats
 		var done bool
 		update(t, s, func(tx kernel.Tx) error {
 			var err error
-			st, done, err = tx.DeleteExecution("t", e.ID, 3)
+			st, done, err = tx.DeleteExecution("t", e.ID, 37)
 			return err
 		})
 		total.Add(st)
@@ -189,7 +198,7 @@ func testDeleteExecutionInChunks(t *testing.T, s kernel.Store) {
 			return nil
 		})
 	}
-	if want := (kernel.PurgeStats{Executions: 1, Events: 21, Steps: 10}); total != want {
+	if want := (kernel.PurgeStats{Executions: 1, Events: 601, Steps: 300}); total != want {
 		t.Errorf("deleted %+v in all, want %+v", total, want)
 	}
 	view(t, s, func(tx kernel.ReadTx) error {

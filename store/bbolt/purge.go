@@ -121,22 +121,25 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 
 // deleteForward deletes up to limit keys of b that start with pfx, in key
 // order, calling seen (when set) with each value first, and returns how
-// many it deleted.
+// many it deleted. Keys are collected first and deleted after: bbolt
+// cursors are not moved across their own deletes.
 func deleteForward(b *bolt.Bucket, pfx []byte, limit int, seen func(v []byte) error) (int, error) {
+	var keys [][]byte
 	c := b.Cursor()
-	n := 0
-	for k, v := c.Seek(pfx); n < limit && k != nil && bytes.HasPrefix(k, pfx); k, v = c.Seek(pfx) {
+	for k, v := c.Seek(pfx); len(keys) < limit && k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
 		if seen != nil {
 			if err := seen(v); err != nil {
-				return n, fmt.Errorf("key %q: %w", k, err)
+				return 0, fmt.Errorf("key %q: %w", k, err)
 			}
 		}
-		if err := c.Delete(); err != nil {
-			return n, err
-		}
-		n++
+		keys = append(keys, bytes.Clone(k))
 	}
-	return n, nil
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	return len(keys), nil
 }
 
 // deleteEventsBackward deletes up to limit events under pfx (keys
@@ -145,23 +148,25 @@ func deleteForward(b *bolt.Bucket, pfx []byte, limit int, seen func(v []byte) er
 func deleteEventsBackward(b *bolt.Bucket, pfx []byte, limit int) (uint64, int, error) {
 	end := append(bytes.Clone(pfx), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
 	c := b.Cursor()
-	n := 0
-	for {
-		k, _ := c.Seek(end)
-		if k == nil {
-			k, _ = c.Last()
-		} else {
-			k, _ = c.Prev()
-		}
-		if k == nil || !bytes.HasPrefix(k, pfx) {
-			return 0, n, nil
-		}
-		if n >= limit {
-			return binary.BigEndian.Uint64(k[len(pfx):]), n, nil
-		}
-		if err := c.Delete(); err != nil {
-			return 0, n, err
-		}
-		n++
+	k, _ := c.Seek(end)
+	if k == nil {
+		k, _ = c.Last()
+	} else {
+		k, _ = c.Prev()
 	}
+	var keys [][]byte
+	var left uint64
+	for ; k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Prev() {
+		if len(keys) >= limit {
+			left = binary.BigEndian.Uint64(k[len(pfx):])
+			break
+		}
+		keys = append(keys, bytes.Clone(k))
+	}
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return 0, 0, err
+		}
+	}
+	return left, len(keys), nil
 }
