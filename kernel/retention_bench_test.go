@@ -58,7 +58,7 @@ func runSteps(ctx context.Context, k *kernel.Kernel, dl kernel.Delivery, n int, 
 // store of WICKET_BENCH_STEPS steps (default 20000) in executions of
 // WICKET_BENCH_STEPS_PER_EXEC steps (default 100), written by the real
 // kernel: the file's size, the time a retention pass takes with the
-// default batch and pause, submit latency of steps run beside it, and the
+// default batch (WICKET_BENCH_RETENTION_BATCH sets another) and pause, submit latency of steps run beside it, and the
 // size after `wicket store compact`. docs/operations.md quotes it for a
 // million steps.
 func BenchmarkRetention(b *testing.B) {
@@ -71,7 +71,8 @@ func BenchmarkRetention(b *testing.B) {
 			b.Fatal(err)
 		}
 		ch := make(chan kernel.Delivery, 1024)
-		k, err := kernel.New(st, leaseDeliverer{ch}, nil, kernel.Config{Retention: time.Hour, RetentionInterval: time.Hour, Logger: discard()})
+		k, err := kernel.New(st, leaseDeliverer{ch}, nil, kernel.Config{Retention: time.Hour, RetentionInterval: time.Hour, Logger: discard(),
+			RetentionBatch: envInt("WICKET_BENCH_RETENTION_BATCH", 0)})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -171,6 +172,9 @@ func BenchmarkRetention(b *testing.B) {
 		fi, _ = os.Stat(path)
 		after := fi.Size()
 		_ = k.Close(ctx)
+		if err := st.Check(); err != nil {
+			b.Fatal(err)
+		}
 		if err := st.Close(); err != nil {
 			b.Fatal(err)
 		}

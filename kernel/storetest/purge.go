@@ -129,81 +129,104 @@ func testDeleteExecution(t *testing.T, s kernel.Store) {
 	mustCreate(t, s, again)
 }
 
-// testDeleteExecutionInChunks: with a limit, DeleteExecution deletes a
-// large execution over several transactions; between them the execution
-// is still a valid one (its log is 1..LastSeq from execution.created), and
-// the totals add up.
+// testDeleteExecutionInChunks: with a limit, DeleteExecution deletes large
+// executions over several transactions, several in each (as retention
+// does); between them each execution is still a valid one (its log is
+// 1..LastSeq from execution.created), the totals add up, and nothing of
+// them is left.
 func testDeleteExecutionInChunks(t *testing.T, s kernel.Store) {
-	e := newExecution("t", execID(1))
-	e.Status = kernel.ExecCompleted
-	mustCreate(t, s, e)
+	var execs []*kernel.Execution
+	for n := range 3 {
+		e := newExecution("t", execID(n+1))
+		e.Status = kernel.ExecCompleted
+		mustCreate(t, s, e)
+		execs = append(execs, e)
+	}
+	pad := strings.Repeat("p", 300) // events the size of real ones: many pages
 	update(t, s, func(tx kernel.Tx) error {
-		x, err := tx.Execution("t", e.ID)
-		if err != nil {
-			return err
-		}
-		pad := strings.Repeat("p", 300) // events the size of real ones: many pages
-		for i := range 300 {
-			id := fmt.Sprintf("s%d", i)
-			for _, typ := range []string{kernel.EvStepProposed, kernel.EvStepSucceeded} {
-				x.LastSeq++
-				if err := tx.AppendEvent("t", kernel.Event{ExecutionID: e.ID, Seq: x.LastSeq, Type: typ, Time: at(0),
-					Payload: json.RawMessage(`{"step_id":"` + id + `","pad":"` + pad + `"}`)}); err != nil {
+		for _, e := range execs {
+			x, err := tx.Execution("t", e.ID)
+			if err != nil {
+				return err
+			}
+			for i := range 300 {
+				id := fmt.Sprintf("s%d", i)
+				for _, typ := range []string{kernel.EvStepProposed, kernel.EvStepSucceeded} {
+					x.LastSeq++
+					if err := tx.AppendEvent("t", kernel.Event{ExecutionID: e.ID, Seq: x.LastSeq, Type: typ, Time: at(0),
+						Payload: json.RawMessage(`{"step_id":"` + id + `","pad":"` + pad + `"}`)}); err != nil {
+						return err
+					}
+				}
+				if err := tx.PutStep(&kernel.Step{ID: id, ExecutionID: e.ID, Tenant: "t", Kind: "local", Target: "x", Args: json.RawMessage(`{}`),
+					ArgsHash: strings.Repeat("a", 64), Idempotency: kernel.SafeToRetry, Status: kernel.StepSucceeded, Seq: uint64(i + 1), CreatedAt: at(0)}); err != nil {
 					return err
 				}
 			}
-			if err := tx.PutStep(&kernel.Step{ID: id, ExecutionID: e.ID, Tenant: "t", Kind: "local", Target: "x", Args: json.RawMessage(`{}`),
-				ArgsHash: strings.Repeat("a", 64), Idempotency: kernel.SafeToRetry, Status: kernel.StepSucceeded, Seq: uint64(i + 1), CreatedAt: at(0)}); err != nil {
+			if err := tx.PutExecution(x); err != nil {
 				return err
 			}
 		}
-		return tx.PutExecution(x)
+		return nil
 	})
 	var total kernel.PurgeStats
-	for round := 0; ; round++ {
-		if round > 100 {
+	left := execs
+	for round := 0; len(left) > 0; round++ {
+		if round > 200 {
 			t.Fatal("DeleteExecution with limit 37 never finished")
 		}
-		var st kernel.PurgeStats
-		var done bool
+		var still []*kernel.Execution
 		update(t, s, func(tx kernel.Tx) error {
-			var err error
-			st, done, err = tx.DeleteExecution("t", e.ID, 37)
-			return err
+			still = still[:0]
+			for _, e := range left {
+				st, done, err := tx.DeleteExecution("t", e.ID, 37)
+				if err != nil {
+					return err
+				}
+				if st == (kernel.PurgeStats{}) && !done {
+					t.Fatal("a call deleted nothing")
+				}
+				total.Add(st)
+				if !done {
+					still = append(still, e)
+				}
+			}
+			return nil
 		})
-		total.Add(st)
-		if done {
-			break
-		}
-		if st == (kernel.PurgeStats{}) {
-			t.Fatal("a round deleted nothing")
-		}
+		left = still
 		view(t, s, func(tx kernel.ReadTx) error {
-			x, err := tx.Execution("t", e.ID)
-			if err != nil {
-				t.Fatalf("round %d: the execution is gone before DeleteExecution said so: %v", round, err)
-			}
-			evs, err := tx.Events("t", e.ID, 0, 0)
-			if err != nil {
-				return err
-			}
-			if uint64(len(evs)) != x.LastSeq || (len(evs) > 0 && evs[0].Type != kernel.EvExecutionCreated) {
-				t.Fatalf("round %d: %d events left, LastSeq %d", round, len(evs), x.LastSeq)
-			}
-			for i, ev := range evs {
-				if ev.Seq != uint64(i+1) {
-					t.Fatalf("round %d: event %d has seq %d", round, i, ev.Seq)
+			for _, e := range left {
+				x, err := tx.Execution("t", e.ID)
+				if err != nil {
+					t.Fatalf("round %d: %s is gone before DeleteExecution said so: %v", round, e.ID, err)
+				}
+				evs, err := tx.Events("t", e.ID, 0, 0)
+				if err != nil {
+					return err
+				}
+				if uint64(len(evs)) != x.LastSeq || (len(evs) > 0 && evs[0].Type != kernel.EvExecutionCreated) {
+					t.Fatalf("round %d: %d events left, LastSeq %d", round, len(evs), x.LastSeq)
+				}
+				for i, ev := range evs {
+					if ev.Seq != uint64(i+1) {
+						t.Fatalf("round %d: event %d has seq %d", round, i, ev.Seq)
+					}
 				}
 			}
 			return nil
 		})
 	}
-	if want := (kernel.PurgeStats{Executions: 1, Events: 601, Steps: 300}); total != want {
+	if want := (kernel.PurgeStats{Executions: 3, Events: 3 * 601, Steps: 3 * 300}); total != want {
 		t.Errorf("deleted %+v in all, want %+v", total, want)
 	}
 	view(t, s, func(tx kernel.ReadTx) error {
-		_, err := tx.Execution("t", e.ID)
-		wantNotFound(t, "the execution", err)
+		for _, e := range execs {
+			_, err := tx.Execution("t", e.ID)
+			wantNotFound(t, "the execution", err)
+			if evs, err := tx.Events("t", e.ID, 0, 0); err != nil || len(evs) != 0 {
+				t.Errorf("%d events of %s left: %v", len(evs), e.ID, err)
+			}
+		}
 		return nil
 	})
 }

@@ -144,24 +144,19 @@ func deleteForward(b *bolt.Bucket, pfx []byte, limit int, seen func(v []byte) er
 
 // deleteEventsBackward deletes up to limit events under pfx (keys
 // pfx+seq(8)), newest first. It returns the seq of the newest event left
-// (0: none) and how many it deleted.
+// (0: none) and how many it deleted. It walks the events forward (bbolt's
+// Prev does not step over the pages this transaction's deletes emptied).
 func deleteEventsBackward(b *bolt.Bucket, pfx []byte, limit int) (uint64, int, error) {
-	end := append(bytes.Clone(pfx), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff)
-	c := b.Cursor()
-	k, _ := c.Seek(end)
-	if k == nil {
-		k, _ = c.Last()
-	} else {
-		k, _ = c.Prev()
-	}
 	var keys [][]byte
-	var left uint64
-	for ; k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Prev() {
-		if len(keys) >= limit {
-			left = binary.BigEndian.Uint64(k[len(pfx):])
-			break
-		}
+	c := b.Cursor()
+	for k, _ := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Next() {
 		keys = append(keys, bytes.Clone(k))
+	}
+	var left uint64
+	if limit < len(keys) {
+		keep := keys[len(keys)-limit-1]
+		left = binary.BigEndian.Uint64(keep[len(pfx):])
+		keys = keys[len(keys)-limit:]
 	}
 	for _, k := range keys {
 		if err := b.Delete(k); err != nil {
