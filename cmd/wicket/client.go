@@ -321,8 +321,9 @@ func init() {
 				hook := fs.String("webhook-url", "", "webhook URL")
 				secret := fs.String("secret", os.Getenv("WICKET_AGENT_SECRET"), "HMAC secret (WICKET_AGENT_SECRET)")
 				bundle := fs.String("bundle", "", "bundle to bind ('' unbinds; omitted keeps the binding)")
+				signing := fs.String("signing", "", "signature scheme: v1 or body (omitted: v1 for a new agent, unchanged for an existing one)")
 				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
-					req := wire.AgentRequest{ID: pos[0], WebhookURL: *hook, Secret: *secret}
+					req := wire.AgentRequest{ID: pos[0], WebhookURL: *hook, Secret: *secret, Signing: *signing}
 					if flagSet(fs, "bundle") {
 						req.Policy = bundle
 					}

@@ -25,6 +25,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
 
@@ -42,6 +43,7 @@ type serveOptions struct {
 	metricsAddr, metricsKey       string
 	retention, retentionInterval  time.Duration
 	webhookAllow, webhookDeny     stringList
+	signatureTolerance            time.Duration
 }
 
 // stringList is a repeatable flag whose environment twin is a
@@ -124,6 +126,8 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.DurationVar(&o.retentionInterval, "retention-interval", envDuration("WICKET_RETENTION_INTERVAL", d.RetentionInterval), "time between retention passes (WICKET_RETENTION_INTERVAL)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", envString("WICKET_METRICS_ADDR", ""), "serve /metrics on this address instead of the API's (WICKET_METRICS_ADDR)")
 	fs.StringVar(&o.metricsKey, "metrics-key", envString("WICKET_METRICS_KEY", ""), "bearer key /metrics requires; the admin key works too (WICKET_METRICS_KEY; empty: /metrics is open)")
+	fs.DurationVar(&o.signatureTolerance, "signature-tolerance", envDuration("WICKET_SIGNATURE_TOLERANCE", wire.DefaultSignatureTolerance),
+		"how far an agent's v1 signature timestamp may be from this clock (WICKET_SIGNATURE_TOLERANCE)")
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
@@ -178,6 +182,9 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	if !keysConfigured && !isLoopback(o.addr) {
 		return usageError{fmt.Sprintf("serve: refusing to listen on %s without an API key: set --admin-key (WICKET_ADMIN_KEY) or bind a loopback address", o.addr)}
+	}
+	if o.signatureTolerance <= 0 {
+		return usageError{"serve: --signature-tolerance must be positive"}
 	}
 	if o.adminKey != "" && len(o.adminKey) < 16 {
 		return usageError{"serve: --admin-key must be at least 16 bytes"}
@@ -242,7 +249,8 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		return err
 	}
 
-	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log, Backup: st,
+	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody,
+		SignatureTolerance: o.signatureTolerance, Logger: log, Backup: st,
 		Metrics: reg, MetricsKey: o.metricsKey, MetricsElsewhere: o.metricsAddr != ""})
 	if err := reg.PendingApprovals(k.PendingApprovals); err != nil {
 		return err
