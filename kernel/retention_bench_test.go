@@ -132,6 +132,11 @@ func BenchmarkRetention(b *testing.B) {
 		}
 		fi, _ := os.Stat(path)
 		filled := fi.Size()
+		t0 := time.Now()
+		if err := st.Check(); err != nil {
+			b.Fatal(err)
+		}
+		checked := time.Since(t0)
 
 		// Steps of one more execution, alone, then beside the purge.
 		probe := func(stop func() bool) []time.Duration {
@@ -189,8 +194,8 @@ func BenchmarkRetention(b *testing.B) {
 		b.ReportMetric(float64(purged.Executions), "executions_purged")
 		b.ReportMetric(took.Seconds(), "purge_s")
 		b.ReportMetric(float64(cs.After), "compacted_bytes")
-		b.Logf("%d steps in %d executions: file %s; purge of %d executions, %d events, %d steps in %s (file %s after); compact → %s; submit p50/p99 alone %s/%s, beside the purge %s/%s",
-			total, execs, mib(filled), purged.Executions, purged.Events, purged.Steps, took.Round(time.Millisecond), mib(after), mib(cs.After),
+		b.Logf("%d steps in %d executions: file %s (checked in %s); purge of %d executions, %d events, %d steps in %s (file %s after); compact → %s; submit p50/p99 alone %s/%s, beside the purge %s/%s",
+			total, execs, mib(filled), checked.Round(time.Millisecond), purged.Executions, purged.Events, purged.Steps, took.Round(time.Millisecond), mib(after), mib(cs.After),
 			q(alone, 0.5), q(alone, 0.99), q(beside, 0.5), q(beside, 0.99))
 	}
 }
