@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"io"
 	"net"
@@ -10,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/wicket-run/wicket/sdk/client"
+	"github.com/wicket-run/wicket/server/wire"
 )
 
 // runExit runs the command line as main would and returns stdout, stderr
@@ -158,4 +162,48 @@ func newTestFlagSet() *flag.FlagSet {
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	return fs
+}
+
+// TestStreamLines: without --brief every item is one JSON object on one
+// line, a step delta included (typed "step.delta"); with --brief ids are
+// whole and a failed delivery says why.
+func TestStreamLines(t *testing.T) {
+	stepID := strings.Repeat("9c1f", 16)
+	approval := "01a2265a-b8ea-7000-8d69-838ab72b8c51"
+	items := []client.StreamItem{
+		{Event: &wire.Event{ExecutionID: "x", Seq: 7, Type: "step.awaiting_approval", Payload: json.RawMessage(`{"step_id":"` + stepID + `","kind":"tool_call","target":"deploy","approval_id":"` + approval + `"}`)}},
+		{Delta: &wire.StepDeltaEvent{ExecutionID: "x", StepID: stepID, Seq: 3, Data: json.RawMessage(`{"text":"he\nllo"}`)}},
+		{Event: &wire.Event{ExecutionID: "x", Seq: 8, Type: "dispatch.failed", Payload: json.RawMessage(`{"dispatch_id":"d","dispatch_attempt":2,"error_class":"connect_refused"}`)}},
+	}
+	var out bytes.Buffer
+	for _, it := range items {
+		if err := printItem(&out, it, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != len(items) {
+		t.Fatalf("%d lines for %d items:\n%s", len(lines), len(items), out.String())
+	}
+	for i, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("line %d is not one JSON object: %q: %v", i, l, err)
+		}
+		if i == 1 && (m["type"] != "step.delta" || m["step_id"] != stepID || m["seq"] != float64(3)) {
+			t.Errorf("delta line: %q", l)
+		}
+	}
+	out.Reset()
+	for _, it := range items {
+		if err := printItem(&out, it, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	brief := out.String()
+	for _, want := range []string{"approval=" + approval, stepID, "attempt=2", "error_class=connect_refused"} {
+		if !strings.Contains(brief, want) {
+			t.Errorf("brief lines lack %q:\n%s", want, brief)
+		}
+	}
 }

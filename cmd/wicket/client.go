@@ -84,16 +84,20 @@ type deltaLine struct {
 // printStream watches an execution and prints each event, and each live
 // step delta, as one line of JSON, until the terminal event.
 func printStream(ctx context.Context, c *client.Client, id string, o client.WatchOptions, brief bool, w io.Writer) error {
-	return c.WatchWith(ctx, id, o, func(it client.StreamItem) error {
-		if brief {
-			_, err := fmt.Fprintln(w, briefItem(it))
-			return err
-		}
-		if it.Delta != nil {
-			return printLine(w, deltaLine{Type: client.EventStepDelta, StepDeltaEvent: *it.Delta})
-		}
-		return printLine(w, it.Event)
-	})
+	return c.WatchWith(ctx, id, o, func(it client.StreamItem) error { return printItem(w, it, brief) })
+}
+
+// printItem prints one event or delta: one JSON object on a line, or with
+// brief one short line.
+func printItem(w io.Writer, it client.StreamItem, brief bool) error {
+	if brief {
+		_, err := fmt.Fprintln(w, briefItem(it))
+		return err
+	}
+	if it.Delta != nil {
+		return printLine(w, deltaLine{Type: client.EventStepDelta, StepDeltaEvent: *it.Delta})
+	}
+	return printLine(w, it.Event)
 }
 
 // briefItem is one event or delta as a short line for people:
