@@ -207,11 +207,11 @@ func init() {
 			help: `Offline (--bundle): evaluates one policy input document (docs/policy.md;
 --input, a file or - for stdin) against a bundle directory or .tar.gz and prints the decision.
 
-Online (--agent): asks the kernel at --url what the agent's policy (its tenant's
+Online (--agent, or --url): asks the kernel at --url what the agent's policy (its tenant's
 guards, its bundle, the kernel default) decides for one step, without recording
 anything: POST /v0/policy/eval. The step comes from --kind, --target, --args,
 --effect and --idempotency, or whole from --input (a {"agent_id", "step", "labels"}
-document; --agent still names the agent).`,
+document; --agent, when given, names the agent).`,
 			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
 				bpath := fs.String("bundle", "", "offline: bundle directory or .tar.gz")
 				input := fs.String("input", "", "offline: the input document (file, or - for stdin; default -); online: the request document")
@@ -224,17 +224,20 @@ document; --agent still names the agent).`,
 				var labels labelFlag
 				fs.Var(&labels, "label", "online: an execution label key=value (repeatable)")
 				return func(ctx context.Context, _ []string, stdout, _ io.Writer) error {
+					online := *agent != "" || flagSet(fs, "url")
 					switch {
-					case *bpath != "" && *agent != "":
-						return usagef("policy eval: give --bundle (offline) or --agent (the kernel's eval), not both")
+					case *bpath != "" && online:
+						return usagef("policy eval: give --bundle (offline) or --agent/--url (the kernel's eval), not both")
 					case *bpath != "":
 						in := *input
 						if in == "" {
 							in = "-"
 						}
 						return policyEvalOffline(ctx, *bpath, in, stdout)
-					case *agent == "":
-						return usagef("policy eval: give --bundle BUNDLE (offline) or --agent AGENT (the kernel's eval)")
+					case !online:
+						return usagef("policy eval: give --bundle BUNDLE (offline) or --agent AGENT (the kernel's eval at --url)")
+					case *agent == "" && *input == "":
+						return usagef("policy eval: --agent AGENT is required (or an --input document naming agent_id)")
 					}
 					req := wire.PolicyEvalRequest{AgentID: *agent, Step: wire.EvalStep{Kind: *kind, Target: *target, Effect: *effect, Idempotency: *idem}, Labels: labels.m}
 					if *input != "" {
@@ -248,7 +251,9 @@ document; --agent still names the agent).`,
 						if err := dec.Decode(&req); err != nil {
 							return fmt.Errorf("--input is not a policy eval request: %w", err)
 						}
-						req.AgentID = *agent
+						if *agent != "" {
+							req.AgentID = *agent
+						}
 					} else if *args != "" {
 						if !json.Valid([]byte(*args)) {
 							return usagef("policy eval: --args is not valid JSON")

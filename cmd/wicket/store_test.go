@@ -185,6 +185,12 @@ func TestBundleCommands(t *testing.T) {
 	if _, _, code := cli("policy", "eval", "--agent", "ops", "--bundle", b); code != 2 {
 		t.Fatalf("policy eval with --agent and --bundle: exit %d", code)
 	}
+	// --url and a request document naming the agent.
+	req := filepath.Join(dir, "req.json")
+	_ = os.WriteFile(req, []byte(`{"agent_id":"ops","step":{"kind":"tool_call","target":"rm"}}`), 0o600)
+	if out, errOut, code := cli("policy", "eval", "--input", req); code != 0 || !strings.Contains(out, `"rule_id": "no-rm"`) {
+		t.Fatalf("policy eval --url --input: %d %s %s", code, out, errOut)
+	}
 
 	// agent policy: native rules from a file, bound at once.
 	rules := filepath.Join(dir, "rules.yaml")
