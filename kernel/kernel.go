@@ -201,6 +201,7 @@ func (k *Kernel) Start(ctx context.Context) error {
 	if k.deliv == nil {
 		return errors.New("kernel: start: no deliverer")
 	}
+	t0 := time.Now()
 	counts, err := k.countExecutions(ctx)
 	if err != nil {
 		return fmt.Errorf("kernel: start: %w", err)
@@ -214,7 +215,7 @@ func (k *Kernel) Start(ctx context.Context) error {
 		resumed = append(resumed, string(st), counts[st])
 		n += counts[st]
 	}
-	k.log.Info("executions resumed", append([]any{"executions", n}, resumed...)...)
+	k.log.Info("executions resumed", append(append([]any{"executions", n}, resumed...), "counted_in", time.Since(t0).Round(time.Millisecond).String())...)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k.cancel = cancel
 	k.runMu.Lock()
