@@ -94,6 +94,34 @@ func ValidRetention(s string) error {
 	return nil
 }
 
+// SetTenantRetention sets how long a tenant's ended executions are kept
+// ("" follows the kernel's Retention, "0s" keeps them forever; see
+// ValidRetention). The default tenant's record is made when missing.
+func (k *Kernel) SetTenantRetention(ctx context.Context, tenant, retention string) (*Tenant, error) {
+	if err := ValidRetention(retention); err != nil {
+		return nil, err
+	}
+	var out *Tenant
+	_, err := k.update(ctx, func(r *rec) error {
+		t, err := r.tx.Tenant(tenant)
+		switch {
+		case errors.Is(err, ErrNotFound) && tenant == DefaultTenant:
+			t = &Tenant{ID: DefaultTenant, CreatedAt: r.now}
+		case errors.Is(err, ErrNotFound):
+			return Errorf(CodeNotFound, "tenant %s not found", tenant)
+		case err != nil:
+			return err
+		}
+		t.Retention = retention
+		out = t
+		return r.tx.PutTenant(t)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MinRetention is the shortest retention a tenant or the kernel may set.
 const MinRetention = time.Minute
 

@@ -400,7 +400,7 @@ func init() {
 			}},
 		&command{name: "tenant create", args: "ID", min: 1, max: 1, client: true, summary: "create a tenant",
 			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
-				guards := fs.String("guards", "", "comma-separated guard bundles")
+				guards := fs.String("guards", "", "comma-separated guard bundles (they must exist in the tenant already: use tenant guards)")
 				retention := fs.String("retention", "", "how long its terminal executions are kept (e.g. 720h; 0s forever; default: the kernel's --retention)")
 				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
 					req := wire.TenantRequest{ID: pos[0], Retention: *retention}
@@ -411,9 +411,25 @@ func init() {
 					return printAnswer(stdout, t, err)
 				}
 			}},
+		&command{name: "tenant guards", args: "TENANT", min: 1, max: 1, client: true, summary: "set a tenant's guard bundles",
+			help: "--set names admin-owned bundles of the tenant, run before every agent's bundle;\n--set \"\" removes every guard.",
+			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
+				set := fs.String("set", "", "comma-separated guard bundles: admin-owned bundles of the tenant (\"\" removes them)")
+				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
+					if !flagSet(fs, "set") {
+						return usagef("tenant guards: --set is required (--set \"\" removes every guard)")
+					}
+					var guards []string
+					if *set != "" {
+						guards = strings.Split(*set, ",")
+					}
+					t, err := o.client().SetTenantGuards(ctx, pos[0], guards)
+					return printAnswer(stdout, t, err)
+				}
+			}},
 		&command{name: "tenant key create", args: "TENANT", min: 1, max: 1, client: true, summary: "issue an API key (its secret is shown once)",
 			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
-				role := fs.String("role", wire.RoleClient, "client, tenant-admin or admin")
+				role := fs.String("role", wire.RoleClient, "client, approver, tenant-admin or admin (admin: an admin key, in the default tenant)")
 				principal := fs.String("principal", "", "who holds the key")
 				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
 					k, err := o.client().CreateKey(ctx, pos[0], wire.KeyRequest{Role: *role, Principal: *principal})
@@ -444,7 +460,7 @@ func init() {
 func resolveCommand(verb string) *command {
 	return &command{name: "approval " + verb, args: "ID", min: 1, max: 1, client: true, summary: verb + " a pending approval",
 		setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
-			by := fs.String("by", os.Getenv("USER"), "who decides")
+			by := fs.String("by", "", "admin keys only: the person the decision is made for (otherwise the key's principal decides)")
 			rationale := fs.String("rationale", "", "why")
 			hash := fs.String("request-hash", "", "the request hash the approver saw (refused if the step's differs)")
 			return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
