@@ -229,3 +229,23 @@ func TestPolicyEval(t *testing.T) {
 	e.admin("POST", "/v0/policy/eval", rawBody(`{"agent_id":"bot","step":{"kind":"tool_call","target":"x","args":{"a":1,"a":2}}}`)).
 		wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 }
+
+// TestTenantRetention: a tenant's retention is set at creation or by PUT,
+// shown in the tenant, and refused when it is not a duration of at least a
+// minute.
+func TestTenantRetention(t *testing.T) {
+	e := newEnv(t)
+	var tn wire.Tenant
+	e.admin("POST", "/v0/tenants", map[string]any{"id": "keep", "retention": "720h"}).want(t, http.StatusCreated).decode(t, &tn)
+	if tn.Retention != "720h" {
+		t.Fatalf("created %+v", tn)
+	}
+	e.admin("POST", "/v0/tenants", map[string]any{"id": "bad", "retention": "10s"}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	e.admin("PUT", "/v0/tenants/keep", map[string]any{"retention": "soon"}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	e.admin("PUT", "/v0/tenants/keep", map[string]any{}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	e.admin("PUT", "/v0/tenants/keep", map[string]any{"retention": "0s"}).want(t, http.StatusOK).decode(t, &tn)
+	if tn.Retention != "0s" {
+		t.Fatalf("updated %+v", tn)
+	}
+	e.admin("PUT", "/v0/tenants/nope", map[string]any{"retention": "1h"}).wantErr(t, http.StatusNotFound, wire.CodeNotFound)
+}
