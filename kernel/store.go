@@ -72,6 +72,8 @@ type BundleRecord struct {
 	Owner     BundleOwner `json:"owner,omitempty"`
 	Archive   []byte      `json:"archive"`
 	UpdatedAt time.Time   `json:"updated_at"`
+	// Source, when set, is the bundle server the bundle is pulled from.
+	Source *BundlePull `json:"source,omitempty"`
 }
 
 // BundleOwner is who controls a stored bundle.
@@ -102,8 +104,23 @@ type Tenant struct {
 	Guards []string `json:"guards,omitempty"`
 	// Retention overrides Config.Retention for the tenant's executions: a
 	// Go duration ("720h"); "0s" keeps them forever; "" follows the kernel.
-	Retention string    `json:"retention,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	Retention string `json:"retention,omitempty"`
+	// BundleKeys verify the signatures of the tenant's bundles, beside the
+	// kernel's own keys; with any key, its bundles must be signed.
+	BundleKeys []BundleKey `json:"bundle_keys,omitempty"`
+	// AllowBundleSources lets the tenant's tenant-admins point its bundles
+	// at bundle servers (admins always may).
+	AllowBundleSources bool      `json:"allow_bundle_sources,omitempty"`
+	CreatedAt          time.Time `json:"created_at"`
+}
+
+// BundleKey is a key that verifies bundle signatures (OPA's key config): a
+// PEM public key, or the shared secret of an HS* algorithm.
+type BundleKey struct {
+	ID        string `json:"id"`
+	Algorithm string `json:"algorithm,omitempty"`
+	Key       string `json:"key"`
+	Scope     string `json:"scope,omitempty"`
 }
 
 // Key roles.
