@@ -55,7 +55,7 @@ func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(fo
 var groupSummaries = map[string]string{
 	"exec":       "list, create, read, watch and cancel executions",
 	"agent":      "list, read, register and remove agents",
-	"approval":   "list, read, grant and deny approvals",
+	"approval":   "list, read and answer approvals (grant, deny; retry, happened)",
 	"tenant":     "list and create tenants",
 	"tenant key": "create, list and revoke a tenant's API keys",
 	"bundle":     "upload, download, list and remove policy bundles of a kernel",
@@ -194,7 +194,7 @@ func topUsage() string {
 }
 
 // topOrder is the order of the top-level command list.
-var topOrder = []string{"serve", "exec", "approval", "agent", "bundle", "policy", "tenant", "store", "bench", "version"}
+var topOrder = []string{"serve", "exec", "approval", "agent", "bundle", "policy", "tenant", "store", "mcp-proxy", "bench", "version"}
 
 func topRank(name string) int {
 	for i, n := range topOrder {

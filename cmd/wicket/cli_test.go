@@ -99,11 +99,12 @@ func TestRefusedConnection(t *testing.T) {
 	_ = os.WriteFile(filepath.Join(b, "rules.yaml"), []byte("default_action: allow\n"), 0o600)
 	// Arguments that get each command as far as its first request.
 	extra := map[string][]string{
-		"bundle put":    {b},
-		"agent policy":  {"a", filepath.Join(b, "rules.yaml")},
-		"tenant guards": {"t", "--set", "g"},
-		"policy eval":   {"--agent", "a"},
-		"store backup":  {"-o", filepath.Join(dir, "backup.db")},
+		"bundle put":        {b},
+		"agent policy":      {"a", filepath.Join(b, "rules.yaml")},
+		"tenant guards":     {"t", "--set", "g"},
+		"approval happened": {"a", "--result", `"sent"`},
+		"policy eval":       {"--agent", "a"},
+		"store backup":      {"-o", filepath.Join(dir, "backup.db")},
 	}
 	url := closedURL(t)
 	n := 0

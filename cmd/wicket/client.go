@@ -320,16 +320,20 @@ func init() {
 				}
 			}},
 		&command{name: "agent put", args: "ID", min: 1, max: 1, client: true, summary: "register or update an agent",
-			help: "--bundle binds the agent to a bundle of its tenant, which must exist; --bundle ''\nunbinds it; an omitted --bundle keeps the binding.",
+			help: "--bundle binds the agent to a bundle of its tenant, which must exist; --bundle ''\nunbinds it; an omitted --bundle keeps the binding. Without --webhook-url the agent\nis gate-only: driven by sessions (docs/gate.md), never dispatched.",
 			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
 				hook := fs.String("webhook-url", "", "webhook URL")
 				secret := fs.String("secret", os.Getenv("WICKET_AGENT_SECRET"), "HMAC secret (WICKET_AGENT_SECRET)")
 				bundle := fs.String("bundle", "", "bundle to bind ('' unbinds; omitted keeps the binding)")
 				signing := fs.String("signing", "", "signature scheme: v1 or body (omitted: v1 for a new agent, unchanged for an existing one)")
+				interrupted := fs.String("on-interrupted", "", "an at_most_once step found in flight: indeterminate (fail it) or approval (ask an operator); omitted keeps it")
 				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
 					req := wire.AgentRequest{ID: pos[0], WebhookURL: *hook, Secret: *secret, Signing: *signing}
 					if flagSet(fs, "bundle") {
 						req.Policy = bundle
+					}
+					if flagSet(fs, "on-interrupted") {
+						req.OnInterrupted = interrupted
 					}
 					a, err := o.client().PutAgent(ctx, req)
 					return printAnswer(stdout, a, err)
@@ -360,7 +364,7 @@ func init() {
 
 		&command{name: "approval ls", client: true, max: 0, summary: "list approvals, newest first",
 			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
-				status := fs.String("status", "", "pending, granted, denied or expired")
+				status := fs.String("status", "", "pending, granted, denied, expired or happened")
 				asJSON := fs.Bool("json", false, "print the answer as JSON instead of a table")
 				return func(ctx context.Context, _ []string, stdout, _ io.Writer) error {
 					as, err := o.client().Approvals(ctx, *status)
@@ -390,6 +394,8 @@ func init() {
 			}},
 		resolveCommand("grant"),
 		resolveCommand("deny"),
+		resolveCommand("retry"),
+		resolveCommand("happened"),
 
 		&command{name: "tenant ls", client: true, max: 0, summary: "list tenants",
 			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
@@ -456,20 +462,37 @@ func init() {
 	)
 }
 
-// resolveCommand is "approval grant" or "approval deny".
+// resolveSummaries are what the approval verbs do.
+var resolveSummaries = map[string]string{
+	"grant":    "grant a pending approval",
+	"deny":     "deny a pending approval",
+	"retry":    "answer an interrupted_side_effect approval: run the step again",
+	"happened": "answer an interrupted_side_effect approval: it happened, with --result",
+}
+
+// resolveCommand is "approval grant", "deny", "retry" or "happened".
 func resolveCommand(verb string) *command {
-	return &command{name: "approval " + verb, args: "ID", min: 1, max: 1, client: true, summary: verb + " a pending approval",
+	return &command{name: "approval " + verb, args: "ID", min: 1, max: 1, client: true, summary: resolveSummaries[verb],
 		setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
 			by := fs.String("by", "", "admin keys only: the person the decision is made for (otherwise the key's principal decides)")
 			rationale := fs.String("rationale", "", "why")
 			hash := fs.String("request-hash", "", "the request hash the approver saw (refused if the step's differs)")
+			var result *string
+			if verb == "happened" {
+				result = fs.String("result", "", "the effect's result, as JSON (recorded as the step's result; required)")
+			}
 			return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
-				c := o.client()
-				resolve := c.Deny
-				if verb == "grant" {
-					resolve = c.Grant
+				req := wire.ResolveApprovalRequest{DecidedBy: *by, Rationale: *rationale, RequestHash: *hash}
+				if result != nil {
+					if !json.Valid([]byte(*result)) {
+						return usagef("approval happened needs --result with the effect's result as JSON (e.g. '\"sent\"' or '{\"id\": 7}')")
+					}
+					req.Result = json.RawMessage(*result)
 				}
-				a, err := resolve(ctx, pos[0], wire.ResolveApprovalRequest{DecidedBy: *by, Rationale: *rationale, RequestHash: *hash})
+				c := o.client()
+				resolve := map[string]func(context.Context, string, wire.ResolveApprovalRequest) (*wire.Approval, error){
+					"grant": c.Grant, "deny": c.Deny, "retry": c.Retry, "happened": c.Happened}[verb]
+				a, err := resolve(ctx, pos[0], req)
 				return printAnswer(stdout, a, err)
 			}
 		}}
