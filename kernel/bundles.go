@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 )
@@ -87,7 +89,9 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	if src.TenantKeys, err = k.TenantBundleKeys(ctx, tenant); err != nil {
 		return nil, fmt.Errorf("read the bundle keys of tenant %s: %w", tenant, err)
 	}
+	t0 := time.Now()
 	cb, err := l.Compile(ctx, tenant, src)
+	compiled := time.Since(t0)
 	if err != nil {
 		var ke *Error
 		if errors.As(err, &ke) {
@@ -119,6 +123,8 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, err
 	}
 	l.Activate(tenant, cb)
+	k.log.Info("bundle activated", "tenant", tenant, "bundle", br.Name, "revision", br.Revision, "engine", br.Engine,
+		"sha256", br.Digest, "compile", compiled.Round(time.Microsecond).String())
 	return br, nil
 }
 
@@ -394,6 +400,8 @@ func (k *Kernel) LoadBundles(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list bundles: %w", err)
 	}
+	start := time.Now()
+	var failed atomic.Int64
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	var wg sync.WaitGroup
 	for _, rec := range recs {
@@ -406,17 +414,24 @@ func (k *Kernel) LoadBundles(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			k.loadStored(ctx, rec)
+			if !k.loadStored(ctx, rec) {
+				failed.Add(1)
+			}
 		}()
 	}
 	wg.Wait()
+	if ctx.Err() == nil {
+		k.log.Info("bundles loaded", "bundles", len(recs)-int(failed.Load()), "failed", failed.Load(),
+			"took", time.Since(start).Round(time.Millisecond).String())
+	}
 	return ctx.Err()
 }
 
 // loadStored compiles and activates one stored bundle under the load
 // timeout. The loader is not trusted to honour ctx: a compile that
-// outlasts it is left to finish in the background and discarded.
-func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) {
+// outlasts it is left to finish in the background and discarded. It
+// reports whether the bundle is live.
+func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) bool {
 	timeout := k.cfg.BundleLoadTimeout
 	lctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -424,6 +439,7 @@ func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) {
 		cb  *CompiledBundle
 		err error
 	}
+	t0 := time.Now()
 	done := make(chan result, 1)
 	go func() {
 		keys, err := k.TenantBundleKeys(lctx, rec.Tenant)
@@ -439,7 +455,9 @@ func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) {
 	case r := <-done:
 		if r.err == nil {
 			k.bundles.Activate(rec.Tenant, r.cb)
-			return
+			k.log.Info("bundle loaded", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "engine", rec.Engine,
+				"compile", time.Since(t0).Round(time.Microsecond).String())
+			return true
 		}
 		err = r.err
 	case <-lctx.Done():
@@ -451,11 +469,12 @@ func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) {
 		}()
 	}
 	if ctx.Err() != nil {
-		return
+		return false
 	}
 	k.log.Warn("stored bundle skipped: it does not load; agents bound to it are denied (engine_error) until it is replaced",
 		"tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "err", err)
 	k.bundles.Failed(rec.Tenant, rec.Name, err)
+	return false
 }
 
 // EvalRequest is a policy dry run.

@@ -293,6 +293,9 @@ func (k *Kernel) deliver(ctx context.Context, d Delivery) {
 	dctx, cancel := context.WithTimeout(ctx, k.cfg.DispatchTimeout)
 	derr := k.deliv.Deliver(dctx, d)
 	cancel()
+	if obs := k.cfg.Observer; obs != nil {
+		obs.Delivery(derr)
+	}
 	if ctx.Err() != nil {
 		return // shutting down: the lease (or recoverDeliveries) takes over
 	}

@@ -26,34 +26,35 @@ import (
 	"github.com/wicket-run/wicket/store/bbolt"
 )
 
-// benchCommand measures steps over HTTP against an in-process kernel on a
-// fresh store. An agent built with sdk/agent serves the webhooks; each of
-// --executions handlers submits and completes steps through the SDK's
-// Execution (two signed requests, two commits per step) as fast as it can,
-// until --steps steps are done. The agent is registered and the executions
-// created through sdk/client, as any client would.
-func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// benchSetup defines the flags of `wicket bench`, which measures steps over
+// HTTP against an in-process kernel on a fresh store: each of --executions
+// workers submits and completes steps (two signed requests, two commits per
+// step) as fast as it can, through an agent built with sdk/agent; the
+// agent is registered and the executions created through sdk/client.
+func benchSetup(fs *flag.FlagSet, _ *clientOpts) runFunc {
 	execs := fs.Int("executions", 10, "concurrent executions")
 	steps := fs.Int("steps", 20000, "steps in total")
 	dir := fs.String("data", "", "data directory (default: a temporary one, removed after)")
 	noSync := fs.Bool("unsafe-no-fsync", false, "skip fsync (to see the cost of durability)")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, _ []string, stdout, _ io.Writer) error {
+		return bench(ctx, *execs, *steps, *dir, *noSync, stdout)
 	}
+}
+
+func bench(ctx context.Context, nexec, nsteps int, dir string, noSync bool, stdout io.Writer) error {
+	execs, steps := &nexec, &nsteps
 	if *execs < 1 || *steps < *execs {
 		return usageError{"bench: want --executions >= 1 and --steps >= --executions"}
 	}
-	if *dir == "" {
+	if dir == "" {
 		d, err := os.MkdirTemp("", "wicket-bench-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(d)
-		*dir = d
+		dir = d
 	}
-	st, err := bbolt.Open(filepath.Join(*dir, "wicket.db"), bbolt.Options{NoSync: *noSync})
+	st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), bbolt.Options{NoSync: noSync})
 	if err != nil {
 		return err
 	}
@@ -126,7 +127,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	slices.Sort(all)
 	q := func(f float64) time.Duration { return all[int(float64(len(all)-1)*f)].Round(time.Microsecond) }
 	commits := max(s1.Commits-s0.Commits, 1)
-	fmt.Fprintf(stdout, "steps:           %d over HTTP through sdk/agent, %d concurrent executions, fsync %v\n", *steps, *execs, !*noSync)
+	fmt.Fprintf(stdout, "steps:           %d over HTTP through sdk/agent, %d concurrent executions, fsync %v\n", *steps, *execs, !noSync)
 	fmt.Fprintf(stdout, "throughput:      %.0f steps/s (%s)\n", float64(*steps)/el.Seconds(), el.Round(time.Millisecond))
 	fmt.Fprintf(stdout, "submit latency:  p50 %s  p99 %s  max %s\n", q(0.5), q(0.99), q(1))
 	fmt.Fprintf(stdout, "group commit:    %.2f updates/commit, %s per commit\n", float64(s1.Updates-s0.Updates)/float64(commits), (el / time.Duration(commits)).Round(time.Microsecond))

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/wicket-run/wicket/internal/manifest"
+	"github.com/wicket-run/wicket/internal/metrics"
 	"github.com/wicket-run/wicket/internal/netguard"
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
@@ -43,6 +44,8 @@ type serveOptions struct {
 	noSync                        bool
 	readyFile                     string
 	limits                        limitOptions
+	metricsAddr, metricsKey       string
+	retention, retentionInterval  time.Duration
 	bundleKeyFile, bundleKeyID    string
 	bundleKeyAlg                  string
 	net                           netLimits
@@ -141,6 +144,10 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.IntVar(&o.net.maxConns, "max-conns", envInt("WICKET_MAX_CONNS", server.DefaultMaxConns), "open connections at most, lowered to fit the file descriptor limit; idle ones are closed for room (WICKET_MAX_CONNS)")
 	fs.IntVar(&o.net.maxStreamsPerTenant, "max-streams-per-tenant", envInt("WICKET_MAX_STREAMS_PER_TENANT", server.DefaultMaxStreamsPerTenant), "open event streams per tenant at most (WICKET_MAX_STREAMS_PER_TENANT)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.DurationVar(&o.retention, "retention", envDuration("WICKET_RETENTION", 0), "delete terminal executions (with their events, steps, approvals, counters) this long after they end; 0 keeps them (WICKET_RETENTION; a tenant's retention overrides it)")
+	fs.DurationVar(&o.retentionInterval, "retention-interval", envDuration("WICKET_RETENTION_INTERVAL", d.RetentionInterval), "time between retention passes (WICKET_RETENTION_INTERVAL)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", envString("WICKET_METRICS_ADDR", ""), "serve /metrics on this address instead of the API's (WICKET_METRICS_ADDR)")
+	fs.StringVar(&o.metricsKey, "metrics-key", envString("WICKET_METRICS_KEY", ""), "bearer key /metrics requires; the admin key works too (WICKET_METRICS_KEY; empty: /metrics is open)")
 	fs.StringVar(&o.bundleKeyFile, "bundle-verification-key", envString("WICKET_BUNDLE_VERIFICATION_KEY", ""), "PEM public key (or HMAC secret) file that verifies bundle signatures; every bundle must then be signed (WICKET_BUNDLE_VERIFICATION_KEY)")
 	fs.StringVar(&o.bundleKeyID, "bundle-verification-key-id", envString("WICKET_BUNDLE_VERIFICATION_KEY_ID", bundle.DefaultKeyID), "key id signatures name (kid) (WICKET_BUNDLE_VERIFICATION_KEY_ID)")
 	fs.StringVar(&o.bundleKeyAlg, "bundle-verification-alg", envString("WICKET_BUNDLE_VERIFICATION_ALG", bundle.DefaultAlgorithm), "signature algorithm: RS256, ES256, HS256, ... (WICKET_BUNDLE_VERIFICATION_ALG)")
@@ -181,17 +188,8 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var o serveOptions
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	serveFlags(&o, fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("serve: unexpected argument %q", fs.Arg(0))}
-	}
+// serve runs the kernel until ctx ends.
+func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error {
 	log, err := newLogger(o.logLevel, o.logFormat, stderr)
 	if err != nil {
 		return err
@@ -230,7 +228,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 
-	guard, err := webhookGuard(o)
+	guard, err := webhookGuard(*o)
 	if err != nil {
 		return err
 	}
@@ -242,11 +240,19 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return err
 		}
 	}
-	st, err := bbolt.Open(filepath.Join(o.data, "wicket.db"), bbolt.Options{NoSync: o.noSync})
+	reg := metrics.New()
+	t0 := time.Now()
+	st, err := bbolt.Open(storePath(o.data), bbolt.Options{NoSync: o.noSync, OnCommit: reg.Commit})
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
 	defer st.Close()
+	var size int64
+	if fi, err := os.Stat(st.Path()); err == nil {
+		size = fi.Size()
+	}
+	log.Info("store opened", "path", st.Path(), "size", bytesString(size), "schema", bbolt.SchemaVersion, "fsync", !o.noSync,
+		"took", time.Since(t0).Round(time.Millisecond).String())
 
 	// The kernel's own address is a forbidden webhook destination from the
 	// start (the manifest registers agents before the listener opens);
@@ -256,8 +262,8 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
-		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: kernel.ApprovalExpiry(o.approvalExpiry), Logger: log,
-		BundleLoadTimeout: o.limits.bundleLoadTimeout}
+		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: kernel.ApprovalExpiry(o.approvalExpiry), Logger: log, Observer: reg,
+		BundleLoadTimeout: o.limits.bundleLoadTimeout, Retention: o.retention, RetentionInterval: o.retentionInterval}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
@@ -319,12 +325,19 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			log.Info("pulling bundle", "tenant", src.Tenant, "bundle", src.Name, "url", src.URL)
 		}
 	}
+	if err := checkDefaultPolicy(ctx, k, o.defaultPolicy, log); err != nil {
+		return err
+	}
 
 	maxConns := fitConns(o.net.maxConns, log)
 	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
 		MaxBundleBytes: o.net.maxBundleBody, ReadHeaderTimeout: o.net.readHeaderTimeout, ReadTimeout: o.net.readTimeout,
 		IdleTimeout: o.net.idleTmo, MaxConns: maxConns, MaxStreamsPerTenant: o.net.maxStreamsPerTenant,
-		SignatureTolerance: o.signatureTolerance})
+		SignatureTolerance: o.signatureTolerance, Backup: st,
+		Metrics: reg, MetricsKey: o.metricsKey, MetricsElsewhere: o.metricsAddr != ""})
+	if err := reg.PendingApprovals(k.PendingApprovals); err != nil {
+		return err
+	}
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}
@@ -332,7 +345,16 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
-	guard.SetSelf(ln.Addr())
+	var mln net.Listener
+	if o.metricsAddr != "" {
+		if mln, err = net.Listen("tcp", o.metricsAddr); err != nil {
+			ln.Close()
+			return fmt.Errorf("listen %s (metrics): %w", o.metricsAddr, err)
+		}
+		guard.SetSelf(ln.Addr(), mln.Addr())
+	} else {
+		guard.SetSelf(ln.Addr())
+	}
 	hs := srv.HTTPServer()                                         // timeouts, idle eviction, CloseStreams on shutdown
 	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http: accept errors and the like
 	ln = srv.Listener(ln)
@@ -340,16 +362,24 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	srv.SetReady(true)
-	log.Info("wicket serving", "addr", ln.Addr().String(), "data", o.data, "version", version, "fsync", !o.noSync)
+	log.Info("wicket serving", "version", version, "data", o.data, "auth", keysConfigured)
 	if o.readyFile != "" {
 		if err := os.WriteFile(o.readyFile, []byte(ln.Addr().String()), 0o600); err != nil {
 			return fmt.Errorf("write ready file: %w", err)
 		}
 	}
-	fmt.Fprintf(stdout, "wicket listening on http://%s\n", ln.Addr())
+	log.Info("listening on", "url", "http://"+ln.Addr().String())
 
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
+	if mln != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", srv.MetricsHandler())
+		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+		defer ms.Close()
+		go func() { errc <- ms.Serve(mln) }()
+		log.Info("metrics listening on", "url", "http://"+mln.Addr().String()+"/metrics")
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -400,6 +430,33 @@ func (o *serveOptions) verificationKeys() ([]bundle.Key, error) {
 		return nil, usageError{fmt.Sprintf("--bundle-verification-key %s: %v", o.bundleKeyFile, err)}
 	}
 	return keys, nil
+}
+
+// checkDefaultPolicy refuses a --default-policy that names a bundle the
+// default tenant does not hold (it would deny every step of every unbound
+// agent), and warns about each tenant that lacks it: the name is looked up
+// in the agent's own tenant.
+func checkDefaultPolicy(ctx context.Context, k *kernel.Kernel, name string, log *slog.Logger) error {
+	switch name {
+	case "", "allow", "deny":
+		return nil
+	}
+	if !kernel.ValidBundleName(name) {
+		return usagef("--default-policy %q: want allow, deny or a bundle name", name)
+	}
+	if _, err := k.GetBundle(ctx, kernel.DefaultTenant, name); err != nil {
+		return fmt.Errorf("--default-policy %q names no bundle of the default tenant: upload it first (wicket bundle put, or the manifest's bundles): %w", name, err)
+	}
+	ts, err := k.ListTenants(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if _, err := k.GetBundle(ctx, t.ID, name); err != nil {
+			log.Warn("the default policy bundle is missing from a tenant: its unbound agents fail closed", "tenant", t.ID, "bundle", name)
+		}
+	}
+	return nil
 }
 
 // readKeyFile reads the admin key from a file (one line; surrounding

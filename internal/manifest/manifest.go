@@ -87,6 +87,9 @@ type Tenant struct {
 	ID     string   `yaml:"id"`
 	Keys   []Key    `yaml:"keys"`
 	Guards []string `yaml:"guards"`
+	// Retention overrides serve --retention for the tenant ("720h"; "0s"
+	// keeps its executions forever).
+	Retention string `yaml:"retention"`
 	// BundleKeys verify the signatures of the tenant's bundles.
 	BundleKeys []BundleKey `yaml:"bundle_keys"`
 	// AllowBundleSources lets the tenant's tenant-admins point bundles at
@@ -201,6 +204,9 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 		if !kernel.ValidID(t.ID) {
 			return nil, fmt.Errorf("%s: id %q is invalid", where, t.ID)
 		}
+		if err := kernel.ValidRetention(t.Retention); err != nil {
+			return nil, fmt.Errorf("%s (%s).retention: %w", where, t.ID, err)
+		}
 		for j := range t.Keys {
 			k := &t.Keys[j]
 			kw := fmt.Sprintf("%s (%s).keys[%d]", where, t.ID, j)
@@ -276,6 +282,11 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 		if err := k.EnsureTenant(ctx, t.ID); err != nil {
 			return fmt.Errorf("tenant %s: %w", t.ID, err)
 		}
+		if t.ID != kernel.DefaultTenant || t.Retention != "" {
+			if _, err := k.SetTenantRetention(ctx, t.ID, t.Retention); err != nil {
+				return fmt.Errorf("tenant %s: %w", t.ID, err)
+			}
+		}
 		keys, err := m.bundleKeys(t)
 		if err != nil {
 			return err
@@ -308,26 +319,32 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 			return fmt.Errorf("bundles[%d] (%s): %w", i, b.Path, err)
 		}
 	}
-	for _, a := range m.Agents {
+	for i, a := range m.Agents {
+		where := fmt.Sprintf("agents[%d] (%s)", i, a.ID)
 		ag := kernel.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Secret: a.Secret, Bundle: a.Bundle, Signing: a.Signing,
 			OnInterrupted: a.OnInterrupted}
-		if a.Policy != "" || a.PolicyFile != "" {
-			ag.Bundle = kernel.AgentPolicyBundle(a.ID)
-		}
-		if _, err := k.PutAgent(ctx, ag); err != nil {
-			return fmt.Errorf("agent %s: %w", a.ID, err)
-		}
 		rules := []byte(a.Policy)
 		if a.PolicyFile != "" {
-			p := m.resolve(a.PolicyFile)
 			var err error
-			if rules, err = os.ReadFile(p); err != nil {
-				return fmt.Errorf("agent %s: policy_file: %w", a.ID, err)
+			if rules, err = os.ReadFile(m.resolve(a.PolicyFile)); err != nil {
+				return fmt.Errorf("%s: policy_file: %w", where, err)
 			}
+		}
+		if a.Policy != "" || a.PolicyFile != "" {
+			// SetAgentPolicy stores the rules bundle and binds the agent to
+			// it; until then a new agent is bound to nothing and an existing
+			// one keeps its binding (nothing is served during provisioning).
+			ag.Bundle = ""
+			if old, err := k.Agent(ctx, a.Tenant, a.ID); err == nil {
+				ag.Bundle = old.Bundle
+			}
+		}
+		if _, err := k.PutAgent(ctx, ag); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
 		}
 		if len(rules) > 0 {
 			if _, err := k.SetAgentPolicy(ctx, a.Tenant, a.ID, rules, kernel.BundleOwnerAdmin); err != nil {
-				return fmt.Errorf("agent %s: policy: %w", a.ID, err)
+				return fmt.Errorf("%s: policy: %w", where, err)
 			}
 		}
 	}

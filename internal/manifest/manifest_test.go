@@ -191,8 +191,36 @@ func TestApplyBadPolicyFailsBoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
-	if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), "agent a") {
+	if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), "agents[0] (a)") {
 		t.Fatalf("a malformed policy must fail the boot, got %v", err)
+	}
+}
+
+// TestApplyMissingBundleFailsBoot: an agent entry bound to a bundle that
+// neither the manifest nor the store holds (or that another tenant holds)
+// fails the boot, naming the entry.
+func TestApplyMissingBundleFailsBoot(t *testing.T) {
+	dir := t.TempDir()
+	b := filepath.Join(dir, "ro")
+	_ = os.MkdirAll(b, 0o700)
+	_ = os.WriteFile(filepath.Join(b, "bundle.yaml"), []byte("name: ro\nrevision: \"1\"\nengine: rules\n"), 0o600)
+	_ = os.WriteFile(filepath.Join(b, "rules.yaml"), []byte("default_action: deny\n"), 0o600)
+	for _, tc := range []struct{ name, src, want string }{
+		{"missing", "agents:\n  - id: a\n    webhook_url: http://127.0.0.1:9/\n    secret: s3cret-0123456789\n    bundle: nope\n", `agents[0] (a): validation: agent a: bundle "nope" does not exist in tenant default`},
+		{"other tenant", "tenants:\n  - id: acme\nbundles:\n  - path: ro\nagents:\n  - id: ok\n    webhook_url: http://127.0.0.1:9/\n    secret: s3cret-0123456789\n    bundle: ro\n  - id: a\n    tenant: acme\n    webhook_url: http://127.0.0.1:9/\n    secret: s3cret-0123456789\n    bundle: ro\n", `agents[1] (a): validation: agent a: bundle "ro" does not exist in tenant acme`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, tc.name+".yaml")
+			_ = os.WriteFile(path, []byte(tc.src), 0o600)
+			m, err := manifest.Load(path, env(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+			if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
 

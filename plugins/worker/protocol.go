@@ -43,8 +43,8 @@ type request struct {
 }
 
 type response struct {
-	ID       uint64           `json:"id"`
-	Error    string           `json:"error,omitempty"`
+	ID       uint64         `json:"id"`
+	Error    string         `json:"error,omitempty"`
 	Decision *policy.Answer `json:"decision,omitempty"`
 }
 
