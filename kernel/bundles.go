@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 )
@@ -51,13 +52,24 @@ func (k *Kernel) loader() (BundleLoader, error) {
 	return k.bundles, nil
 }
 
-// PutBundle validates and compiles a bundle, stores it, and makes it live.
-// If name is set it must match the manifest's name. A bundle that fails to
-// load is refused whole; the running revision stays.
-func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleSource) (*BundleRecord, error) {
+// PutBundle validates and compiles a bundle, stores it as owner's, and
+// makes it live. If name is set it must match the manifest's name. A bundle
+// that fails to load is refused whole; the running revision stays. The
+// tenant (BundleOwnerTenant) may not replace a bundle the admin owns
+// (forbidden); a bundle the admin stores becomes the admin's.
+func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleSource, owner BundleOwner) (*BundleRecord, error) {
+	if err := validOwner(owner); err != nil {
+		return nil, err
+	}
 	l, err := k.loader()
 	if err != nil {
 		return nil, err
+	}
+	// Refuse before compiling what would be refused after.
+	if name != "" {
+		if err := k.store.View(ctx, func(tx ReadTx) error { return mayWriteBundle(tx, tenant, name, owner) }); err != nil {
+			return nil, err
+		}
 	}
 	cb, err := l.Compile(ctx, tenant, src)
 	if err != nil {
@@ -70,9 +82,13 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	if name != "" && cb.Ref.Name != name {
 		return nil, Errorf(CodeValidation, "bundle manifest names %q but the request names %q", cb.Ref.Name, name)
 	}
-	br := &BundleRecord{Tenant: tenant, Name: cb.Ref.Name, Revision: cb.Ref.Revision, Digest: cb.Ref.Digest, Engine: cb.Ref.Engine, Archive: cb.Archive}
+	br := &BundleRecord{Tenant: tenant, Name: cb.Ref.Name, Revision: cb.Ref.Revision, Digest: cb.Ref.Digest, Engine: cb.Ref.Engine,
+		Owner: owner, Archive: cb.Archive}
 	_, err = k.update(ctx, func(r *rec) error {
 		if err := k.requireTenant(r.tx, tenant); err != nil {
+			return err
+		}
+		if err := mayWriteBundle(r.tx, tenant, br.Name, owner); err != nil {
 			return err
 		}
 		br.UpdatedAt = r.now
@@ -83,6 +99,32 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	}
 	l.Activate(tenant, cb)
 	return br, nil
+}
+
+func validOwner(o BundleOwner) error {
+	if o != BundleOwnerAdmin && o != BundleOwnerTenant {
+		return fmt.Errorf("kernel: bundle owner %q is invalid", o)
+	}
+	return nil
+}
+
+// mayWriteBundle refuses the tenant's change of a bundle the admin owns.
+func mayWriteBundle(tx ReadTx, tenant, name string, by BundleOwner) error {
+	if by == BundleOwnerAdmin {
+		return nil
+	}
+	old, err := tx.Bundle(tenant, name)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if old.OwnedBy() == BundleOwnerAdmin {
+		return (&Error{Code: CodeForbidden, Message: fmt.Sprintf("bundle %s of tenant %s is owned by the admin: a tenant-admin key may not replace or delete it", name, tenant)}).
+			WithDetails(map[string]any{"bundle": name, "owner": string(BundleOwnerAdmin)})
+	}
+	return nil
 }
 
 func (k *Kernel) requireTenant(tx ReadTx, tenant string) error {
@@ -123,15 +165,30 @@ func (k *Kernel) ListBundles(ctx context.Context, tenant string) ([]*BundleRecor
 	return out, err
 }
 
-// DeleteBundle removes a bundle. Agents still bound to it are then denied
-// (fail closed) until rebound.
-func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string) error {
+// DeleteBundle removes a bundle; by is who asks. Agents still bound to it
+// are then denied (fail closed) until rebound. The tenant may not delete a
+// bundle the admin owns (forbidden), and nobody may delete one of the
+// tenant's guards (conflict: remove it from the guards first).
+func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string, by BundleOwner) error {
+	if err := validOwner(by); err != nil {
+		return err
+	}
 	_, err := k.update(ctx, func(r *rec) error {
 		if _, err := r.tx.Bundle(tenant, name); err != nil {
 			if errors.Is(err, ErrNotFound) {
 				return Errorf(CodeNotFound, "bundle %s not found", name)
 			}
 			return err
+		}
+		if err := mayWriteBundle(r.tx, tenant, name, by); err != nil {
+			return err
+		}
+		t, err := r.tx.Tenant(tenant)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		if t != nil && slices.Contains(t.Guards, name) {
+			return Errorf(CodeConflict, "bundle %s is a guard of tenant %s: remove it from the tenant's guards first (PUT /v0/tenants/%s)", name, tenant, tenant)
 		}
 		return r.tx.DeleteBundle(tenant, name)
 	})
@@ -170,9 +227,9 @@ func AgentPolicyBundle(agentID string) string {
 	return string(b)
 }
 
-// SetAgentPolicy stores native YAML rules as the agent's own bundle and binds
-// the agent to it.
-func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rulesYAML []byte) (*BundleRecord, error) {
+// SetAgentPolicy stores native YAML rules as the agent's own bundle, owned
+// by owner (see PutBundle), and binds the agent to it.
+func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rulesYAML []byte, owner BundleOwner) (*BundleRecord, error) {
 	l, err := k.loader()
 	if err != nil {
 		return nil, err
@@ -185,7 +242,7 @@ func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rul
 	if err != nil {
 		return nil, &Error{Code: CodeValidation, Message: "policy refused: " + err.Error()}
 	}
-	rec, err := k.PutBundle(ctx, tenant, AgentPolicyBundle(agentID), src)
+	rec, err := k.PutBundle(ctx, tenant, AgentPolicyBundle(agentID), src, owner)
 	if err != nil {
 		return nil, err
 	}

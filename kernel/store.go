@@ -58,16 +58,42 @@ type ApprovalRef struct {
 	At         time.Time
 }
 
-// BundleRecord is a stored bundle: its identity and its archive (a
-// reproducible .tar.gz of the bundle files).
+// BundleRecord is a stored bundle: its identity, its owner and its archive
+// (a reproducible .tar.gz of the bundle files).
 type BundleRecord struct {
-	Tenant    string    `json:"tenant"`
-	Name      string    `json:"name"`
-	Revision  string    `json:"revision"`
-	Digest    string    `json:"sha256"`
-	Engine    string    `json:"engine"`
-	Archive   []byte    `json:"archive"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Tenant   string `json:"tenant"`
+	Name     string `json:"name"`
+	Revision string `json:"revision"`
+	Digest   string `json:"sha256"`
+	Engine   string `json:"engine"`
+	// Owner is who controls the bundle (BundleOwnerAdmin or
+	// BundleOwnerTenant); a store returns what it was given, and a record
+	// stored without one reads as the tenant's (BundleRecord.OwnedBy).
+	Owner     BundleOwner `json:"owner,omitempty"`
+	Archive   []byte      `json:"archive"`
+	UpdatedAt time.Time   `json:"updated_at"`
+}
+
+// BundleOwner is who controls a stored bundle.
+type BundleOwner string
+
+// Bundle owners.
+const (
+	// BundleOwnerAdmin: stored with an admin key (PUT ?tenant=) or by the
+	// provisioning manifest. A tenant-admin may not replace or delete it;
+	// only such a bundle may be one of its tenant's guards.
+	BundleOwnerAdmin BundleOwner = "admin"
+	// BundleOwnerTenant: stored by the tenant (a tenant-admin key).
+	BundleOwnerTenant BundleOwner = "tenant"
+)
+
+// OwnedBy returns the bundle's owner; a record without one (stored before
+// owners existed, by a store that does not migrate it) is the tenant's.
+func (b *BundleRecord) OwnedBy() BundleOwner {
+	if b.Owner == "" {
+		return BundleOwnerTenant
+	}
+	return b.Owner
 }
 
 // Tenant is an isolated namespace.
@@ -82,6 +108,9 @@ const (
 	RoleAdmin       = "admin"
 	RoleTenantAdmin = "tenant-admin"
 	RoleClient      = "client"
+	// RoleApprover reads and decides approvals and reads executions of its
+	// tenant, and nothing else.
+	RoleApprover = "approver"
 )
 
 // APIKey is a stored API key; only the sha256 of the secret is kept.

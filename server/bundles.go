@@ -23,7 +23,9 @@ const manifestFile = "bundle.yaml"
 
 var engineName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 
-// putBundle stores a bundle and makes it live. The body is a .tar.gz
+// putBundle stores a bundle and makes it live. An admin key stores an
+// admin-owned bundle (it may then be a guard); a tenant-admin key stores the
+// tenant's own and may not replace an admin-owned one (403). The body is a .tar.gz
 // (Content-Type application/gzip, application/x-gzip or
 // application/octet-stream) or the JSON form wire.BundleFilesRequest.
 // The kernel's loader validates it whole; a refused bundle changes nothing.
@@ -55,7 +57,7 @@ func (s *Server) putBundle(c *call) (int, any, error) {
 	default:
 		return 0, nil, errorf(kernel.CodeValidation, "Content-Type %q is not supported: send application/gzip (a .tar.gz) or application/json ({engine, files})", mt)
 	}
-	rec, err := s.k.PutBundle(c.ctx, c.tenant, name, src)
+	rec, err := s.k.PutBundle(c.ctx, c.tenant, name, src, c.p.bundleOwner())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -195,7 +197,7 @@ func (s *Server) getBundle(c *call) (int, any, error) {
 }
 
 func (s *Server) deleteBundle(c *call) (int, any, error) {
-	if err := s.k.DeleteBundle(c.ctx, c.tenant, c.vars("name")); err != nil {
+	if err := s.k.DeleteBundle(c.ctx, c.tenant, c.vars("name"), c.p.bundleOwner()); err != nil {
 		return 0, nil, err
 	}
 	return http.StatusNoContent, nil, nil

@@ -98,7 +98,7 @@ func agentView(a *kernel.Agent) wire.Agent {
 }
 
 func bundleView(b *kernel.BundleRecord) wire.Bundle {
-	return wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine,
+	return wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine, Owner: string(b.OwnedBy()),
 		Size: len(b.Archive), UpdatedAt: b.UpdatedAt}
 }
 
@@ -107,6 +107,7 @@ func approvalView(a *kernel.Approval) wire.Approval {
 		ID: a.ID, Tenant: a.Tenant, ExecutionID: a.ExecutionID, AgentID: a.AgentID, StepID: a.StepID, Kind: a.Kind,
 		Target: a.Target, Args: a.Args, RequestHash: a.RequestHash, Status: string(a.Status), Approvers: a.Approvers,
 		Message: a.Message, Reason: a.Reason, RuleID: a.RuleID, ExpiresAt: a.ExpiresAt, DecidedBy: a.DecidedBy,
+		DecidedByKey: a.DecidedByKey, DecidedByPrincipal: a.DecidedByPrincipal,
 		Rationale: a.Rationale, CreatedAt: a.CreatedAt, DecidedAt: a.DecidedAt,
 	}
 }

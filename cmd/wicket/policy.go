@@ -75,7 +75,7 @@ func cliHost() (*plugins.Host, func()) {
 	if d, err := os.UserCacheDir(); err == nil {
 		cache = filepath.Join(d, "wicket", "wasm-cache")
 	}
-	w := wasm.New(wasm.Config{CacheDir: cache})
+	w := wasm.New(wasm.Config{CacheDir: cache, Builtins: rego.NewHostBuiltins()})
 	h := plugins.NewHost(plugins.Options{}, rules.New(), rego.New(), w)
 	return h, func() { h.Close(); _ = w.Close() }
 }

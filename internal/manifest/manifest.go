@@ -1,12 +1,19 @@
 // Package manifest reads the provisioning manifest of `wicket serve
-// --config FILE` and applies it to a kernel as an upsert: bundles first,
-// then tenants with their keys, then agents with their policies.
+// --config FILE` and applies it to a kernel as an upsert: tenants with
+// their keys first, then bundles, then agents with their policies, and last
+// the tenants' guards. Everything the manifest stores is the admin's: its
+// bundles (and agents' inline policies) are admin-owned, which is what a
+// guard must be, so a guard names a bundle listed under bundles with the
+// guarded tenant's id as its tenant.
 //
 // # Format
 //
 //	bundles:
 //	  - name: research
 //	    path: bundles/research     # directory or .tar.gz, relative to the manifest
+//	  - name: no-destructive
+//	    path: bundles/no-destructive
+//	    tenant: acme               # default: default
 //	tenants:
 //	  - id: acme
 //	    keys: [{principal: ci, role: client, key: "${ACME_CI_KEY}"}]
@@ -155,13 +162,13 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 				return nil, fmt.Errorf("%s.key: must be at least 16 bytes", kw)
 			}
 			switch k.Role {
-			case kernel.RoleClient, kernel.RoleTenantAdmin:
+			case kernel.RoleClient, kernel.RoleTenantAdmin, kernel.RoleApprover:
 			case kernel.RoleAdmin:
 				if t.ID != kernel.DefaultTenant {
 					return nil, fmt.Errorf("%s.role: admin keys belong to the default tenant", kw)
 				}
 			default:
-				return nil, fmt.Errorf("%s.role: %q is invalid (want client or tenant-admin)", kw, k.Role)
+				return nil, fmt.Errorf("%s.role: %q is invalid (want client, tenant-admin or approver)", kw, k.Role)
 			}
 			if k.Principal == "" {
 				return nil, fmt.Errorf("%s.principal is required", kw)
@@ -210,10 +217,8 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 // Apply provisions everything in the manifest. It stops at the first error.
 func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 	for _, t := range m.Tenants {
-		if t.ID != kernel.DefaultTenant {
-			if err := k.UpsertTenant(ctx, kernel.Tenant{ID: t.ID, Guards: t.Guards}); err != nil {
-				return fmt.Errorf("tenant %s: %w", t.ID, err)
-			}
+		if err := k.EnsureTenant(ctx, t.ID); err != nil {
+			return fmt.Errorf("tenant %s: %w", t.ID, err)
 		}
 		for _, key := range t.Keys {
 			if _, _, err := k.CreateKey(ctx, t.ID, key.Role, key.Principal, key.Key); err != nil {
@@ -226,7 +231,7 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 		if err != nil {
 			return fmt.Errorf("bundles[%d]: %w", i, err)
 		}
-		if _, err := k.PutBundle(ctx, b.Tenant, b.Name, src); err != nil {
+		if _, err := k.PutBundle(ctx, b.Tenant, b.Name, src, kernel.BundleOwnerAdmin); err != nil {
 			return fmt.Errorf("bundles[%d] (%s): %w", i, b.Path, err)
 		}
 	}
@@ -247,9 +252,20 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 			}
 		}
 		if len(rules) > 0 {
-			if _, err := k.SetAgentPolicy(ctx, a.Tenant, a.ID, rules); err != nil {
+			if _, err := k.SetAgentPolicy(ctx, a.Tenant, a.ID, rules, kernel.BundleOwnerAdmin); err != nil {
 				return fmt.Errorf("agent %s: policy: %w", a.ID, err)
 			}
+		}
+	}
+	// Guards last: they must name bundles stored above. The manifest is
+	// authoritative for the tenants it lists (no guards: none), except the
+	// default tenant, whose guards it sets only when it lists some.
+	for _, t := range m.Tenants {
+		if t.ID == kernel.DefaultTenant && len(t.Guards) == 0 {
+			continue
+		}
+		if _, err := k.SetTenantGuards(ctx, t.ID, t.Guards); err != nil {
+			return fmt.Errorf("tenant %s guards: %w", t.ID, err)
 		}
 	}
 	return nil

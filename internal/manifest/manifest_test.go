@@ -52,13 +52,23 @@ func TestApply(t *testing.T) {
 	}
 	_ = os.WriteFile(filepath.Join(bdir, "bundle.yaml"), []byte("name: ro\nrevision: \"7\"\nengine: rules\n"), 0o600)
 	_ = os.WriteFile(filepath.Join(bdir, "rules.yaml"), []byte("default_action: deny\nrules:\n  - id: reads\n    priority: 1\n    when: {effect: read_only}\n    then: {decision: allow}\n"), 0o600)
+	gdir := filepath.Join(dir, "bundles", "no-rm")
+	if err := os.MkdirAll(gdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(gdir, "bundle.yaml"), []byte("name: no-rm\nrevision: \"1\"\nengine: rules\n"), 0o600)
+	_ = os.WriteFile(filepath.Join(gdir, "rules.yaml"), []byte("rules:\n  - id: no-rm\n    priority: 1\n    when: {target: rm}\n    then: {decision: deny}\n"), 0o600)
 	src := `
 bundles:
   - name: ro
     path: bundles/ro
+  - name: no-rm
+    path: bundles/no-rm
+    tenant: acme
 tenants:
   - id: acme
     keys: [{principal: ci, role: client, key: "${ACME_KEY}"}]
+    guards: [no-rm]
 agents:
   - id: inline
     webhook_url: http://127.0.0.1:9/hook
@@ -107,7 +117,9 @@ agents:
 		{"fromfile", "default", "ls", "", "deny"},
 		{"named", "default", "ls", "read_only", "allow"},
 		{"named", "default", "ls", "destructive", "deny"},
-		{"tenanted", "acme", "ls", "", "allow"}, // no bundle: kernel default
+		// No bundle of its own, but acme's guard.
+		{"tenanted", "acme", "ls", "", "allow"},
+		{"tenanted", "acme", "rm", "", "deny"},
 	} {
 		res, err := e.Kernel.EvalPolicy(ctx, kernel.EvalRequest{Tenant: tc.tenant, AgentID: tc.agent, Kind: "tool_call", Target: tc.target, Effect: tc.effect})
 		if err != nil {
@@ -123,6 +135,44 @@ agents:
 	}
 	if ref, ok := e.Host.Live("default", "ro"); !ok || ref.Revision != "7" {
 		t.Errorf("bundle ro: %+v %v", ref, ok)
+	}
+	// What the manifest stores is the admin's: the guard is safe from
+	// acme's tenant-admins.
+	for _, b := range []struct{ tenant, name string }{{"default", "ro"}, {"acme", "no-rm"}, {"default", kernel.AgentPolicyBundle("inline")}} {
+		b, err := e.Kernel.GetBundle(ctx, b.tenant, b.name)
+		if err != nil || b.Owner != kernel.BundleOwnerAdmin {
+			t.Errorf("%+v %v, want admin-owned", b, err)
+		}
+	}
+	if err := e.Kernel.DeleteBundle(ctx, "acme", "no-rm", kernel.BundleOwnerTenant); kernel.CodeOf(err) != kernel.CodeForbidden {
+		t.Errorf("acme's tenant deleting its guard: %v, want forbidden", err)
+	}
+}
+
+// TestApplyGuardOfAnotherTenantFailsBoot: a guard names a bundle of the
+// guarded tenant; one stored only in the default tenant fails the boot with
+// an error naming the guard (it used to boot and deny every step).
+func TestApplyGuardOfAnotherTenantFailsBoot(t *testing.T) {
+	dir := t.TempDir()
+	bdir := filepath.Join(dir, "safe-shell")
+	if err := os.MkdirAll(bdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(bdir, "bundle.yaml"), []byte("name: safe-shell\nrevision: \"1\"\nengine: rules\n"), 0o600)
+	_ = os.WriteFile(filepath.Join(bdir, "rules.yaml"), []byte("default_action: deny\n"), 0o600)
+	path := filepath.Join(dir, "wicket.yaml")
+	src := "bundles:\n  - {name: safe-shell, path: safe-shell}\ntenants:\n  - {id: acme, guards: [safe-shell]}\n"
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Load(path, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+	err = m.Apply(context.Background(), e.Kernel)
+	if err == nil || !strings.Contains(err.Error(), `guard "safe-shell"`) || !strings.Contains(err.Error(), "acme") {
+		t.Fatalf("a guard stored in another tenant must fail the boot naming it, got %v", err)
 	}
 }
 

@@ -75,7 +75,10 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	srv := server.New(k, server.Config{AdminKey: AdminKey})
 	srv.SetReady(true)
-	hs := httptest.NewServer(srv.Handler())
+	hs := httptest.NewUnstartedServer(srv.Handler())
+	hs.Config = srv.HTTPServer() // the limits `wicket serve` runs with
+	hs.Listener = srv.Listener(hs.Listener)
+	hs.Start()
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}

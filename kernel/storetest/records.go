@@ -604,6 +604,7 @@ func testApprovals(t *testing.T, s kernel.Store) {
 	a2 := approval("t", "ap-2", time.Second, kernel.ApprovalGranted, time.Hour)
 	decided := at(time.Minute)
 	a2.DecidedBy, a2.Rationale, a2.DecidedAt = "alice", "ok", &decided
+	a2.DecidedByKey, a2.DecidedByPrincipal = "key_1", "admin"
 	a3 := approval("t", "ap-0", 2*time.Second, kernel.ApprovalPending, time.Hour) // newest, smallest id
 	update(t, s, func(tx kernel.Tx) error {
 		for _, a := range []*kernel.Approval{a1, a2, a3} {
@@ -643,9 +644,14 @@ func testApprovals(t *testing.T, s kernel.Store) {
 }
 
 func testBundles(t *testing.T, s kernel.Store) {
+	// The owner round-trips (a new revision may change it).
 	mk := func(tenant, name, rev string) *kernel.BundleRecord {
+		owner := kernel.BundleOwnerTenant
+		if rev == "2" {
+			owner = kernel.BundleOwnerAdmin
+		}
 		return &kernel.BundleRecord{
-			Tenant: tenant, Name: name, Revision: rev, Digest: strings.Repeat("0", 64), Engine: "rego",
+			Tenant: tenant, Name: name, Revision: rev, Digest: strings.Repeat("0", 64), Engine: "rego", Owner: owner,
 			Archive: []byte{0x1f, 0x8b, 0, 1, 2, 255, 0, byte(len(name))}, UpdatedAt: t0,
 		}
 	}

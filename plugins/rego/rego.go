@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -17,6 +18,12 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
+
+// strictBuiltinErrors is the engine's rule for a failing builtin: false,
+// OPA's rule, which OPA-compiled wasm follows too, so a failing builtin is
+// undefined in both engines (docs/policy.md). Rego unit tests run under the
+// same rule as the policy.
+const strictBuiltinErrors = false
 
 // DefaultEntrypoint is the query evaluated when the manifest names none.
 const DefaultEntrypoint = "data.wicket.decision"
@@ -123,8 +130,8 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		opa.ParsedQuery(ast.NewBody(ast.NewExpr(ast.NewTerm(ref)))),
 		opa.Capabilities(e.caps),
 		opa.SetRegoVersion(ast.RegoV1),
-		opa.StrictBuiltinErrors(true),
-		opa.GenerateJSON(generateDecision),
+		opa.StrictBuiltinErrors(strictBuiltinErrors),
+		opa.GenerateJSON(decisionGenerator(entry)),
 	)
 	pq, err := r.PrepareForEval(ctx)
 	if err != nil {
@@ -137,12 +144,20 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 	return newEvaluator(entry, pq), nil
 }
 
+// opaEntrypointRE matches a path of names (x/y or x.y); group 1 is the first.
+var opaEntrypointRE = regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_]*)([./][A-Za-z_][A-Za-z0-9_]*)+$`)
+
 // parseEntrypoint validates the manifest entrypoint: a ground reference into
-// data with at least a package and a rule (data.x.y).
+// data with at least a package and a rule (data.x.y). OPA's entrypoint
+// names (x/y, as opa build -e takes them) and references without data.
+// (x.y) are read as data.x.y, as the wasm engine reads them.
 func parseEntrypoint(s string) (string, ast.Ref, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		s = DefaultEntrypoint
+	}
+	if m := opaEntrypointRE.FindStringSubmatch(s); m != nil && m[1] != "data" && m[1] != "input" {
+		s = "data." + strings.ReplaceAll(s, "/", ".")
 	}
 	ref, err := ast.ParseRef(s)
 	if err != nil {

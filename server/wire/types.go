@@ -16,11 +16,20 @@ const (
 	DecisionExecutionTerminal = "execution_terminal"
 )
 
+// Owners of a stored bundle: stored with an admin key (a tenant-admin may
+// not replace or delete it; only these may be a tenant's guards), or by the
+// tenant.
+const (
+	BundleOwnerAdmin  = "admin"
+	BundleOwnerTenant = "tenant"
+)
+
 // Roles of API keys.
 const (
 	RoleAdmin       = "admin"
 	RoleTenantAdmin = "tenant-admin"
 	RoleClient      = "client"
+	RoleApprover    = "approver"
 )
 
 // ---- executions ----
@@ -314,12 +323,14 @@ type BundleFilesRequest struct {
 }
 
 // Bundle is a stored bundle's metadata (GET ?archive=1 returns the .tar.gz).
+// Owner is BundleOwnerAdmin or BundleOwnerTenant.
 type Bundle struct {
 	Tenant    string    `json:"tenant"`
 	Name      string    `json:"name"`
 	Revision  string    `json:"revision"`
 	Digest    string    `json:"sha256"`
 	Engine    string    `json:"engine"`
+	Owner     string    `json:"owner"`
 	Size      int       `json:"size"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -391,10 +402,15 @@ type Approval struct {
 	Reason      string          `json:"reason,omitempty"`
 	RuleID      string          `json:"rule_id,omitempty"`
 	ExpiresAt   time.Time       `json:"expires_at"`
-	DecidedBy   string          `json:"decided_by,omitempty"`
-	Rationale   string          `json:"rationale,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
-	DecidedAt   *time.Time      `json:"decided_at,omitempty"`
+	// DecidedBy is who decided: the deciding key's principal, or the person
+	// an admin key decided for; DecidedByKey and DecidedByPrincipal are the
+	// key that decided and its principal.
+	DecidedBy          string     `json:"decided_by,omitempty"`
+	DecidedByKey       string     `json:"decided_by_key,omitempty"`
+	DecidedByPrincipal string     `json:"decided_by_principal,omitempty"`
+	Rationale          string     `json:"rationale,omitempty"`
+	CreatedAt          time.Time  `json:"created_at"`
+	DecidedAt          *time.Time `json:"decided_at,omitempty"`
 }
 
 // ApprovalList is the answer of GET /v0/approvals.
@@ -403,8 +419,10 @@ type ApprovalList struct {
 }
 
 // ResolveApprovalRequest is the body of POST /v0/approvals/{id}/grant and
-// .../deny. DecidedBy defaults to the caller's key principal; RequestHash,
-// when given, must equal the approval's.
+// .../deny. The decider is the key's principal: DecidedBy may be left out;
+// naming anyone else is 403, except with an admin key, which decides for
+// the person it names (the record keeps both). RequestHash, when given, must
+// equal the approval's.
 type ResolveApprovalRequest struct {
 	DecidedBy   string `json:"decided_by,omitempty"`
 	Rationale   string `json:"rationale,omitempty"`
@@ -413,10 +431,20 @@ type ResolveApprovalRequest struct {
 
 // ---- tenants ----
 
-// TenantRequest is the body of POST /v0/tenants.
+// TenantRequest is the body of POST /v0/tenants. Guards must name
+// admin-owned bundles of the tenant, which a new tenant does not have yet:
+// set them later with PUT /v0/tenants/{id}.
 type TenantRequest struct {
 	ID     string   `json:"id"`
 	Guards []string `json:"guards,omitempty"`
+}
+
+// TenantUpdateRequest is the body of PUT /v0/tenants/{t}: the tenant's
+// guard bundles, which replace the current ones (an empty list removes
+// them; the field is required). Each must name a bundle of that tenant that
+// the admin owns.
+type TenantUpdateRequest struct {
+	Guards *[]string `json:"guards"`
 }
 
 // Tenant is a tenant as the API shows it.
