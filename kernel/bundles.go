@@ -17,6 +17,9 @@ import (
 type BundleSource struct {
 	Archive []byte
 	Files   map[string][]byte
+	// Name is the name the bundle is put under; it names a bundle whose own
+	// manifest gives none (an OPA bundle as `opa build` writes it).
+	Name string
 }
 
 // CompiledBundle is a validated, compiled bundle that is not live yet.
@@ -65,6 +68,9 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	if err != nil {
 		return nil, err
 	}
+	if src.Name == "" {
+		src.Name = name
+	}
 	// Refuse before compiling what would be refused after.
 	if name != "" {
 		if err := k.store.View(ctx, func(tx ReadTx) error { return mayWriteBundle(tx, tenant, name, owner) }); err != nil {
@@ -92,6 +98,9 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 			return err
 		}
 		br.UpdatedAt = r.now
+		if old, err := r.tx.Bundle(tenant, br.Name); err == nil {
+			br.Source = old.Source // a new revision keeps its bundle server
+		}
 		return r.tx.PutBundle(br)
 	})
 	if err != nil {
@@ -99,6 +108,106 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	}
 	l.Activate(tenant, cb)
 	return br, nil
+}
+
+// BundlePull names the bundle server a bundle is pulled from (OPA's bundle
+// service protocol) and the random delay between polls.
+type BundlePull struct {
+	URL      string `json:"url"`
+	MinDelay string `json:"min_delay,omitempty"` // a Go duration; default 60s
+	MaxDelay string `json:"max_delay,omitempty"` // default 120s
+	// Owner is whose the downloads are (the setter's: admin or tenant);
+	// empty reads as the bundle's owner.
+	Owner BundleOwner `json:"owner,omitempty"`
+}
+
+// BundlePuller keeps bundles in sync with bundle servers (plugins/pull
+// implements it). Watch downloads the bundle now, activating it through
+// PutBundle, and keeps polling; when the first download fails it registers
+// nothing and says why. Unwatch stops polling (the live revision stays).
+type BundlePuller interface {
+	Watch(ctx context.Context, tenant, name string, src BundlePull) error
+	Unwatch(tenant, name string)
+}
+
+// SetBundlePuller installs the puller (call before serving).
+func (k *Kernel) SetBundlePuller(p BundlePuller) { k.puller = p }
+
+// SetBundleSource makes the bundle tenant/name follow a bundle server: the
+// first download must load (it becomes the live revision, owner's), then
+// the puller polls. A nil src stops pulling and forgets the source. A
+// tenant (BundleOwnerTenant) may not touch a bundle the admin owns. Who
+// may call it at all is the caller's to check (admins; tenant-admins whose
+// tenant allows bundle sources).
+func (k *Kernel) SetBundleSource(ctx context.Context, tenant, name string, src *BundlePull, owner BundleOwner) (*BundleRecord, error) {
+	if k.puller == nil {
+		return nil, Errorf(CodeUnavailable, "this kernel does not pull bundles")
+	}
+	if !ValidID(name) {
+		return nil, Errorf(CodeValidation, "bundle name %q is invalid", name)
+	}
+	if err := validOwner(owner); err != nil {
+		return nil, err
+	}
+	if err := k.store.View(ctx, func(tx ReadTx) error { return mayWriteBundle(tx, tenant, name, owner) }); err != nil {
+		return nil, err
+	}
+	if src != nil {
+		c := *src
+		c.Owner = owner
+		src = &c
+	}
+	if src == nil {
+		k.puller.Unwatch(tenant, name)
+	} else if err := k.puller.Watch(ctx, tenant, name, *src); err != nil {
+		var ke *Error
+		if errors.As(err, &ke) {
+			return nil, err
+		}
+		return nil, Errorf(CodeValidation, "bundle source refused: %v", err)
+	}
+	var out *BundleRecord
+	_, err := k.update(ctx, func(r *rec) error {
+		b, err := r.tx.Bundle(tenant, name)
+		if errors.Is(err, ErrNotFound) {
+			return Errorf(CodeNotFound, "bundle %s not found", name)
+		}
+		if err != nil {
+			return err
+		}
+		if err := mayWriteBundle(r.tx, tenant, name, owner); err != nil {
+			return err
+		}
+		b.Source = src
+		out = b
+		return r.tx.PutBundle(b)
+	})
+	if err != nil && src != nil {
+		k.puller.Unwatch(tenant, name)
+	}
+	return out, err
+}
+
+// BundleSources lists every stored bundle that names a bundle server, of
+// every tenant (to resume pulling at boot).
+func (k *Kernel) BundleSources(ctx context.Context) ([]*BundleRecord, error) {
+	tenants, err := k.ListTenants(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*BundleRecord
+	for _, t := range tenants {
+		bs, err := k.ListBundles(ctx, t.ID)
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range bs {
+			if b.Source != nil {
+				out = append(out, b)
+			}
+		}
+	}
+	return out, nil
 }
 
 func validOwner(o BundleOwner) error {
@@ -195,6 +304,9 @@ func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string, by Bundl
 	if err == nil && k.bundles != nil {
 		k.bundles.Remove(tenant, name)
 	}
+	if err == nil && k.puller != nil {
+		k.puller.Unwatch(tenant, name)
+	}
 	return err
 }
 
@@ -268,7 +380,7 @@ func (k *Kernel) LoadBundles(ctx context.Context) error {
 		return fmt.Errorf("list bundles: %w", err)
 	}
 	for _, rec := range recs {
-		cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive})
+		cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive, Name: rec.Name})
 		if err != nil {
 			k.log.Error("stored bundle does not load", "tenant", rec.Tenant, "bundle", rec.Name, "err", err)
 			continue

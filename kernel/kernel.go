@@ -148,6 +148,7 @@ type Kernel struct {
 	deliv   Deliverer
 	policy  Policy
 	bundles BundleLoader
+	puller  BundlePuller
 	cfg     Config
 	log     *slog.Logger
 	ids     idGen

@@ -72,6 +72,8 @@ type BundleRecord struct {
 	Owner     BundleOwner `json:"owner,omitempty"`
 	Archive   []byte      `json:"archive"`
 	UpdatedAt time.Time   `json:"updated_at"`
+	// Source, when set, is the bundle server the bundle is pulled from.
+	Source *BundlePull `json:"source,omitempty"`
 }
 
 // BundleOwner is who controls a stored bundle.
@@ -98,9 +100,24 @@ func (b *BundleRecord) OwnedBy() BundleOwner {
 
 // Tenant is an isolated namespace.
 type Tenant struct {
-	ID        string    `json:"id"`
-	Guards    []string  `json:"guards,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	ID     string   `json:"id"`
+	Guards []string `json:"guards,omitempty"`
+	// BundleKeys verify the signatures of the tenant's bundles, beside the
+	// kernel's own keys; with any key, its bundles must be signed.
+	BundleKeys []BundleKey `json:"bundle_keys,omitempty"`
+	// AllowBundleSources lets the tenant's tenant-admins point its bundles
+	// at bundle servers (admins always may).
+	AllowBundleSources bool      `json:"allow_bundle_sources,omitempty"`
+	CreatedAt          time.Time `json:"created_at"`
+}
+
+// BundleKey is a key that verifies bundle signatures (OPA's key config): a
+// PEM public key, or the shared secret of an HS* algorithm.
+type BundleKey struct {
+	ID        string `json:"id"`
+	Algorithm string `json:"algorithm,omitempty"`
+	Key       string `json:"key"`
+	Scope     string `json:"scope,omitempty"`
 }
 
 // Key roles.

@@ -164,6 +164,63 @@ func (k *Kernel) TenantGuards(ctx context.Context, tenant string) ([]string, err
 	return g, err
 }
 
+// SetTenantBundleTrust sets the keys that verify a tenant's bundle
+// signatures and whether its tenant-admins may set bundle sources (an
+// admin's decision: the manifest's bundle_keys and allow_bundle_sources).
+func (k *Kernel) SetTenantBundleTrust(ctx context.Context, tenant string, keys []BundleKey, allowSources bool) error {
+	_, err := k.update(ctx, func(r *rec) error {
+		t, err := r.tx.Tenant(tenant)
+		switch {
+		case errors.Is(err, ErrNotFound) && tenant == DefaultTenant:
+			t = &Tenant{ID: DefaultTenant, CreatedAt: r.now}
+		case errors.Is(err, ErrNotFound):
+			return Errorf(CodeNotFound, "tenant %s not found", tenant)
+		case err != nil:
+			return err
+		}
+		t.BundleKeys = slices.Clone(keys)
+		t.AllowBundleSources = allowSources
+		return r.tx.PutTenant(t)
+	})
+	return err
+}
+
+// TenantBundleKeys returns the keys that verify a tenant's bundles (none
+// for an unknown tenant or one without keys).
+func (k *Kernel) TenantBundleKeys(ctx context.Context, tenant string) ([]BundleKey, error) {
+	var keys []BundleKey
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		t, err := tx.Tenant(tenant)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		keys = t.BundleKeys
+		return nil
+	})
+	return keys, err
+}
+
+// TenantAllowsBundleSources reports whether a tenant's tenant-admins may
+// point bundles at bundle servers (set by an admin; default no).
+func (k *Kernel) TenantAllowsBundleSources(ctx context.Context, tenant string) (bool, error) {
+	allow := false
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		t, err := tx.Tenant(tenant)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		allow = t.AllowBundleSources
+		return nil
+	})
+	return allow, err
+}
+
 // CreateKey issues an API key for a tenant. The secret is returned once;
 // only its hash is stored. A non-empty secret (manifest provisioning) is
 // used as given.

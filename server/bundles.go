@@ -18,8 +18,12 @@ import (
 	"github.com/wicket-run/wicket/server/wire"
 )
 
-// manifestFile is the bundle manifest's path inside a bundle.
-const manifestFile = "bundle.yaml"
+// manifestFile is the bundle manifest's path inside a bundle; opaManifestFile
+// OPA's.
+const (
+	manifestFile    = "bundle.yaml"
+	opaManifestFile = ".manifest"
+)
 
 var engineName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 
@@ -109,12 +113,18 @@ func bundleFiles(name string, body []byte) (map[string][]byte, error) {
 		return files, nil
 	}
 	if req.Engine == "" {
-		return nil, errorf(kernel.CodeValidation, "engine is required when the files have no %s", manifestFile)
+		// An OPA bundle: the loader infers the engine from the files and
+		// names the bundle after the URL.
+		return files, nil
 	}
 	if !engineName.MatchString(req.Engine) {
 		return nil, errorf(kernel.CodeValidation, "engine %q is invalid", req.Engine)
 	}
-	files[manifestFile] = []byte("name: " + strconv.Quote(name) + "\nrevision: " + strconv.Quote(contentRevision(files)) + "\nengine: " + req.Engine + "\n")
+	m := "name: " + strconv.Quote(name) + "\nengine: " + req.Engine + "\n"
+	if _, ok := files[opaManifestFile]; !ok { // else .manifest's revision
+		m += "revision: " + strconv.Quote(contentRevision(files)) + "\n"
+	}
+	files[manifestFile] = []byte(m)
 	return files, nil
 }
 
@@ -201,4 +211,53 @@ func (s *Server) deleteBundle(c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	return http.StatusNoContent, nil, nil
+}
+
+// putBundleSource points a bundle at a bundle server: the first download
+// must load (it becomes the live revision), then the kernel polls it.
+// Admins may; tenant-admins when their tenant allows bundle sources.
+func (s *Server) putBundleSource(c *call) (int, any, error) {
+	if err := s.mayPullBundles(c); err != nil {
+		return 0, nil, err
+	}
+	var req wire.BundleSource
+	if err := decode(c.body, &req); err != nil {
+		return 0, nil, err
+	}
+	if req.URL == "" {
+		return 0, nil, errorf(kernel.CodeValidation, "url is required")
+	}
+	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), &kernel.BundlePull{URL: req.URL, MinDelay: req.MinDelay, MaxDelay: req.MaxDelay}, c.p.bundleOwner())
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, bundleView(rec), nil
+}
+
+// deleteBundleSource stops pulling a bundle; its live revision stays.
+func (s *Server) deleteBundleSource(c *call) (int, any, error) {
+	if err := s.mayPullBundles(c); err != nil {
+		return 0, nil, err
+	}
+	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), nil, c.p.bundleOwner())
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, bundleView(rec), nil
+}
+
+// mayPullBundles: bundle server URLs make the kernel fetch from the
+// network, so beyond admins only tenants an admin allowed may set them.
+func (s *Server) mayPullBundles(c *call) error {
+	if c.p.Kind == PrincipalAdmin {
+		return nil
+	}
+	ok, err := s.k.TenantAllowsBundleSources(c.ctx, c.tenant)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errorf(kernel.CodeForbidden, "tenant %s may not pull bundles from bundle servers: an admin can allow it (allow_bundle_sources)", c.tenant)
+	}
+	return nil
 }

@@ -218,6 +218,8 @@ func (s *Server) routes() *mux.Router {
 		{"GET", "/v0/bundles", classAdmin, s.listBundles, routeOpts{}},
 		{"GET", "/v0/bundles/{name}", classAdmin, s.getBundle, routeOpts{}},
 		{"DELETE", "/v0/bundles/{name}", classAdmin, s.deleteBundle, routeOpts{}},
+		{"PUT", "/v0/bundles/{name}/source", classAdmin, s.putBundleSource, routeOpts{}},
+		{"DELETE", "/v0/bundles/{name}/source", classAdmin, s.deleteBundleSource, routeOpts{}},
 		{"POST", "/v0/policy/eval", classAdmin, s.evalPolicy, routeOpts{}},
 		{"GET", "/v0/approvals", classApprovals, s.listApprovals, routeOpts{}},
 		{"GET", "/v0/approvals/{approval_id}", classApprovals, s.getApproval, routeOpts{}},

@@ -98,8 +98,12 @@ func agentView(a *kernel.Agent) wire.Agent {
 }
 
 func bundleView(b *kernel.BundleRecord) wire.Bundle {
-	return wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine, Owner: string(b.OwnedBy()),
+	v := wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine, Owner: string(b.OwnedBy()),
 		Size: len(b.Archive), UpdatedAt: b.UpdatedAt}
+	if s := b.Source; s != nil {
+		v.Source = &wire.BundleSource{URL: s.URL, MinDelay: s.MinDelay, MaxDelay: s.MaxDelay}
+	}
+	return v
 }
 
 func approvalView(a *kernel.Approval) wire.Approval {

@@ -20,6 +20,8 @@ import (
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/pull"
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
@@ -40,6 +42,8 @@ type serveOptions struct {
 	maxBody                       int64
 	noSync                        bool
 	readyFile                     string
+	bundleKeyFile, bundleKeyID    string
+	bundleKeyAlg                  string
 	net                           netLimits
 	webhookAllow, webhookDeny     stringList
 	signatureTolerance            time.Duration
@@ -136,6 +140,9 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.IntVar(&o.net.maxConns, "max-conns", envInt("WICKET_MAX_CONNS", server.DefaultMaxConns), "open connections at most, lowered to fit the file descriptor limit; idle ones are closed for room (WICKET_MAX_CONNS)")
 	fs.IntVar(&o.net.maxStreamsPerTenant, "max-streams-per-tenant", envInt("WICKET_MAX_STREAMS_PER_TENANT", server.DefaultMaxStreamsPerTenant), "open event streams per tenant at most (WICKET_MAX_STREAMS_PER_TENANT)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.StringVar(&o.bundleKeyFile, "bundle-verification-key", envString("WICKET_BUNDLE_VERIFICATION_KEY", ""), "PEM public key (or HMAC secret) file that verifies bundle signatures; every bundle must then be signed (WICKET_BUNDLE_VERIFICATION_KEY)")
+	fs.StringVar(&o.bundleKeyID, "bundle-verification-key-id", envString("WICKET_BUNDLE_VERIFICATION_KEY_ID", bundle.DefaultKeyID), "key id signatures name (kid) (WICKET_BUNDLE_VERIFICATION_KEY_ID)")
+	fs.StringVar(&o.bundleKeyAlg, "bundle-verification-alg", envString("WICKET_BUNDLE_VERIFICATION_ALG", bundle.DefaultAlgorithm), "signature algorithm: RS256, ES256, HS256, ... (WICKET_BUNDLE_VERIFICATION_ALG)")
 	fs.DurationVar(&o.signatureTolerance, "signature-tolerance", envDuration("WICKET_SIGNATURE_TOLERANCE", wire.DefaultSignatureTolerance),
 		"how far an agent's v1 signature timestamp may be from this clock (WICKET_SIGNATURE_TOLERANCE)")
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
@@ -250,7 +257,11 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), Builtins: rego.NewHostBuiltins()})
 	defer wasmEngine.Close()
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards}, rules.New(), rego.New(), wasmEngine)
+	kernelKeys, err := o.verificationKeys()
+	if err != nil {
+		return err
+	}
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards, BundleKeys: plugins.KernelAndTenantKeys(kernelKeys, k.TenantBundleKeys)}, rules.New(), rego.New(), wasmEngine)
 	defer host.Close()
 	k.SetPolicy(host)
 	k.SetBundleLoader(host)
@@ -262,6 +273,30 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return fmt.Errorf("apply manifest %s: %w", o.config, err)
 		}
 		log.Info("manifest applied", "path", o.config, "agents", len(man.Agents), "tenants", len(man.Tenants), "bundles", len(man.Bundles))
+	}
+	// Bundles pulled from bundle servers (OPA's protocol). Every connection
+	// is checked after DNS, redirects included.
+	// The same address policy as webhook URLs (--webhook-deny-cidr,
+	// --webhook-allow-cidr; the kernel's own listener refused).
+	puller := pull.New(pull.KernelActivator(k), pull.Options{Logger: log, Client: pull.GuardedClient(guard.Control), CheckURL: guard.CheckURL})
+	defer puller.Close()
+	k.SetBundlePuller(puller)
+	stored, err := k.BundleSources(ctx)
+	if err != nil {
+		return err
+	}
+	for _, b := range stored { // set over the API before this boot
+		if err := puller.Start(pull.FromRecord(b)); err != nil {
+			log.Warn("cannot resume pulling a bundle", "tenant", b.Tenant, "bundle", b.Name, "err", err)
+		}
+	}
+	if man != nil {
+		for _, src := range man.Sources() {
+			if err := puller.Start(src); err != nil {
+				return fmt.Errorf("manifest %s: bundle %s: %w", o.config, src.Name, err)
+			}
+			log.Info("pulling bundle", "tenant", src.Tenant, "bundle", src.Name, "url", src.URL)
+		}
 	}
 
 	maxConns := fitConns(o.net.maxConns, log)
@@ -329,6 +364,22 @@ func webhookGuard(o serveOptions) (*netguard.Guard, error) {
 
 // discardLogger drops every record (bench output stays readable).
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// verificationKeys reads --bundle-verification-key (none when unset).
+func (o *serveOptions) verificationKeys() ([]bundle.Key, error) {
+	if o.bundleKeyFile == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(o.bundleKeyFile)
+	if err != nil {
+		return nil, usageError{fmt.Sprintf("--bundle-verification-key: %v", err)}
+	}
+	keys := []bundle.Key{{ID: o.bundleKeyID, Algorithm: o.bundleKeyAlg, Key: string(pem)}}
+	if err := bundle.ValidateKeys(keys); err != nil {
+		return nil, usageError{fmt.Sprintf("--bundle-verification-key %s: %v", o.bundleKeyFile, err)}
+	}
+	return keys, nil
+}
 
 // readKeyFile reads the admin key from a file (one line; surrounding
 // whitespace is dropped), so that it is not on the command line for ps to

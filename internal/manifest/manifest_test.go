@@ -2,6 +2,11 @@ package manifest_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +17,7 @@ import (
 	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/plugins/rules"
 )
 
@@ -28,7 +34,10 @@ func TestParseErrors(t *testing.T) {
 		{"bad agent id", "agents:\n  - {id: 'a b', webhook_url: 'http://h/', secret: s}\n", "invalid"},
 		{"bad role", "tenants:\n  - id: acme\n    keys: [{principal: ci, role: root, key: 0123456789abcdef0}]\n", "role"},
 		{"short key", "tenants:\n  - id: acme\n    keys: [{principal: ci, role: client, key: short}]\n", "16 bytes"},
-		{"bundle without path", "bundles:\n  - name: x\n", "path is required"},
+		{"bundle without path", "bundles:\n  - name: x\n", "path or source is required"},
+		{"source and path", "bundles:\n  - {name: a, path: x, source: {url: \"https://example.com/a\"}}\n", "not both"},
+		{"source without a name", "bundles:\n  - {source: {url: \"https://example.com/a\"}}\n", "needs a name"},
+		{"source not http", "bundles:\n  - {name: a, source: {url: \"file:///etc/passwd\"}}\n", "http or https"},
 		{"not yaml", "agents: [\n", "parse"},
 		{"bad signing", "agents:\n  - {id: a, webhook_url: 'http://h/', secret: s, signing: hmac}\n", "signing"},
 	} {
@@ -184,6 +193,61 @@ func TestApplyBadPolicyFailsBoot(t *testing.T) {
 	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
 	if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), "agent a") {
 		t.Fatalf("a malformed policy must fail the boot, got %v", err)
+	}
+}
+
+// TestTenantBundleKeys: a tenant's bundle_keys (from the manifest) make its
+// bundles need a signature by one of them; other tenants are unaffected.
+func TestTenantBundleKeys(t *testing.T) {
+	dir := t.TempDir()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	priv, _ := x509.MarshalPKCS8PrivateKey(k)
+	pub, _ := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	privPEM := string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: priv}))
+	if err := os.WriteFile(filepath.Join(dir, "acme.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := "tenants:\n  - id: acme\n    bundle_keys: [{id: acme-ci, algorithm: ES256, key_file: acme.pub}]\n  - id: other\n"
+	if err := os.WriteFile(filepath.Join(dir, "wicket.yaml"), []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Load(filepath.Join(dir, "wicket.yaml"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+	ctx := context.Background()
+	if err := m.Apply(ctx, e.Kernel); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"bundle.yaml": []byte("name: g\nengine: rules\n"), "rules.yaml": []byte("default_action: allow\n")}
+	if _, err := e.Kernel.PutBundle(ctx, "other", "g", kernel.BundleSource{Files: files}, kernel.BundleOwnerAdmin); err != nil {
+		t.Fatalf("tenant without keys: %v", err)
+	}
+	if _, err := e.Kernel.PutBundle(ctx, "acme", "g", kernel.BundleSource{Files: files}, kernel.BundleOwnerAdmin); err == nil || !strings.Contains(err.Error(), ".signatures.json: missing") {
+		t.Fatalf("unsigned bundle for acme: %v", err)
+	}
+	sig, err := bundle.Sign(files, bundle.SigningKey{Key: privPEM, Algorithm: "ES256", KeyID: "acme-ci"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed := map[string][]byte{bundle.SignaturesFile: sig}
+	for p, c := range files {
+		signed[p] = c
+	}
+	if _, err := e.Kernel.PutBundle(ctx, "acme", "g", kernel.BundleSource{Files: signed}, kernel.BundleOwnerAdmin); err != nil {
+		t.Fatalf("signed bundle for acme: %v", err)
+	}
+
+	bad, err := manifest.Parse([]byte("tenants:\n  - id: acme\n    bundle_keys: [{algorithm: RS256, key: not-a-pem}]\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Apply(ctx, e.Kernel); err == nil || !strings.Contains(err.Error(), "bundle_keys") {
+		t.Fatalf("a bad key must fail the boot: %v", err)
 	}
 }
 

@@ -19,6 +19,8 @@ import (
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/pull"
 	"github.com/wicket-run/wicket/server"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
@@ -36,6 +38,9 @@ type Options struct {
 	Dir string
 	// Store are the store's options (default: fsync on, group commit).
 	Store bbolt.Options
+	// BundleKeys verify bundle signatures (as serve --bundle-verification-key);
+	// tenants' own keys are added as in serve.
+	BundleKeys []bundle.Key
 }
 
 // Env is a running test kernel.
@@ -45,6 +50,7 @@ type Env struct {
 	Store  *bbolt.Store
 	Kernel *kernel.Kernel
 	Host   *plugins.Host
+	Puller *pull.Puller
 	Server *server.Server
 	HTTP   *httptest.Server
 	URL    string
@@ -67,9 +73,12 @@ func Start(t testing.TB, o Options) *Env {
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
 	}
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, Guards: k.TenantGuards}, o.Engines...)
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, Guards: k.TenantGuards,
+		BundleKeys: plugins.KernelAndTenantKeys(o.BundleKeys, k.TenantBundleKeys)}, o.Engines...)
 	k.SetPolicy(host)
 	k.SetBundleLoader(host)
+	puller := pull.New(pull.KernelActivator(k), pull.Options{Backoff: 10 * time.Millisecond})
+	k.SetBundlePuller(puller)
 	if err := k.LoadBundles(context.Background()); err != nil {
 		t.Fatalf("load bundles: %v", err)
 	}
@@ -82,7 +91,7 @@ func Start(t testing.TB, o Options) *Env {
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	e := &Env{T: t, Dir: dir, Store: st, Kernel: k, Host: host, Server: srv, HTTP: hs, URL: hs.URL}
+	e := &Env{T: t, Dir: dir, Store: st, Kernel: k, Host: host, Puller: puller, Server: srv, HTTP: hs, URL: hs.URL}
 	t.Cleanup(e.Close)
 	return e
 }
@@ -94,6 +103,7 @@ func (e *Env) Close() {
 	}
 	e.closed = true
 	e.HTTP.Close()
+	e.Puller.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := e.Kernel.Close(ctx); err != nil {

@@ -21,7 +21,7 @@ func prepareVariant(b *testing.B, astStore bool) opa.PreparedEvalQuery {
 	b.Helper()
 	e := New()
 	bn := benchBundle()
-	mods, err := e.parse(bn.Files)
+	mods, err := e.parse(bn)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		return nil, err
 	}
 
-	modules, err := e.parse(b.Files)
+	modules, err := e.parse(b)
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +176,8 @@ func parseEntrypoint(s string) (string, ast.Ref, error) {
 
 // parse parses every .rego file outside tests/, in path order, and reports
 // all parse errors at once.
-func (e *Engine) parse(files map[string][]byte) (map[string]*ast.Module, error) {
+func (e *Engine) parse(b *bundle.Bundle) (map[string]*ast.Module, error) {
+	files := b.Files
 	names := make([]string, 0, len(files))
 	for name := range files {
 		if path.Ext(name) != ".rego" || strings.HasPrefix(name, "tests/") {
@@ -189,10 +190,11 @@ func (e *Engine) parse(files map[string][]byte) (map[string]*ast.Module, error) 
 	}
 	sort.Strings(names)
 
-	opts := ast.ParserOptions{RegoVersion: ast.RegoV1, Capabilities: e.caps, ProcessAnnotation: true}
 	modules := make(map[string]*ast.Module, len(names))
 	var errs ast.Errors
 	for _, name := range names {
+		// .manifest's rego_version (or file_rego_versions) decides, as in OPA.
+		opts := ast.ParserOptions{RegoVersion: b.RegoVersion(name), Capabilities: e.caps, ProcessAnnotation: true}
 		m, err := ast.ParseModuleWithOpts(name, string(files[name]), opts)
 		if err != nil {
 			var ae ast.Errors
@@ -286,13 +288,10 @@ func packages(modules map[string]*ast.Module) string {
 	return strings.Join(ps, ", ")
 }
 
-// loadData returns data.json as an OPA object, or nil when the bundle has
-// none. It falls back to Files["data.json"] when the loader left Data empty.
+// loadData returns the bundle's data document (every data file merged by
+// the loader) as an OPA object, or nil when the bundle has none.
 func loadData(b *bundle.Bundle) (ast.Object, error) {
 	raw := []byte(b.Data)
-	if len(raw) == 0 {
-		raw = b.Files["data.json"]
-	}
 	if len(strings.TrimSpace(string(raw))) == 0 {
 		return nil, nil
 	}

@@ -315,7 +315,9 @@ type PolicyResponse struct {
 // path, as text (Files) or base64 (FilesBase64, for binaries such as
 // policy.wasm). Engine must match bundle.yaml's; without a bundle.yaml a
 // minimal one is made from the name and Engine, with a revision derived
-// from the files (the first 12 hex digits of a sha256 over them).
+// from the files (the first 12 hex digits of a sha256 over them) unless
+// .manifest names one. Without bundle.yaml and Engine (an OPA bundle), the
+// loader names the bundle after the URL and infers the engine from the files.
 type BundleFilesRequest struct {
 	Engine      string            `json:"engine,omitempty"`
 	Files       map[string]string `json:"files,omitempty"`
@@ -333,6 +335,17 @@ type Bundle struct {
 	Owner     string    `json:"owner"`
 	Size      int       `json:"size"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Source is the bundle server the bundle is pulled from, if any.
+	Source *BundleSource `json:"source,omitempty"`
+}
+
+// BundleSource is the body of PUT /v0/bundles/{name}/source: a bundle
+// server URL (OPA's bundle service protocol) and the random delay between
+// polls (Go durations, at least 1s; default 60s and 120s).
+type BundleSource struct {
+	URL      string `json:"url"`
+	MinDelay string `json:"min_delay,omitempty"`
+	MaxDelay string `json:"max_delay,omitempty"`
 }
 
 // BundleList is the answer of GET /v0/bundles.
