@@ -58,7 +58,24 @@ func TestAgents(t *testing.T) {
 	e.admin("POST", "/v0/executions", map[string]any{"agent_id": "writer"}).want(t, http.StatusCreated).decode(t, &x)
 	e.agent(agentReq{agentID: "writer", secret: secret}, "GET", "/v0/executions/"+x.ID, nil).want(t, http.StatusOK)
 
+	// Signing: a new agent gets v1, an update without the field keeps the
+	// scheme, "body" switches it (and a v1 signature is then refused).
+	if a.Signing != wire.SigningV1 {
+		t.Fatalf("a new agent's signing: %+v", a)
+	}
+	e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "signing": "body"}).want(t, http.StatusOK).decode(t, &a)
+	if a.Signing != wire.SigningBody {
+		t.Fatalf("switched to body: %+v", a)
+	}
+	e.admin("POST", "/v0/agents", map[string]any{"id": "writer"}).want(t, http.StatusOK).decode(t, &a)
+	if a.Signing != wire.SigningBody {
+		t.Fatalf("re-registered without signing: %+v", a)
+	}
+	e.agent(agentReq{agentID: "writer", secret: secret}, "GET", "/v0/executions/"+x.ID, nil).wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
+	e.agent(agentReq{agentID: "writer", secret: secret, body: true}, "GET", "/v0/executions/"+x.ID, nil).want(t, http.StatusOK)
+
 	for _, bad := range []map[string]any{
+		{"id": "writer", "signing": "hmac"},
 		{"id": "bad id", "webhook_url": "http://x", "secret": secret},
 		{"id": "new", "webhook_url": "ftp://x", "secret": secret},
 		{"id": "new", "webhook_url": "http://x", "secret": "short"},
