@@ -39,6 +39,10 @@ type Config struct {
 	ReapInterval time.Duration
 	// Logger receives operational logs (default slog.Default()).
 	Logger *slog.Logger
+	// LLMGatewayTokens gives every claimed dispatch attempt an LLM gateway
+	// token (Delivery.LLMGatewayToken; see AuthenticateLLMToken). Set it
+	// when the LLM gateway is served.
+	LLMGatewayTokens bool
 }
 
 // DefaultConfig returns the defaults `wicket serve` documents (README,
