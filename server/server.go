@@ -58,6 +58,9 @@ type Config struct {
 	// authenticates its own callers (gateway tokens) and reads its own
 	// bodies.
 	LLM http.Handler
+	// LLMOwnListener serves the gateway only through LLMHandler (a
+	// listener of its own), not under /llm/ of Handler.
+	LLMOwnListener bool
 }
 
 // Server serves the /v0 API of one kernel. Create it with New; it is safe
@@ -239,7 +242,7 @@ func (s *Server) routes() *mux.Router {
 	} {
 		r.Handle(x.path, s.wrap(x.path, x.cl, x.o, x.h)).Methods(x.method)
 	}
-	if s.cfg.LLM != nil {
+	if s.cfg.LLM != nil && !s.cfg.LLMOwnListener {
 		r.PathPrefix("/llm/").Handler(s.llmRoute())
 	}
 	return r

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -26,6 +27,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/server/llmgw"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
@@ -47,6 +49,15 @@ type serveOptions struct {
 	net                           netLimits
 	webhookAllow, webhookDeny     stringList
 	signatureTolerance            time.Duration
+	llm                           llmOptions
+}
+
+// llmOptions are the LLM gateway's flags; its providers come from the
+// manifest (llm_providers).
+type llmOptions struct {
+	addr            string
+	maxBody         int64
+	upstreamTimeout time.Duration
 }
 
 // netLimits are what an unauthenticated caller may cost: the request
@@ -148,6 +159,9 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
+	fs.StringVar(&o.llm.addr, "llm-addr", envString("WICKET_LLM_ADDR", ""), "serve the LLM gateway on this address only, instead of under /llm/ of --addr (WICKET_LLM_ADDR)")
+	fs.Int64Var(&o.llm.maxBody, "llm-max-body", int64(envInt("WICKET_LLM_MAX_BODY", int(llmgw.DefaultMaxBodyBytes))), "largest LLM gateway request body in bytes (WICKET_LLM_MAX_BODY)")
+	fs.DurationVar(&o.llm.upstreamTimeout, "llm-upstream-timeout", envDuration("WICKET_LLM_UPSTREAM_TIMEOUT", llmgw.DefaultUpstreamTimeout), "longest provider call, stream included (WICKET_LLM_UPSTREAM_TIMEOUT)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
 }
 
@@ -244,8 +258,15 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		guard.SetSelf(self)
 	}
 
+	providers, err := llmProviders(man)
+	if err != nil {
+		return err
+	}
+	if len(providers) == 0 && o.llm.addr != "" {
+		return usageError{"serve: --llm-addr needs llm_providers in the manifest (--config)"}
+	}
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
-		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log}
+		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log, LLMGatewayTokens: len(providers) > 0}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
@@ -300,10 +321,21 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 
 	maxConns := fitConns(o.net.maxConns, log)
-	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
+	var srv *server.Server
+	scfg := server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
 		MaxBundleBytes: o.net.maxBundleBody, ReadHeaderTimeout: o.net.readHeaderTimeout, ReadTimeout: o.net.readTimeout,
 		IdleTimeout: o.net.idleTmo, MaxConns: maxConns, MaxStreamsPerTenant: o.net.maxStreamsPerTenant,
-		SignatureTolerance: o.signatureTolerance})
+		SignatureTolerance: o.signatureTolerance}
+	if len(providers) > 0 {
+		gw, err := llmgw.New(k, llmgw.Config{Providers: providers, MaxBodyBytes: o.llm.maxBody, UpstreamTimeout: o.llm.upstreamTimeout, Logger: log,
+			Deltas: func(id string, d wire.StepDeltaEvent) int { return srv.PublishDelta(id, d) }})
+		if err != nil {
+			return usageError{"serve: llm_providers: " + err.Error()}
+		}
+		scfg.LLM, scfg.LLMOwnListener = gw, o.llm.addr != ""
+		log.Info("llm gateway", "providers_per_tenant", gw.Tenants(), "addr", cmp.Or(o.llm.addr, o.addr))
+	}
+	srv = server.New(k, scfg)
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}
@@ -311,7 +343,16 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
-	guard.SetSelf(ln.Addr())
+	self := []net.Addr{ln.Addr()}
+	var lln net.Listener // the LLM gateway's own listener (--llm-addr)
+	if o.llm.addr != "" {
+		if lln, err = net.Listen("tcp", o.llm.addr); err != nil {
+			ln.Close()
+			return fmt.Errorf("listen %s: %w", o.llm.addr, err)
+		}
+		self = append(self, lln.Addr())
+	}
+	guard.SetSelf(self...)
 	hs := srv.HTTPServer()                                         // timeouts, idle eviction, CloseStreams on shutdown
 	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http: accept errors and the like
 	ln = srv.Listener(ln)
@@ -327,8 +368,17 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	fmt.Fprintf(stdout, "wicket listening on http://%s\n", ln.Addr())
 
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
+	var lhs *http.Server
+	if lln != nil {
+		lhs = srv.HTTPServer()
+		lhs.Handler = srv.LLMHandler()
+		lhs.ErrorLog = hs.ErrorLog
+		go func() { errc <- lhs.Serve(srv.Listener(lln)) }()
+		log.Info("llm gateway listening", "addr", lln.Addr().String())
+		fmt.Fprintf(stdout, "wicket llm gateway listening on http://%s/llm/\n", lln.Addr())
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -340,6 +390,11 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("http shutdown", "err", err)
+	}
+	if lhs != nil {
+		if err := lhs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("llm gateway shutdown", "err", err)
+		}
 	}
 	if err := k.Close(sctx); err != nil {
 		log.Warn("kernel shutdown", "err", err)
@@ -426,4 +481,24 @@ func fitConns(max int, log *slog.Logger) int {
 	}
 	log.Warn("--max-conns lowered to fit the file descriptor limit (raise ulimit -n to allow more)", "max_conns", max, "fd_limit", lim, "now", fit)
 	return fit
+}
+
+// llmProviders reads the manifest's llm_providers with their keys.
+func llmProviders(man *manifest.Manifest) ([]llmgw.Provider, error) {
+	if man == nil {
+		return nil, nil
+	}
+	var out []llmgw.Provider
+	for _, p := range man.LLMProviders {
+		key, err := man.LLMKey(p)
+		if err != nil {
+			return nil, err
+		}
+		lp := llmgw.Provider{Name: p.Name, Tenant: p.Tenant, Dialect: p.Dialect, BaseURL: p.BaseURL, APIKey: key, IdempotencyHeader: p.IdempotencyHeader}
+		for _, m := range p.Models {
+			lp.Models = append(lp.Models, llmgw.Model{Name: m.Name, Input: m.Input, Output: m.Output})
+		}
+		out = append(out, lp)
+	}
+	return out, nil
 }

@@ -14,9 +14,9 @@ import (
 
 func TestUsage(t *testing.T) {
 	for _, tc := range []struct {
-		name, body    string
+		name, body   string
 		in, out, tot int64
-		none          bool
+		none         bool
 	}{
 		{name: "openai chat", body: `{"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`, in: 3, out: 5, tot: 8},
 		{name: "openai embeddings", body: `{"data":[],"usage":{"prompt_tokens":4,"total_tokens":4}}`, in: 4, tot: 4},
