@@ -415,8 +415,7 @@ func TestGatewayPython(t *testing.T) {
 	for _, model := range []string{"gpt-py", "gpt-denied"} {
 		addr := freeAddr(t)
 		id := "py-" + strings.TrimPrefix(model, "gpt-")
-		if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: id, WebhookURL: "http://" + addr + "/webhook", Secret: secret,
-		}); err != nil {
+		if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: id, WebhookURL: "http://" + addr + "/webhook", Secret: secret}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := admin.SetPolicy(ctx, id, policy); err != nil {
