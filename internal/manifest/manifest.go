@@ -31,6 +31,13 @@
 //	    signing: v1                 # or body; omitted: the stored agent's, v1 if new
 //	    policy: |                   # native rules inline, or policy_file, or bundle
 //	      default_action: deny
+//	llm_providers:                  # the LLM gateway's upstreams, per tenant
+//	  - name: openai
+//	    tenant: acme                # default: default
+//	    dialect: openai             # or anthropic
+//	    base_url: https://api.openai.com/v1
+//	    api_key_env: OPENAI_API_KEY # or api_key_file: secrets/openai.key (0600)
+//	    models: [{name: gpt-4o-mini, input_usd_per_mtok: 0.15, output_usd_per_mtok: 0.6}]
 //
 // ${NAME} in secret, key and webhook_url is replaced by the environment
 // variable NAME; an unset variable is an error. Unknown fields are errors,
