@@ -203,6 +203,7 @@ type Stream struct {
 	pending bytes.Buffer // bytes after the last complete event
 	seq     int64
 	done    bool
+	broken  bool // the source failed or overran MaxBody (not the record)
 	err     error
 	deltas  chan wire.StreamDelta // to the sender, which posts them in order
 	sent    chan struct{}         // closed when the sender has finished
@@ -330,6 +331,7 @@ func (s *Stream) finish(err error) {
 		err = fmt.Errorf("streamed response over %d bytes", MaxBody)
 	}
 	if err != io.EOF {
+		s.broken = true
 		s.err = fmt.Errorf("LLM stream: %w", err)
 		rec, _ := json.Marshal(Response{Status: s.status, Message: "stream broken: " + err.Error()})
 		_ = s.rec.Fail(s.ctx, s.stepID, rec)
@@ -347,6 +349,14 @@ func (s *Stream) finish(err error) {
 	if merr != nil {
 		s.err = merr
 	}
+}
+
+// Broken reports whether the stream ended without a whole answer (its
+// source failed or passed MaxBody), rather than whole but unrecorded.
+func (s *Stream) Broken() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.broken
 }
 
 // eventEnd returns where the first complete event in b ends and the length

@@ -444,19 +444,22 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, rc *recorde
 			}
 		}
 		if err != nil {
-			if err != io.EOF {
+			if err != io.EOF && s.Broken() {
 				g.log.Warn("llm gateway: a provider stream broke off", "step_id", stepID, "err", err)
 				_ = s.Close()
-				// The caller gets a cut stream: the connection ends
-				// without the provider's last event.
+				// The caller gets a cut stream, as the provider cut it:
+				// the connection ends without a clean end of the body.
 				panic(http.ErrAbortHandler)
+			}
+			if err != io.EOF {
+				// The caller got the whole answer; the record failed
+				// (the execution ended meanwhile, the store failed).
+				g.log.Warn("llm gateway: record a stream", "step_id", stepID, "err", err)
 			}
 			break
 		}
 	}
-	if err := s.Close(); err != nil {
-		g.log.Warn("llm gateway: record a stream", "step_id", stepID, "err", err)
-	}
+	_ = s.Close()
 }
 
 // hop-by-hop and credential headers are never forwarded; these are.

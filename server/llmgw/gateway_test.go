@@ -54,7 +54,12 @@ type gw struct {
 
 func startGW(t *testing.T, cfg kernel.Config, extra ...llmgw.Provider) *gw {
 	t.Helper()
-	prov := &fakellm.Provider{APIKey: providerKey}
+	return startGWWith(t, cfg, &fakellm.Provider{APIKey: providerKey}, extra...)
+}
+
+// startGWWith is startGW in front of prov (set its fields before).
+func startGWWith(t *testing.T, cfg kernel.Config, prov *fakellm.Provider, extra ...llmgw.Provider) *gw {
+	t.Helper()
 	base, stop, err := fakellm.Listen("127.0.0.1:0", prov)
 	if err != nil {
 		t.Fatal(err)
@@ -759,5 +764,54 @@ func TestStreamDeltas(t *testing.T) {
 	// skips none of Anthropic's events but ping).
 	if deltas == 0 || deltas < events {
 		t.Fatalf("%d deltas for a stream of %d events", deltas, events)
+	}
+}
+
+// A caller that goes away in the middle of a stream does not stop the
+// call from being recorded whole.
+func TestStreamRecordedWhenTheCallerLeaves(t *testing.T) {
+	g := startGWWith(t, kernel.Config{}, &fakellm.Provider{APIKey: providerKey, Delay: 10 * time.Millisecond})
+	left := make(chan string, 1)
+	g.setHandler(func(ctx context.Context, r *testkit.Run) (any, error) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", g.env.URL+"/llm/openai/v1/chat/completions",
+			strings.NewReader(`{"model":"gpt-fake","stream":true,"messages":[{"role":"user","content":"a long story please"}]}`))
+		req.Header.Set("Authorization", "Bearer "+r.LLMGatewayToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		buf := make([]byte, 16)
+		_, err = io.ReadFull(resp.Body, buf) // the first bytes, then leave
+		resp.Body.Close()
+		left <- resp.Header.Get(llmrec.HeaderStepID)
+		if err != nil {
+			return nil, err
+		}
+		<-ctx.Done()
+		return nil, ctx.Err()
+	})
+	id := g.env.CreateExecution(g.agent.ID, map[string]any{})
+	stepID := <-left
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var s kernel.Step
+		if _, err := g.env.Admin("GET", "/v0/executions/"+id+"/steps/"+stepID, nil, &s); err != nil {
+			t.Fatal(err)
+		}
+		if s.Status == kernel.StepSucceeded {
+			var rec llmrec.Response
+			if err := json.Unmarshal(s.Result, &rec); err != nil || !rec.Stream || !strings.HasSuffix(rec.Body, "data: [DONE]\n\n") ||
+				!strings.Contains(rec.Body, `"usage"`) || s.Usage == nil {
+				t.Fatalf("recorded %+v (%v), usage %+v", rec, err, s.Usage)
+			}
+			break
+		}
+		if s.Status != kernel.StepExecuting || time.Now().After(deadline) {
+			t.Fatalf("step %s: %s", stepID, s.Status)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if g.prov.Calls() != 1 {
+		t.Fatalf("provider calls %d", g.prov.Calls())
 	}
 }
