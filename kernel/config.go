@@ -64,6 +64,10 @@ type Config struct {
 	// RetentionPause is the pause between retention transactions (default
 	// 10ms), so that step traffic keeps the store's writer.
 	RetentionPause time.Duration
+	// LLMGatewayTokens gives every claimed dispatch attempt an LLM gateway
+	// token (Delivery.LLMGatewayToken; see AuthenticateLLMToken). Set it
+	// when the LLM gateway is served.
+	LLMGatewayTokens bool
 }
 
 // Clock tells the kernel the time. Now must be safe for concurrent use.

@@ -24,6 +24,10 @@ type Delivery struct {
 	ExecutionID string
 	DispatchID  string
 	Attempt     int
+	// LLMGatewayToken authenticates the attempt's calls to the LLM gateway
+	// (Config.LLMGatewayTokens; empty otherwise). It is a secret: the
+	// Deliverer hands it to the agent and nobody else.
+	LLMGatewayToken string
 }
 
 // Deliverer sends webhooks (internal/webhook implements it). Deliver returns

@@ -68,6 +68,13 @@ type Config struct {
 	// MetricsElsewhere takes /metrics off the API's router: the caller
 	// serves MetricsHandler on a listener of its own.
 	MetricsElsewhere bool
+	// LLM, when set, serves the LLM gateway under /llm/ (server/llmgw): it
+	// authenticates its own callers (gateway tokens) and reads its own
+	// bodies.
+	LLM http.Handler
+	// LLMOwnListener serves the gateway only through LLMHandler (a
+	// listener of its own), not under /llm/ of Handler.
+	LLMOwnListener bool
 }
 
 // Server serves the /v0 API of one kernel. Create it with New; it is safe
@@ -281,7 +288,39 @@ func (s *Server) routes() *mux.Router {
 			mh.ServeHTTP(w, req)
 		})).Methods("GET")
 	}
+	if s.cfg.LLM != nil && !s.cfg.LLMOwnListener {
+		r.PathPrefix("/llm/").Handler(s.llmRoute())
+	}
 	return r
+}
+
+// llmRoute is the LLM gateway as the router serves it, named for metrics
+// and logs.
+func (s *Server) llmRoute() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rec, ok := w.(*recorder); ok {
+			rec.route = "/llm/" // one label: paths under it are the caller's
+		}
+		s.cfg.LLM.ServeHTTP(w, r)
+	})
+}
+
+// LLMHandler returns the LLM gateway alone (Config.LLM under /llm/, with
+// the server's request logs and metrics), for a listener of its own; nil
+// without Config.LLM.
+func (s *Server) LLMHandler() http.Handler {
+	if s.cfg.LLM == nil {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/llm/", s.llmRoute())
+	return s.outer(mux)
+}
+
+// PublishDelta passes a step delta to the execution's event-stream
+// watchers and returns how many took it (the LLM gateway's streams).
+func (s *Server) PublishDelta(executionID string, d wire.StepDeltaEvent) int {
+	return s.deltas.publish(executionID, d)
 }
 
 // call is one authenticated request as a handler sees it.

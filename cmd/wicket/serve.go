@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -27,6 +28,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/server/llmgw"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
@@ -51,6 +53,15 @@ type serveOptions struct {
 	net                           netLimits
 	webhookAllow, webhookDeny     stringList
 	signatureTolerance            time.Duration
+	llm                           llmOptions
+}
+
+// llmOptions are the LLM gateway's flags; its providers come from the
+// manifest (llm_providers).
+type llmOptions struct {
+	addr            string
+	maxBody         int64
+	upstreamTimeout time.Duration
 }
 
 // netLimits are what an unauthenticated caller may cost: the request
@@ -156,6 +167,9 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
+	fs.StringVar(&o.llm.addr, "llm-addr", envString("WICKET_LLM_ADDR", ""), "serve the LLM gateway on this address only, instead of under /llm/ of --addr (WICKET_LLM_ADDR)")
+	fs.Int64Var(&o.llm.maxBody, "llm-max-body", int64(envInt("WICKET_LLM_MAX_BODY", int(llmgw.DefaultMaxBodyBytes))), "largest LLM gateway request body in bytes (WICKET_LLM_MAX_BODY)")
+	fs.DurationVar(&o.llm.upstreamTimeout, "llm-upstream-timeout", envDuration("WICKET_LLM_UPSTREAM_TIMEOUT", llmgw.DefaultUpstreamTimeout), "longest provider call, stream included (WICKET_LLM_UPSTREAM_TIMEOUT)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
 	limitFlags(&o.limits, fs)
 }
@@ -261,9 +275,17 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		guard.SetSelf(self)
 	}
 
+	providers, err := llmProviders(man)
+	if err != nil {
+		return err
+	}
+	if len(providers) == 0 && o.llm.addr != "" {
+		return usageError{"serve: --llm-addr needs llm_providers in the manifest (--config)"}
+	}
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
 		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: kernel.ApprovalExpiry(o.approvalExpiry), Logger: log, Observer: reg,
-		BundleLoadTimeout: o.limits.bundleLoadTimeout, Retention: o.retention, RetentionInterval: o.retentionInterval}
+		BundleLoadTimeout: o.limits.bundleLoadTimeout, Retention: o.retention, RetentionInterval: o.retentionInterval,
+		LLMGatewayTokens: len(providers) > 0}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
@@ -330,14 +352,25 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 
 	maxConns := fitConns(o.net.maxConns, log)
-	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
+	var srv *server.Server
+	scfg := server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
 		MaxBundleBytes: o.net.maxBundleBody, ReadHeaderTimeout: o.net.readHeaderTimeout, ReadTimeout: o.net.readTimeout,
 		IdleTimeout: o.net.idleTmo, MaxConns: maxConns, MaxStreamsPerTenant: o.net.maxStreamsPerTenant,
 		SignatureTolerance: o.signatureTolerance, Backup: st,
-		Metrics: reg, MetricsKey: o.metricsKey, MetricsElsewhere: o.metricsAddr != ""})
+		Metrics: reg, MetricsKey: o.metricsKey, MetricsElsewhere: o.metricsAddr != ""}
 	if err := reg.PendingApprovals(k.PendingApprovals); err != nil {
 		return err
 	}
+	if len(providers) > 0 {
+		gw, err := llmgw.New(k, llmgw.Config{Providers: providers, MaxBodyBytes: o.llm.maxBody, UpstreamTimeout: o.llm.upstreamTimeout, Logger: log,
+			Deltas: func(id string, d wire.StepDeltaEvent) int { return srv.PublishDelta(id, d) }})
+		if err != nil {
+			return usageError{"serve: llm_providers: " + err.Error()}
+		}
+		scfg.LLM, scfg.LLMOwnListener = gw, o.llm.addr != ""
+		log.Info("llm gateway", "providers_per_tenant", gw.Tenants(), "addr", cmp.Or(o.llm.addr, o.addr))
+	}
+	srv = server.New(k, scfg)
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}
@@ -345,16 +378,27 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
+	self := []net.Addr{ln.Addr()}
 	var mln net.Listener
 	if o.metricsAddr != "" {
 		if mln, err = net.Listen("tcp", o.metricsAddr); err != nil {
 			ln.Close()
 			return fmt.Errorf("listen %s (metrics): %w", o.metricsAddr, err)
 		}
-		guard.SetSelf(ln.Addr(), mln.Addr())
-	} else {
-		guard.SetSelf(ln.Addr())
+		self = append(self, mln.Addr())
 	}
+	var lln net.Listener // the LLM gateway's own listener (--llm-addr)
+	if o.llm.addr != "" {
+		if lln, err = net.Listen("tcp", o.llm.addr); err != nil {
+			ln.Close()
+			if mln != nil {
+				mln.Close()
+			}
+			return fmt.Errorf("listen %s: %w", o.llm.addr, err)
+		}
+		self = append(self, lln.Addr())
+	}
+	guard.SetSelf(self...)
 	hs := srv.HTTPServer()                                         // timeouts, idle eviction, CloseStreams on shutdown
 	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http: accept errors and the like
 	ln = srv.Listener(ln)
@@ -370,7 +414,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	log.Info("listening on", "url", "http://"+ln.Addr().String())
 
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	go func() { errc <- hs.Serve(ln) }()
 	if mln != nil {
 		mux := http.NewServeMux()
@@ -379,6 +423,15 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		defer ms.Close()
 		go func() { errc <- ms.Serve(mln) }()
 		log.Info("metrics listening on", "url", "http://"+mln.Addr().String()+"/metrics")
+	}
+	var lhs *http.Server
+	if lln != nil {
+		lhs = srv.HTTPServer()
+		lhs.Handler = srv.LLMHandler()
+		lhs.ErrorLog = hs.ErrorLog
+		go func() { errc <- lhs.Serve(srv.Listener(lln)) }()
+		log.Info("llm gateway listening", "addr", lln.Addr().String())
+		fmt.Fprintf(stdout, "wicket llm gateway listening on http://%s/llm/\n", lln.Addr())
 	}
 	select {
 	case err := <-errc:
@@ -391,6 +444,11 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("http shutdown", "err", err)
+	}
+	if lhs != nil {
+		if err := lhs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("llm gateway shutdown", "err", err)
+		}
 	}
 	if err := k.Close(sctx); err != nil {
 		log.Warn("kernel shutdown", "err", err)
@@ -504,4 +562,24 @@ func fitConns(max int, log *slog.Logger) int {
 	}
 	log.Warn("--max-conns lowered to fit the file descriptor limit (raise ulimit -n to allow more)", "max_conns", max, "fd_limit", lim, "now", fit)
 	return fit
+}
+
+// llmProviders reads the manifest's llm_providers with their keys.
+func llmProviders(man *manifest.Manifest) ([]llmgw.Provider, error) {
+	if man == nil {
+		return nil, nil
+	}
+	var out []llmgw.Provider
+	for _, p := range man.LLMProviders {
+		key, err := man.LLMKey(p)
+		if err != nil {
+			return nil, err
+		}
+		lp := llmgw.Provider{Name: p.Name, Tenant: p.Tenant, Dialect: p.Dialect, BaseURL: p.BaseURL, APIKey: key, IdempotencyHeader: p.IdempotencyHeader}
+		for _, m := range p.Models {
+			lp.Models = append(lp.Models, llmgw.Model{Name: m.Name, Input: m.Input, Output: m.Output})
+		}
+		out = append(out, lp)
+	}
+	return out, nil
 }

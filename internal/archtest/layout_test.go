@@ -51,8 +51,10 @@ var layout = []row{
 
 	{"server/wire", []string{std}, "wire types and signing, for agent SDKs: standard library only"},
 	{"sdk/client", []string{std, "server/wire"}, "the client SDK stays light"},
-	{"sdk/agent", []string{std, "sdk/client", "server/wire", "kernel/canon"}, "the agent SDK stays light; kernel/canon (standard library only) computes the step ids it sends as Rebuno-Step-Id"},
+	{"sdk/agent", []string{std, "sdk/client", "server/wire", "kernel/canon", "internal/llmrec"}, "the agent SDK stays light; kernel/canon (standard library only) computes the step ids it sends as Rebuno-Step-Id"},
 	{"server", []string{std, "kernel", "kernel/policy", "server/wire", "internal/metrics", "github.com/gorilla/mux", "golang.org/x/net/netutil"}, "the HTTP API: the only user of mux (and of x/net's connection limit); never the policy engines (cmd/wicket wires them)"},
+	{"server/llmgw", []string{std, "kernel", "kernel/policy", "server/wire", "internal/llmrec"}, "the LLM gateway: provider wire formats in, steps recorded through the kernel; a handler the server mounts"},
+	{"internal/llmrec", []string{std, "server/wire"}, "the llm_call record (format, refusal, usage, stream recorder) shared by the SDK's Transport and the gateway: standard library only"},
 	{"internal/metrics", []string{std, "kernel", "kernel/policy", "github.com/prometheus/client_golang"}, "Prometheus metrics: the only user of the Prometheus client"},
 
 	{"store/bbolt", []string{std, "kernel", "kernel/policy", "go.etcd.io/bbolt"}, "the embedded store: the only user of bbolt"},

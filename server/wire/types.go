@@ -341,6 +341,10 @@ type WebhookPayload struct {
 	ExecutionID     string `json:"execution_id"`
 	DispatchID      string `json:"dispatch_id"`
 	DispatchAttempt int    `json:"dispatch_attempt"`
+	// LLMGatewayToken authenticates the attempt's model calls to the
+	// kernel's LLM gateway (/llm/...): present when the kernel serves it,
+	// valid while this attempt holds the lease.
+	LLMGatewayToken string `json:"llm_gateway_token,omitempty"`
 }
 
 // ---- admin routes ----
