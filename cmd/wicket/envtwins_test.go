@@ -41,7 +41,7 @@ func TestServeFlagsHaveEnvTwins(t *testing.T) {
 			t.Setenv(env, v)
 			if got := parse().Lookup(f.Name).Value.String(); got != f.DefValue {
 				moved = true
-				if got := parse("--"+f.Name+"="+f.DefValue).Lookup(f.Name).Value.String(); got != f.DefValue && f.DefValue != "" {
+				if got := parse("--" + f.Name + "=" + f.DefValue).Lookup(f.Name).Value.String(); got != f.DefValue && f.DefValue != "" {
 					t.Errorf("--%s %s given with %s=%s set: %q, want the flag's value", f.Name, f.DefValue, env, v, got)
 				}
 				break
