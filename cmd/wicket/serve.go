@@ -47,6 +47,7 @@ type serveOptions struct {
 	net                           netLimits
 	webhookAllow, webhookDeny     stringList
 	signatureTolerance            time.Duration
+	pprofAddr                     string
 }
 
 // netLimits are what an unauthenticated caller may cost: the request
@@ -148,6 +149,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
+	fs.StringVar(&o.pprofAddr, "pprof", envString("WICKET_PPROF", ""), "serve Go's profiler (net/http/pprof) on this loopback address, e.g. 127.0.0.1:6060 (WICKET_PPROF)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
 }
 
@@ -224,6 +226,9 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return usageError{"serve: --admin-key must be at least 16 bytes"}
 	}
 
+	if o.pprofAddr != "" && !isLoopback(o.pprofAddr) {
+		return usageError{fmt.Sprintf("serve: --pprof %s: the profiler listens on a loopback address only (127.0.0.1:PORT)", o.pprofAddr)}
+	}
 	guard, err := webhookGuard(o)
 	if err != nil {
 		return err
@@ -313,6 +318,13 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	hs := srv.HTTPServer()                                         // timeouts, idle eviction, CloseStreams on shutdown
 	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http: accept errors and the like
 	ln = srv.Listener(ln)
+	if o.pprofAddr != "" {
+		stop, err := servePprof(o.pprofAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if err := k.Start(ctx); err != nil {
 		return err
 	}
