@@ -189,6 +189,13 @@ func (s *Server) routes() *mux.Router {
 		o            routeOpts
 	}
 	for _, x := range []rt{
+		// An agent's step traffic first: gorilla/mux tries the routes in
+		// order, one regular expression each, and these are most requests.
+		{"POST", "/v0/executions/{id}/steps", classAgent, s.submitStep, mutation},
+		{"POST", "/v0/executions/{id}/steps/{step_id}/complete", classAgent, s.completeStep, mutation},
+		{"POST", "/v0/executions/{id}/steps/{step_id}/fail", classAgent, s.failStep, mutation},
+		{"POST", "/v0/executions/{id}/heartbeat", classAgent, s.heartbeatExecution, mutation},
+
 		{"GET", "/v0/health", classOpen, s.health, routeOpts{}},
 		{"GET", "/v0/ready", classOpen, s.readyz, routeOpts{}},
 		{"GET", "/metrics", classOpen, s.metricsz, routeOpts{}},
@@ -204,14 +211,10 @@ func (s *Server) routes() *mux.Router {
 		{"POST", "/v0/executions/{id}/detach", classAgent, s.detachSession, mutation},
 		{"POST", "/v0/executions/{id}/probe", classAgent, s.probeStep, routeOpts{}},
 
-		{"POST", "/v0/executions/{id}/steps", classAgent, s.submitStep, mutation},
 		{"GET", "/v0/executions/{id}/steps", classExecRead, s.listSteps, routeOpts{}},
 		{"GET", "/v0/executions/{id}/steps/{step_id}", classExecRead, s.getStep, routeOpts{}},
-		{"POST", "/v0/executions/{id}/steps/{step_id}/complete", classAgent, s.completeStep, mutation},
-		{"POST", "/v0/executions/{id}/steps/{step_id}/fail", classAgent, s.failStep, mutation},
 		{"POST", "/v0/executions/{id}/steps/{step_id}/stream", classAgent, s.streamDelta, mutation},
 		{"POST", "/v0/executions/{id}/steps/{step_id}/reconcile", classAgent, s.reconcileStep, mutation},
-		{"POST", "/v0/executions/{id}/heartbeat", classAgent, s.heartbeatExecution, mutation},
 		{"POST", "/v0/executions/{id}/complete", classAgent, s.completeExecution, mutation},
 		{"POST", "/v0/executions/{id}/fail", classAgent, s.failExecution, mutation},
 

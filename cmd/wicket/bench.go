@@ -32,16 +32,17 @@ import (
 
 // benchOptions are the flags of `wicket bench`.
 type benchOptions struct {
-	execs, steps int
-	dir          string
-	noSync       bool
-	store        string
-	url          string
-	inProcess    bool
-	cpuProfile   string
-	reportJSON   bool
-	maxBatch     int
-	gatherWindow time.Duration
+	execs, steps   int
+	dir            string
+	noSync         bool
+	store          string
+	url            string
+	inProcess      bool
+	cpuProfile     string
+	reportJSON     bool
+	maxBatch       int
+	gatherWindow   time.Duration
+	noFreelistSync bool
 }
 
 // benchCommand measures steps over HTTP. By default it runs a kernel on a
@@ -65,6 +66,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.BoolVar(&o.reportJSON, "report-json", false, "with --url: print machine-readable progress lines (used by bench itself)")
 	fs.IntVar(&o.maxBatch, "max-batch", 0, "store: Update functions per commit at most (0: the default)")
 	fs.DurationVar(&o.gatherWindow, "gather-window", 0, "store: group-commit gather window (0: the default; negative: off)")
+	fs.BoolVar(&o.noFreelistSync, "no-freelist-sync", false, "store: leave the free-page list out of commits")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -102,7 +104,7 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 		noSync = true
 	}
 	dbPath := filepath.Join(o.dir, "wicket.db")
-	st, err := bbolt.Open(dbPath, bbolt.Options{NoSync: noSync, MaxBatch: o.maxBatch, GatherWindow: o.gatherWindow})
+	st, err := bbolt.Open(dbPath, bbolt.Options{NoSync: noSync, MaxBatch: o.maxBatch, GatherWindow: o.gatherWindow, NoFreelistSync: o.noFreelistSync})
 	if err != nil {
 		return err
 	}

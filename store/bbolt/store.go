@@ -55,6 +55,9 @@ type Options struct {
 	// (zero: DefaultGatherWindow; negative: never wait). Without it, N
 	// steady writers split into two alternating half-size batches.
 	GatherWindow time.Duration
+	// NoFreelistSync leaves bbolt's free-page list out of every commit
+	// (bbolt rebuilds it by scanning the file at Open instead).
+	NoFreelistSync bool
 }
 
 // DefaultGatherWindow is the default Options.GatherWindow.
@@ -123,9 +126,10 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
 	bopts := &bolt.Options{
-		Timeout:      opts.Timeout,
-		NoSync:       opts.NoSync,
-		FreelistType: bolt.FreelistMapType,
+		Timeout:        opts.Timeout,
+		NoSync:         opts.NoSync,
+		FreelistType:   bolt.FreelistMapType,
+		NoFreelistSync: opts.NoFreelistSync,
 	}
 	if opts.Timeout < 0 {
 		bopts.Timeout = 0 // bbolt: zero waits forever
