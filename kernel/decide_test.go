@@ -750,3 +750,43 @@ func TestSubmitGivesUpWhenStateKeepsMoving(t *testing.T) {
 		t.Errorf("%d steps recorded for %d racing submissions: the given-up one recorded something", len(steps), raced.Load())
 	}
 }
+
+// TestHeartbeatFreshLeaseNeedsNoWrite: a heartbeat within an eighth of the
+// lease timeout of the last renewal is answered from a read (the expiry
+// does not move: a write would set it to now + LeaseTimeout); a later one
+// renews in full.
+func TestHeartbeatFreshLeaseNeedsNoWrite(t *testing.T) {
+	h := newHarness(t, kernel.Config{}, nil)
+	r := h.start(kernel.Limits{}, nil)
+	ctx := context.Background()
+	lt := kernel.DefaultConfig().LeaseTimeout
+	first, err := h.k.Heartbeat(ctx, r.call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clock.advance(lt / 16)
+	again, err := h.k.Heartbeat(ctx, r.call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Equal(first) {
+		t.Errorf("a heartbeat %s after the last renewal moved the expiry from %s to %s", lt/16, first, again)
+	}
+	h.clock.advance(lt / 4)
+	later, err := h.k.Heartbeat(ctx, r.call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := h.clock.Now().Add(lt); !later.Equal(want) {
+		t.Errorf("a heartbeat after an eighth of the lease: expiry %s, want %s", later, want)
+	}
+	if e := r.waitState(func(*kernel.Execution) bool { return true }); !e.Dispatch.LeaseUntil.Equal(later) {
+		t.Errorf("stored expiry %s, answered %s", e.Dispatch.LeaseUntil, later)
+	}
+	// A superseded or unknown lease is refused by the read as by the write.
+	bad := r.call
+	bad.Lease.Attempt++
+	if _, err := h.k.Heartbeat(ctx, bad); kernel.CodeOf(err) != kernel.CodeLeaseSuperseded {
+		t.Errorf("heartbeat with another lease: %v", err)
+	}
+}
