@@ -132,7 +132,6 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	var (
 		s0, s1   bbolt.Stats
 		c0, c1   procCPU
-		size0    int64
 		profFile *os.File
 	)
 	onStart := func() error {
@@ -147,7 +146,6 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 			}
 			profFile = f
 		}
-		size0 = fileSize(dbPath)
 		s0, c0 = st.Stats(), readCPU()
 		return nil
 	}
@@ -185,9 +183,8 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 			cpu.Seconds()*1000/float64(o.steps), who, (c1.user - c0.user).Seconds(), (c1.sys - c0.sys).Seconds(),
 			100*cpu.Seconds()/res.Elapsed.Seconds())
 	}
-	if size1 := fileSize(dbPath); size1 > 0 {
-		fmt.Fprintf(stdout, "store:           %d bytes file, %.0f bytes per step grown in the run\n", size1, float64(size1-size0)/float64(o.steps))
-	}
+	fmt.Fprintf(stdout, "store:           %.0f bytes per step (pages used, free ones included), %d-byte file\n",
+		float64(s1.Size-s0.Size)/float64(o.steps), fileSize(dbPath))
 	return nil
 }
 

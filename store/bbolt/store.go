@@ -252,13 +252,20 @@ type Stats struct {
 	Retries uint64
 	// Waiting is the number of Updates now waiting for the writer.
 	Waiting int64
+	// Size is the high-water mark of the file in bytes: the pages bbolt
+	// has used so far, free ones included (the file itself may be longer:
+	// bbolt grows it ahead of use).
+	Size int64
 	// DB are bbolt's own statistics.
 	DB bolt.Stats
 }
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
+	var size int64
+	_ = s.db.View(func(tx *bolt.Tx) error { size = tx.Size(); return nil })
 	return Stats{
+		Size:    size,
 		Commits: s.commits.Load(),
 		Updates: s.updates.Load(),
 		Retries: s.retries.Load(),
