@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -43,6 +45,7 @@ type benchOptions struct {
 	maxBatch       int
 	gatherWindow   time.Duration
 	noFreelistSync bool
+	idle           int
 }
 
 // benchCommand measures steps over HTTP. By default it runs a kernel on a
@@ -67,6 +70,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.IntVar(&o.maxBatch, "max-batch", 0, "store: Update functions per commit at most (0: the default)")
 	fs.DurationVar(&o.gatherWindow, "gather-window", 0, "store: group-commit gather window (0: the default; negative: off)")
 	fs.BoolVar(&o.noFreelistSync, "no-freelist-sync", false, "store: leave the free-page list out of commits")
+	fs.IntVar(&o.idle, "idle", 0, "instead of steps: create this many executions whose agent holds them and does nothing, and report the kernel's memory")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -81,6 +85,9 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	if o.url != "" {
 		return benchLoadOnly(ctx, o, stdout)
+	}
+	if o.idle < 0 {
+		return usageError{"bench: --idle must not be negative"}
 	}
 	return benchKernel(ctx, o, stdout)
 }
@@ -129,6 +136,9 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	defer k.Close(context.WithoutCancel(ctx))
 	base := "http://" + ln.Addr().String()
 
+	if o.idle > 0 {
+		return benchIdle(ctx, base, st, o.idle, stdout)
+	}
 	var (
 		s0, s1   bbolt.Stats
 		c0, c1   procCPU
@@ -435,4 +445,96 @@ func (r *benchRun) waitReady(ctx context.Context, timeout time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// benchIdle creates n executions of an agent that acknowledges every
+// webhook and does nothing more, waits until each is held, and reports the
+// kernel process's resident memory before and after, and the store's
+// growth.
+func benchIdle(ctx context.Context, base string, st *bbolt.Store, n int, stdout io.Writer) error {
+	var got atomic.Int64
+	hook := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got.Add(1)
+		w.WriteHeader(http.StatusAccepted)
+	})}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go func() { _ = hook.Serve(ln) }()
+	defer hook.Close()
+	c := client.New(base)
+	if _, err := c.PutAgent(ctx, wire.AgentRequest{ID: "idle", WebhookURL: "http://" + ln.Addr().String() + "/", Secret: "idle-secret-0123456789"}); err != nil {
+		return fmt.Errorf("bench: register the agent: %w", err)
+	}
+	rss0, heap0 := residentBytes(), heapBytes()
+	size0 := st.Stats().Size
+	start := time.Now()
+	var next atomic.Int64
+	errc := make(chan error, 16)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+				if _, err := c.CreateExecution(ctx, wire.CreateExecutionRequest{AgentID: "idle", Input: json.RawMessage(`{"task":"wait"}`)}, ""); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errc)
+	if err := <-errc; err != nil {
+		return fmt.Errorf("bench: create execution: %w", err)
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for got.Load() < int64(n) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: %d of %d webhooks delivered", got.Load(), n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	el := time.Since(start)
+	rss1, heap1 := residentBytes(), heapBytes()
+	fmt.Fprintf(stdout, "idle:            %d executions created and held by their agent in %s\n", n, el.Round(time.Millisecond))
+	if rss0 > 0 && rss1 > 0 {
+		fmt.Fprintf(stdout, "memory:          %.1f MiB resident after (%.1f MiB before): %.0f bytes per idle execution\n",
+			float64(rss1)/(1<<20), float64(rss0)/(1<<20), float64(rss1-rss0)/float64(n))
+	}
+	fmt.Fprintf(stdout, "Go heap:         %.1f MiB in use after (%.1f MiB before): %.0f bytes per idle execution (the rest of the growth is the store's file, mapped)\n",
+		float64(heap1)/(1<<20), float64(heap0)/(1<<20), float64(heap1-heap0)/float64(n))
+	fmt.Fprintf(stdout, "store:           %.0f bytes per execution (pages used)\n", float64(st.Stats().Size-size0)/float64(n))
+	return nil
+}
+
+// heapBytes is the Go heap in use after a garbage collection.
+func heapBytes() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapInuse)
+}
+
+// residentBytes is the process's resident memory after a garbage
+// collection that returns what it can to the system (Linux; 0 elsewhere).
+func residentBytes() int64 {
+	runtime.GC()
+	debug.FreeOSMemory()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return 0
 }

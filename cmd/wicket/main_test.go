@@ -159,7 +159,11 @@ func TestBench(t *testing.T) {
 	if err != nil || !strings.Contains(out, "fsync false, store memory") {
 		t.Errorf("bench --store memory: %v\n%s", err, out)
 	}
-	for _, bad := range [][]string{{"--executions", "0"}, {"--store", "tape"}, {"extra"}} {
+	out, _, err = runCmd(t, context.Background(), "bench", "--idle", "5", "--store", "memory")
+	if err != nil || !strings.Contains(out, "5 executions created and held by their agent") || !strings.Contains(out, "bytes per idle execution") {
+		t.Errorf("bench --idle: %v\n%s", err, out)
+	}
+	for _, bad := range [][]string{{"--executions", "0"}, {"--store", "tape"}, {"extra"}, {"--idle", "-1"}} {
 		if _, _, err := runCmd(t, context.Background(), append([]string{"bench"}, bad...)...); err == nil {
 			t.Errorf("bench %v accepted", bad)
 		} else if _, ok := err.(usageError); !ok {
