@@ -17,8 +17,8 @@ import (
 // decoding, the kernel and its store, the answer). They sit a little
 // above what the code does today (see the test's log).
 const (
-	maxSubmitRequestAllocs   = 390
-	maxCompleteRequestAllocs = 275
+	maxSubmitRequestAllocs   = 375
+	maxCompleteRequestAllocs = 255
 )
 
 // TestAllocsStepRequests counts the allocations of POST …/steps (a new
