@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/server/wire"
 )
