@@ -60,8 +60,13 @@ type Options struct {
 	NoFreelistSync bool
 }
 
-// DefaultGatherWindow is the default Options.GatherWindow.
-const DefaultGatherWindow = 400 * time.Microsecond
+// DefaultGatherWindow is the default Options.GatherWindow. Over HTTP the
+// callers of a commit come back (answer, agent, next request, its read)
+// after well over 400 µs on a busy 2-core machine; 2 ms lets ten agents
+// share a commit (7.5 updates per commit instead of 5) for ~15% less CPU
+// per step (docs/benchmarks.md). A lone writer never waits, and a window
+// that brings nobody is switched off for the next 16 commits.
+const DefaultGatherWindow = 2 * time.Millisecond
 
 func (o Options) withDefaults() Options {
 	if o.Timeout == 0 {
