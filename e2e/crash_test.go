@@ -25,7 +25,7 @@ var (
 )
 
 // wicketBinary builds cmd/wicket once per test binary.
-func wicketBinary(t *testing.T) string {
+func wicketBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "wicket-bin-")
@@ -50,6 +50,8 @@ type process struct {
 	cmd    *exec.Cmd
 	url    string
 	stderr *syncBuffer
+	// boot is how long the process took to become ready.
+	boot time.Duration
 }
 
 // stderrString is what the process has logged so far.
@@ -74,13 +76,15 @@ func startServe(t *testing.T, dir, addr string, extra ...string) *process {
 	cmd := exec.Command(wicketBinary(t), args...)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
+	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	p := &process{cmd: cmd, url: "http://" + addr, stderr: stderr}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := start.Add(20 * time.Second)
 	for {
 		if _, err := os.Stat(ready); err == nil {
+			p.boot = time.Since(start)
 			return p
 		}
 		if time.Now().After(deadline) {

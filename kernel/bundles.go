@@ -7,7 +7,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 )
@@ -39,11 +43,15 @@ type CompiledBundle struct {
 // implements it). Compile must refuse a bad bundle whole, with an error
 // naming the file and field, and must not change what is live; Activate
 // swaps a compiled bundle in atomically (the previous revision is released);
-// Remove unloads one.
+// Discard releases a compiled bundle that will not be activated; Remove
+// unloads one. Failed records that a stored bundle did not load at boot
+// (agents bound to it are denied with that reason until it is replaced).
 type BundleLoader interface {
 	Compile(ctx context.Context, tenant string, src BundleSource) (*CompiledBundle, error)
 	Activate(tenant string, cb *CompiledBundle)
+	Discard(cb *CompiledBundle)
 	Remove(tenant, name string)
+	Failed(tenant, name string, err error)
 	// RulesBundle wraps native YAML rules (the body of POST /v0/policies/{agent})
 	// as a rules bundle named name.
 	RulesBundle(name string, rulesYAML []byte) (BundleSource, error)
@@ -81,7 +89,9 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	if src.TenantKeys, err = k.TenantBundleKeys(ctx, tenant); err != nil {
 		return nil, fmt.Errorf("read the bundle keys of tenant %s: %w", tenant, err)
 	}
+	t0 := time.Now()
 	cb, err := l.Compile(ctx, tenant, src)
+	compiled := time.Since(t0)
 	if err != nil {
 		var ke *Error
 		if errors.As(err, &ke) {
@@ -90,6 +100,7 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, &Error{Code: CodeValidation, Message: "bundle refused: " + err.Error()}
 	}
 	if name != "" && cb.Ref.Name != name {
+		l.Discard(cb)
 		return nil, Errorf(CodeValidation, "bundle manifest names %q but the request names %q", cb.Ref.Name, name)
 	}
 	br := &BundleRecord{Tenant: tenant, Name: cb.Ref.Name, Revision: cb.Ref.Revision, Digest: cb.Ref.Digest, Engine: cb.Ref.Engine,
@@ -108,9 +119,12 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return r.tx.PutBundle(br)
 	})
 	if err != nil {
+		l.Discard(cb)
 		return nil, err
 	}
 	l.Activate(tenant, cb)
+	k.log.Info("bundle activated", "tenant", tenant, "bundle", br.Name, "revision", br.Revision, "engine", br.Engine,
+		"sha256", br.Digest, "compile", compiled.Round(time.Microsecond).String())
 	return br, nil
 }
 
@@ -372,9 +386,12 @@ func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rul
 	return rec, nil
 }
 
-// LoadBundles compiles and activates every stored bundle (at boot). A stored
-// bundle that no longer compiles is logged and skipped: agents bound to it
-// are denied until it is replaced.
+// LoadBundles compiles and activates every stored bundle (at boot), a few
+// at a time (GOMAXPROCS), each under Config.BundleLoadTimeout, so that no
+// bundle can hold the boot up: one that fails or does not load in time is
+// skipped with a warning naming it (its late result, if any, is
+// discarded), the loader is told (Failed), and agents bound to it are
+// denied (engine_error) until it is replaced.
 func (k *Kernel) LoadBundles(ctx context.Context) error {
 	if k.bundles == nil {
 		return nil
@@ -383,19 +400,81 @@ func (k *Kernel) LoadBundles(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list bundles: %w", err)
 	}
+	start := time.Now()
+	var failed atomic.Int64
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
 	for _, rec := range recs {
-		keys, err := k.TenantBundleKeys(ctx, rec.Tenant)
-		if err != nil {
-			return fmt.Errorf("read the bundle keys of tenant %s: %w", rec.Tenant, err)
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return ctx.Err()
 		}
-		cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive, Name: rec.Name, TenantKeys: keys})
-		if err != nil {
-			k.log.Error("stored bundle does not load", "tenant", rec.Tenant, "bundle", rec.Name, "err", err)
-			continue
-		}
-		k.bundles.Activate(rec.Tenant, cb)
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if !k.loadStored(ctx, rec) {
+				failed.Add(1)
+			}
+		}()
 	}
-	return nil
+	wg.Wait()
+	if ctx.Err() == nil {
+		k.log.Info("bundles loaded", "bundles", len(recs)-int(failed.Load()), "failed", failed.Load(),
+			"took", time.Since(start).Round(time.Millisecond).String())
+	}
+	return ctx.Err()
+}
+
+// loadStored compiles and activates one stored bundle under the load
+// timeout. The loader is not trusted to honour ctx: a compile that
+// outlasts it is left to finish in the background and discarded. It
+// reports whether the bundle is live.
+func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) bool {
+	timeout := k.cfg.BundleLoadTimeout
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	type result struct {
+		cb  *CompiledBundle
+		err error
+	}
+	t0 := time.Now()
+	done := make(chan result, 1)
+	go func() {
+		keys, err := k.TenantBundleKeys(lctx, rec.Tenant)
+		if err != nil {
+			done <- result{nil, fmt.Errorf("read the bundle keys of tenant %s: %w", rec.Tenant, err)}
+			return
+		}
+		cb, err := k.bundles.Compile(lctx, rec.Tenant, BundleSource{Archive: rec.Archive, Name: rec.Name, TenantKeys: keys})
+		done <- result{cb, err}
+	}()
+	var err error
+	select {
+	case r := <-done:
+		if r.err == nil {
+			k.bundles.Activate(rec.Tenant, r.cb)
+			k.log.Info("bundle loaded", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "engine", rec.Engine,
+				"compile", time.Since(t0).Round(time.Microsecond).String())
+			return true
+		}
+		err = r.err
+	case <-lctx.Done():
+		err = fmt.Errorf("did not load within %s", timeout)
+		go func() {
+			if r := <-done; r.err == nil {
+				k.bundles.Discard(r.cb)
+			}
+		}()
+	}
+	if ctx.Err() != nil {
+		return false
+	}
+	k.log.Warn("stored bundle skipped: it does not load; agents bound to it are denied (engine_error) until it is replaced",
+		"tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "err", err)
+	k.bundles.Failed(rec.Tenant, rec.Name, err)
+	return false
 }
 
 // EvalRequest is a policy dry run.

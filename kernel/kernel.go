@@ -24,6 +24,10 @@ type Delivery struct {
 	ExecutionID string
 	DispatchID  string
 	Attempt     int
+	// LLMGatewayToken authenticates the attempt's calls to the LLM gateway
+	// (Config.LLMGatewayTokens; empty otherwise). It is a secret: the
+	// Deliverer hands it to the agent and nobody else.
+	LLMGatewayToken string
 }
 
 // Deliverer sends webhooks (internal/webhook implements it). Deliver returns
@@ -264,14 +268,30 @@ func (k *Kernel) Start(ctx context.Context) error {
 	if k.deliv == nil {
 		return errors.New("kernel: start: no deliverer")
 	}
+	t0 := time.Now()
+	counts, err := k.countExecutions(ctx)
+	if err != nil {
+		return fmt.Errorf("kernel: start: %w", err)
+	}
+	if obs := k.cfg.Observer; obs != nil {
+		obs.ExecutionsAtStart(counts)
+	}
+	resumed := []any{}
+	n := 0
+	for _, st := range []ExecStatus{ExecPending, ExecRunning, ExecBlocked} {
+		resumed = append(resumed, string(st), counts[st])
+		n += counts[st]
+	}
+	k.log.Info("executions resumed", append(append([]any{"executions", n}, resumed...), "counted_in", time.Since(t0).Round(time.Millisecond).String())...)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k.cancel = cancel
 	k.runMu.Lock()
 	k.runCtx = ctx
 	k.runMu.Unlock()
-	k.wg.Add(2)
+	k.wg.Add(3)
 	go func() { defer k.wg.Done(); k.dispatchLoop(ctx) }()
 	go func() { defer k.wg.Done(); k.reapLoop(ctx) }()
+	go func() { defer k.wg.Done(); k.retentionLoop(ctx) }()
 	return nil
 }
 
@@ -354,6 +374,10 @@ func (k *Kernel) update(ctx context.Context, fn func(r *rec) error) ([]string, e
 			slots += last.slots
 		}
 		r := &rec{tx: tx, now: k.now()}
+		if k.cfg.Observer != nil {
+			r.obs = &observed{}
+			r.tx = &observedTx{Tx: tx, o: r.obs}
+		}
 		last = r
 		if err := fn(r); err != nil {
 			return err
@@ -369,6 +393,9 @@ func (k *Kernel) update(ctx context.Context, fn func(r *rec) error) ([]string, e
 	}
 	k.releaseSlots(slots)
 	if err == nil {
+		if last.obs != nil {
+			last.obs.report(k.cfg.Observer, last.now)
+		}
 		k.startClaimed(last)
 		k.notify(touched...)
 		if queued {
@@ -391,6 +418,9 @@ type rec struct {
 	// one of slots delivery slots; they start once it commits.
 	claimed []Delivery
 	slots   int
+	// obs collects what the Observer is told once this run commits (nil
+	// without an Observer).
+	obs *observed
 }
 
 // event appends an event to e's log; it refuses to append after the
@@ -416,6 +446,9 @@ func (r *rec) event(e *Execution, typ EventType, payload any) error {
 	e.UpdatedAt = r.now
 	if err := r.tx.AppendEvent(e.Tenant, Event{ExecutionID: e.ID, Seq: e.LastSeq, Type: typ, Time: r.now, Payload: raw}); err != nil {
 		return fmt.Errorf("append %s to %s: %w", typ, e.ID, err)
+	}
+	if r.obs != nil {
+		r.obs.observeEvent(payload)
 	}
 	if len(r.touched) == 0 || r.touched[len(r.touched)-1] != e.ID {
 		r.touched = append(r.touched, e.ID)

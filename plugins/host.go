@@ -41,6 +41,22 @@ type Engine interface {
 	Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluator, error)
 }
 
+// tenantKey carries the tenant of a Compile to the engine.
+type tenantKey struct{}
+
+// WithTenant returns ctx carrying the tenant a bundle is compiled for. The
+// host sets it in Compile; engines that isolate tenants from each other
+// (plugins/worker) read it with [TenantFrom].
+func WithTenant(ctx context.Context, tenant string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, tenant)
+}
+
+// TenantFrom returns the tenant set by [WithTenant], or "" when none is.
+func TenantFrom(ctx context.Context) string {
+	t, _ := ctx.Value(tenantKey{}).(string)
+	return t
+}
+
 // Options configure a Host.
 type Options struct {
 	// DefaultPolicy applies to agents bound to no bundle: "allow" (default),
@@ -51,6 +67,12 @@ type Options struct {
 	// to compile (kernel.BundleSource.TenantKeys). With any key, an unsigned
 	// or tampered bundle is refused; with none, signatures are not checked.
 	BundleKeys []bundle.Key
+	// Limits are the kernel's ceilings on what a manifest may ask for; give
+	// the engines the same value. A bundle over a ceiling is refused at
+	// Compile, and so is a wasm bundle that would take its tenant's
+	// reserved wasm memory past Limits.TenantMemory (zero: the defaults of
+	// bundle.Limits).
+	Limits bundle.Limits
 }
 
 // Host implements kernel.Policy and kernel.BundleLoader.
@@ -60,6 +82,13 @@ type Host struct {
 
 	mu   sync.RWMutex
 	live map[string]*loaded // tenant\x00name
+	// open holds every compiled revision not closed yet (live, about to
+	// be activated, or replaced with evaluations in flight), by tenant: the
+	// wasm memory they reserve is what Limits.TenantMemory bounds.
+	open map[string]map[*loaded]struct{}
+	// failed holds why a stored bundle did not load at boot, until it is
+	// replaced or removed (tenant\x00name).
+	failed map[string]string
 }
 
 var (
@@ -74,6 +103,12 @@ type loaded struct {
 	ref    policy.BundleRef
 	def    policy.Action
 	limits []declaredLimit
+
+	// tenant and reserved (wasm memory: cap × pool size) are for the
+	// tenant's memory account.
+	tenant   string
+	reserved int64
+	host     *Host
 
 	// use is held for reading during evaluations and for writing by the
 	// closer, so a replaced revision is closed only after its last evaluation.
@@ -106,7 +141,8 @@ func verificationKeys(kernelKeys []bundle.Key, tenant string, tenantKeys []kerne
 
 // NewHost builds a host with the given engines. A duplicate engine name panics.
 func NewHost(opts Options, engines ...Engine) *Host {
-	h := &Host{engines: map[string]Engine{}, opts: opts, live: map[string]*loaded{}}
+	opts.Limits = opts.Limits.WithDefaults()
+	h := &Host{engines: map[string]Engine{}, opts: opts, live: map[string]*loaded{}, open: map[string]map[*loaded]struct{}{}, failed: map[string]string{}}
 	for _, e := range engines {
 		if _, dup := h.engines[e.Name()]; dup {
 			panic("plugins: duplicate engine " + e.Name())
@@ -138,7 +174,11 @@ func (h *Host) CompileBundle(ctx context.Context, b *bundle.Bundle) (policy.Eval
 	return ev, nil
 }
 
-// Compile implements kernel.BundleLoader.
+// Compile implements kernel.BundleLoader. Besides the engine's checks it
+// refuses a manifest over the kernel's Limits and a wasm bundle that would
+// take its tenant's reserved wasm memory past Limits.TenantMemory (the
+// revision it replaces does not count); both errors match
+// bundle.ErrCeiling.
 func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSource) (*kernel.CompiledBundle, error) {
 	var b *bundle.Bundle
 	var err error
@@ -157,22 +197,31 @@ func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSour
 	if err != nil {
 		return nil, err
 	}
-	ev, err := h.CompileBundle(ctx, b)
+	eff, err := h.opts.Limits.Apply(&b.Manifest)
 	if err != nil {
 		return nil, err
 	}
+	l := &loaded{b: b, ref: b.Ref(), def: b.DefaultAction(), tenant: tenant, reserved: eff.Reserved(), host: h}
+	if err := h.reserve(l); err != nil {
+		return nil, err
+	}
+	ev, err := h.CompileBundle(WithTenant(ctx, tenant), b)
+	if err != nil {
+		h.release(l)
+		return nil, err
+	}
+	l.ev = ev
 	archive, err := b.TarGz()
 	if err != nil {
-		_ = ev.Close()
+		l.close()
 		return nil, fmt.Errorf("bundle %q: archive: %w", b.Manifest.Name, err)
 	}
-	l := &loaded{b: b, ev: ev, ref: b.Ref(), def: b.DefaultAction()}
 	for _, ml := range b.Manifest.RateLimits {
 		dl := declaredLimit{rule: kernel.RateLimitRule{ID: b.Manifest.Name + "/" + ml.ID, RateLimit: ml.RateLimit}, kind: ml.StepKind}
 		for _, t := range ml.Targets {
 			g, err := bundle.CompileGlob(t)
 			if err != nil {
-				_ = ev.Close()
+				l.close()
 				return nil, fmt.Errorf("bundle %q: rate_limits %s: %w", b.Manifest.Name, ml.ID, err)
 			}
 			dl.targets = append(dl.targets, g)
@@ -180,6 +229,68 @@ func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSour
 		l.limits = append(l.limits, dl)
 	}
 	return &kernel.CompiledBundle{Ref: l.ref, Archive: archive, Handle: l}, nil
+}
+
+// reserve opens l in its tenant's memory account, or refuses it when the
+// tenant's open revisions, but those of the same name (which l replaces),
+// reserve too much with it.
+func (h *Host) reserve(l *loaded) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var others int64
+	for o := range h.open[l.tenant] {
+		if o.ref.Name != l.ref.Name {
+			others += o.reserved
+		}
+	}
+	if l.reserved > 0 && others+l.reserved > h.opts.Limits.TenantMemory {
+		return bundle.CeilingError(fmt.Sprintf("bundle %q reserves %s of wasm memory (memory cap × pool size); with the tenant's other bundles (%s) that exceeds the kernel's ceiling of %s per tenant (serve --wasm-tenant-memory)",
+			l.ref.Name, bundle.BytesString(l.reserved), bundle.BytesString(others), bundle.BytesString(h.opts.Limits.TenantMemory)))
+	}
+	if h.open[l.tenant] == nil {
+		h.open[l.tenant] = map[*loaded]struct{}{}
+	}
+	h.open[l.tenant][l] = struct{}{}
+	return nil
+}
+
+// release takes l out of its tenant's memory account.
+func (h *Host) release(l *loaded) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.open[l.tenant], l)
+	if len(h.open[l.tenant]) == 0 {
+		delete(h.open, l.tenant)
+	}
+}
+
+// TenantMemory returns the wasm memory a tenant's compiled revisions
+// reserve (memory cap × pool size of each, including revisions being
+// replaced), and the ceiling.
+func (h *Host) TenantMemory(tenant string) (reserved, ceiling int64) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for o := range h.open[tenant] {
+		reserved += o.reserved
+	}
+	return reserved, h.opts.Limits.TenantMemory
+}
+
+// Discard implements kernel.BundleLoader: a compiled bundle that will not
+// be activated is closed and its memory reservation released.
+func (h *Host) Discard(cb *kernel.CompiledBundle) {
+	if l, ok := cb.Handle.(*loaded); ok {
+		go h.retire(l)
+	}
+}
+
+// Failed implements kernel.BundleLoader: a stored bundle that did not load
+// at boot is remembered with the reason, which the steps of agents bound to
+// it are denied with, until the bundle is replaced or removed.
+func (h *Host) Failed(tenant, name string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failed[tenant+"\x00"+name] = err.Error()
 }
 
 // Activate implements kernel.BundleLoader: the compiled bundle replaces the
@@ -191,9 +302,10 @@ func (h *Host) Activate(tenant string, cb *kernel.CompiledBundle) {
 	h.mu.Lock()
 	old := h.live[key]
 	h.live[key] = l
+	delete(h.failed, key)
 	h.mu.Unlock()
 	if old != nil && old != l {
-		go old.close()
+		go h.retire(old)
 	}
 }
 
@@ -203,18 +315,39 @@ func (h *Host) Remove(tenant, name string) {
 	h.mu.Lock()
 	old := h.live[key]
 	delete(h.live, key)
+	delete(h.failed, key)
 	h.mu.Unlock()
 	if old != nil {
-		go old.close()
+		go h.retire(old)
 	}
 }
 
+// cachePruner is implemented by engines that keep compiled artifacts on
+// disk (the wasm engine): PruneCache removes those no compiled bundle uses.
+type cachePruner interface{ PruneCache() error }
+
+// retire closes a revision that was replaced, removed or discarded (after
+// its last evaluation) and lets the engines drop what only it used.
+func (h *Host) retire(l *loaded) {
+	l.close()
+	for _, e := range h.engines {
+		if p, ok := e.(cachePruner); ok {
+			_ = p.PruneCache() // best effort: the cache is an optimisation
+		}
+	}
+}
+
+// close closes the evaluator once its evaluations are done and releases
+// the memory reservation.
 func (l *loaded) close() {
 	l.use.Lock()
 	defer l.use.Unlock()
 	if !l.closed {
 		l.closed = true
-		_ = l.ev.Close()
+		if l.ev != nil {
+			_ = l.ev.Close()
+		}
+		l.host.release(l)
 	}
 }
 
@@ -299,7 +432,13 @@ func (h *Host) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.Ve
 		l, done := h.get(in.Tenant, name)
 		defer done()
 		if l == nil {
-			v := failClosed(policy.BundleRef{Name: name}, fmt.Sprintf("bundle %q is not loaded (fail closed)", name), start)
+			reason := fmt.Sprintf("bundle %q is not loaded (fail closed)", name)
+			h.mu.RLock()
+			if why, ok := h.failed[in.Tenant+"\x00"+name]; ok {
+				reason = fmt.Sprintf("bundle %q did not load at boot (fail closed): %s", name, why)
+			}
+			h.mu.RUnlock()
+			v := failClosed(policy.BundleRef{Name: name}, reason, start)
 			return nil, &v
 		}
 		a, err := l.ev.Evaluate(ctx, in)

@@ -2,12 +2,16 @@ package plugins_test
 
 import (
 	"context"
+	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/plugins/rules"
 )
 
@@ -104,6 +108,125 @@ func TestHostComposition(t *testing.T) {
 	}
 	if ref, _ := h.Live("acme", "agent"); ref.Revision != "2" {
 		t.Errorf("live revision %s after a refused upload", ref.Revision)
+	}
+}
+
+// fakeWasm stands in for the wasm engine: the host's accounting depends only
+// on the manifest. It counts open evaluators.
+type fakeWasm struct{ open atomic.Int64 }
+
+func (*fakeWasm) Name() string { return "wasm" }
+
+func (f *fakeWasm) Compile(context.Context, *bundle.Bundle) (policy.Evaluator, error) {
+	f.open.Add(1)
+	return fakeEvaluator{f}, nil
+}
+
+type fakeEvaluator struct{ f *fakeWasm }
+
+func (fakeEvaluator) Evaluate(context.Context, *policy.Input) (*policy.Answer, error) {
+	return nil, nil
+}
+
+func (e fakeEvaluator) Close() error { e.f.open.Add(-1); return nil }
+
+func wasmSrc(name, sandbox string) kernel.BundleSource {
+	return kernel.BundleSource{Files: map[string][]byte{
+		"bundle.yaml": []byte("name: " + name + "\nengine: wasm\nsandbox: " + sandbox + "\n"),
+		"policy.wasm": []byte("\x00asm\x01\x00\x00\x00"),
+	}}
+}
+
+// TestTenantMemory: a tenant's wasm bundles together reserve at most
+// Limits.TenantMemory (memory cap × pool size each); the revision an upload
+// replaces does not count, other tenants have their own account, and a
+// compiled bundle that is discarded or removed gives its share back.
+func TestTenantMemory(t *testing.T) {
+	eng := &fakeWasm{}
+	h := plugins.NewHost(plugins.Options{Limits: bundle.Limits{TenantMemory: 4 << 20}}, eng, rules.New())
+	defer h.Close()
+	ctx := context.Background()
+	two := "{memory_pages: 16, pool_size: 2}" // 2 MiB
+	load(t, h, "acme", wasmSrc("a", two))
+	load(t, h, "acme", wasmSrc("b", two))
+	if r, c := h.TenantMemory("acme"); r != 4<<20 || c != 4<<20 {
+		t.Fatalf("acme reserves %d of %d, want 4 MiB of 4 MiB", r, c)
+	}
+	_, err := h.Compile(ctx, "acme", wasmSrc("c", "{memory_pages: 1, pool_size: 1}"))
+	want := `bundle "c" reserves 64 KiB of wasm memory (memory cap × pool size); with the tenant's other bundles (4 MiB) that exceeds the kernel's ceiling of 4 MiB per tenant (serve --wasm-tenant-memory)`
+	if err == nil || err.Error() != want {
+		t.Fatalf("third bundle: %v\nwant %s", err, want)
+	}
+	if !errors.Is(err, bundle.ErrCeiling) {
+		t.Errorf("%v does not match bundle.ErrCeiling", err)
+	}
+	// Other engines reserve nothing; another tenant has its own account.
+	load(t, h, "acme", rulesSrc("r", "1", "rules: []\n", ""))
+	load(t, h, "other", wasmSrc("c", two))
+	// A new revision of a replaces it, and may be larger.
+	load(t, h, "acme", wasmSrc("a", "{memory_pages: 32, pool_size: 1}"))
+	if _, err := h.Compile(ctx, "acme", wasmSrc("a", "{memory_pages: 48, pool_size: 1}")); err == nil {
+		t.Error("a revision of 3 MiB next to b's 2 MiB was accepted")
+	}
+	// Removing b frees its share (once its evaluator is closed).
+	h.Remove("acme", "b")
+	waitFor(t, func() bool { r, _ := h.TenantMemory("acme"); return r == 2<<20 })
+	cb, err := h.Compile(ctx, "acme", wasmSrc("c", two))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A compiled bundle that is discarded (its upload failed) frees its share too.
+	h.Discard(cb)
+	waitFor(t, func() bool { r, _ := h.TenantMemory("acme"); return r == 2<<20 })
+	h.Close()
+	waitFor(t, func() bool { return eng.open.Load() == 0 })
+}
+
+// TestManifestCeilings: the host refuses a manifest over its limits for
+// every engine, before compiling it.
+func TestManifestCeilings(t *testing.T) {
+	h := plugins.NewHost(plugins.Options{}, rules.New(), &fakeWasm{})
+	defer h.Close()
+	for _, c := range []struct {
+		src  kernel.BundleSource
+		want string
+	}{
+		{rulesSrc("r", "1", "rules: []\n", "sandbox: {timeout: 87600h}\n"), "bundle.yaml: sandbox.timeout: 87600h0m0s exceeds the kernel's ceiling of 2s (serve --sandbox-max-timeout)"},
+		{wasmSrc("w", "{memory_pages: 65536}"), "bundle.yaml: sandbox.memory_pages: 65536 exceeds the kernel's ceiling of 1024 pages (64 MiB) (serve --wasm-max-memory)"},
+	} {
+		_, err := h.Compile(context.Background(), "acme", c.src)
+		if err == nil || err.Error() != c.want {
+			t.Errorf("got %v\nwant %s", err, c.want)
+		}
+	}
+}
+
+// TestFailedBundleReason: agents bound to a bundle that did not load at
+// boot are denied with the reason, until the bundle is replaced.
+func TestFailedBundleReason(t *testing.T) {
+	h := plugins.NewHost(plugins.Options{}, rules.New())
+	defer h.Close()
+	h.Failed("acme", "slow", errors.New("did not load within 10s"))
+	req := &kernel.PolicyRequest{Input: input("x", ""), Bundle: "slow"}
+	v, _ := h.Decide(context.Background(), req)
+	if v.Action != policy.Deny || v.RuleID != "engine_error" ||
+		v.Reason != `bundle "slow" did not load at boot (fail closed): did not load within 10s` {
+		t.Errorf("verdict %+v", v)
+	}
+	load(t, h, "acme", rulesSrc("slow", "2", "default_action: allow\nrules: []\n", ""))
+	if v, _ := h.Decide(context.Background(), req); v.Action != policy.Allow {
+		t.Errorf("after the upload: %+v", v)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

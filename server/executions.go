@@ -141,7 +141,7 @@ func (s *Server) submitStep(c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	s.metrics.decision(string(d.Decision))
+	s.metrics.StepSubmitted(string(d.Decision))
 	return http.StatusOK, decisionView(d), nil
 }
 

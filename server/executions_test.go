@@ -287,7 +287,7 @@ func TestRateLimitedIsHTTP200(t *testing.T) {
 		t.Fatalf("second %+v", d)
 	}
 	m := string(e.do("GET", "/metrics", nil, nil).want(t, http.StatusOK).body)
-	for _, want := range []string{`wicket_step_decisions_total{decision="proceed"} 1`, `wicket_step_decisions_total{decision="rate_limited"} 1`} {
+	for _, want := range []string{`wicket_step_submissions_total{decision="proceed"} 1`, `wicket_step_submissions_total{decision="rate_limited"} 1`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s:\n%s", want, m)
 		}

@@ -135,6 +135,10 @@ func (l *fakeLoader) Activate(tenant string, cb *kernel.CompiledBundle) {
 	l.active[tenant+"/"+cb.Ref.Name] = cb.Ref
 }
 
+func (l *fakeLoader) Discard(*kernel.CompiledBundle) {}
+
+func (l *fakeLoader) Failed(string, string, error) {}
+
 func (l *fakeLoader) Remove(tenant, name string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -137,7 +137,7 @@ func sessionView(e *kernel.Execution) wire.Session {
 }
 
 func tenantView(t *kernel.Tenant) wire.Tenant {
-	return wire.Tenant{ID: t.ID, Guards: t.Guards, CreatedAt: t.CreatedAt}
+	return wire.Tenant{ID: t.ID, Guards: t.Guards, Retention: t.Retention, CreatedAt: t.CreatedAt}
 }
 
 func keyView(k *kernel.APIKey) wire.Key {

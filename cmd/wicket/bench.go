@@ -48,16 +48,16 @@ type benchOptions struct {
 	idle           int
 }
 
-// benchCommand measures steps over HTTP. By default it runs a kernel on a
-// fresh store in this process and the load (an agent built with sdk/agent
-// whose --executions handlers submit and complete steps through the SDK as
-// fast as they can, two signed requests per step) in a child process, so
-// that the CPU time this process reports is the kernel's alone. With --url
-// it is only the load, against a kernel already serving there.
-func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// benchSetup defines the flags of `wicket bench`, which measures steps over
+// HTTP. By default it runs a kernel on a fresh store in this process and
+// the load (an agent built with sdk/agent whose --executions handlers
+// submit and complete steps through the SDK as fast as they can, two
+// signed requests per step; the agent registered and the executions
+// created through sdk/client) in a child process, so that the CPU time
+// this process reports is the kernel's alone. With --url it is only the
+// load, against a kernel already serving there.
+func benchSetup(fs *flag.FlagSet, _ *clientOpts) runFunc {
 	var o benchOptions
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.IntVar(&o.execs, "executions", 10, "concurrent executions")
 	fs.IntVar(&o.steps, "steps", 20000, "steps in total")
 	fs.StringVar(&o.dir, "data", "", "data directory (default: a temporary one, removed after)")
@@ -71,23 +71,24 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	fs.DurationVar(&o.gatherWindow, "gather-window", 0, "store: group-commit gather window (0: the default; negative: off)")
 	fs.BoolVar(&o.noFreelistSync, "no-freelist-sync", false, "store: leave the free-page list out of commits")
 	fs.IntVar(&o.idle, "idle", 0, "instead of steps: create this many executions whose agent holds them and does nothing, and report the kernel's memory")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, _ []string, stdout, _ io.Writer) error {
+		return bench(ctx, o, stdout)
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("bench: unexpected argument %q", fs.Arg(0))}
-	}
+}
+
+// bench runs `wicket bench` with its flags.
+func bench(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	if o.execs < 1 || o.steps < o.execs {
 		return usageError{"bench: want --executions >= 1 and --steps >= --executions"}
 	}
 	if o.store != "disk" && o.store != "memory" {
 		return usageError{fmt.Sprintf("bench: --store %q: want disk or memory", o.store)}
 	}
-	if o.url != "" {
-		return benchLoadOnly(ctx, o, stdout)
-	}
 	if o.idle < 0 {
 		return usageError{"bench: --idle must not be negative"}
+	}
+	if o.url != "" {
+		return benchLoadOnly(ctx, o, stdout)
 	}
 	return benchKernel(ctx, o, stdout)
 }

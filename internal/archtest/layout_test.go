@@ -51,9 +51,11 @@ var layout = []row{
 
 	{"server/wire", []string{std}, "wire types and signing, for agent SDKs: standard library only"},
 	{"sdk/client", []string{std, "server/wire"}, "the client SDK stays light"},
-	{"sdk/agent", []string{std, "sdk/client", "server/wire", "kernel/canon"}, "the agent SDK stays light; kernel/canon (standard library only) computes the step ids it sends as Rebuno-Step-Id"},
-	{"server", []string{std, "kernel", "kernel/policy", "server/wire", "github.com/gorilla/mux", "golang.org/x/net/netutil"}, "the HTTP API: the only user of mux (and of x/net's connection limit); never the policy engines (cmd/wicket wires them)"},
-	{"server/metrics", []string{std, "kernel", "github.com/prometheus/client_golang", "github.com/prometheus/client_model"}, "Prometheus metrics: the only user of the Prometheus client"},
+	{"sdk/agent", []string{std, "sdk/client", "server/wire", "kernel/canon", "internal/llmrec"}, "the agent SDK stays light; kernel/canon (standard library only) computes the step ids it sends as Rebuno-Step-Id"},
+	{"server", []string{std, "kernel", "kernel/policy", "server/wire", "internal/metrics", "github.com/gorilla/mux", "golang.org/x/net/netutil"}, "the HTTP API: the only user of mux (and of x/net's connection limit); never the policy engines (cmd/wicket wires them)"},
+	{"server/llmgw", []string{std, "kernel", "kernel/policy", "server/wire", "internal/llmrec"}, "the LLM gateway: provider wire formats in, steps recorded through the kernel; a handler the server mounts"},
+	{"internal/llmrec", []string{std, "server/wire"}, "the llm_call record (format, refusal, usage, stream recorder) shared by the SDK's Transport and the gateway: standard library only"},
+	{"internal/metrics", []string{std, "kernel", "kernel/policy", "github.com/prometheus/client_golang"}, "Prometheus metrics: the only user of the Prometheus client"},
 
 	{"store/bbolt", []string{std, "kernel", "kernel/policy", "go.etcd.io/bbolt"}, "the embedded store: the only user of bbolt"},
 	{"store/postgres", []string{std, "kernel", "kernel/policy", "github.com/jackc/pgx/v5"}, "the shared-database store: the only user of pgx"},
@@ -64,6 +66,7 @@ var layout = []row{
 	{"plugins/rules", []string{std, "kernel/policy", "plugins/bundle", "go.yaml.in/yaml/v3"}, "native rules"},
 	{"plugins/rego", []string{std, "kernel/policy", "plugins/bundle", "github.com/open-policy-agent/opa"}, "Rego: the only user of OPA"},
 	{"plugins/wasm", []string{std, "kernel/policy", "plugins/bundle", "github.com/tetratelabs/wazero"}, "wasm: the only user of wazero"},
+	{"plugins/worker", []string{std, "kernel/policy", "plugins", "plugins/bundle"}, "runs an engine in a child process whose memory the OS caps (the Rego worker)"},
 	{"plugins/enginetest", []string{std, testPkg, "kernel/policy", "plugins", "plugins/bundle"}, "runs bundle tests through an engine (test support)"},
 
 	{"internal/webhook", []string{std, "kernel", "server/wire", "internal/netguard"}, "outbound webhooks"},

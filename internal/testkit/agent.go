@@ -115,6 +115,10 @@ type Run struct {
 	ExecutionID string
 	Lease       kernel.Lease
 	Input       json.RawMessage
+	// LLMGatewayToken is the webhook's llm_gateway_token.
+	LLMGatewayToken string
+	// Attempt counts the agent's runs of this execution, from 1.
+	Attempt int
 	// Decisions records every decision this run received, in order.
 	mu        sync.Mutex
 	Decisions []kernel.StepDecision
@@ -283,8 +287,15 @@ func (a *Agent) run(p wire.WebhookPayload) {
 	defer a.running.Add(-1)
 	ctx, cancel := context.WithCancel(a.ctx)
 	defer cancel()
-	run := &Run{c: a.Client, ExecutionID: p.ExecutionID, Lease: kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}}
+	run := &Run{c: a.Client, ExecutionID: p.ExecutionID, Lease: kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt},
+		LLMGatewayToken: p.LLMGatewayToken}
 	a.mu.Lock()
+	for _, r := range a.Runs {
+		if r.ExecutionID == p.ExecutionID {
+			run.Attempt++
+		}
+	}
+	run.Attempt++
 	a.Runs = append(a.Runs, run)
 	a.mu.Unlock()
 	record := func(err error) {

@@ -35,7 +35,7 @@ func mkBundle(files map[string]string, data string) *bundle.Bundle {
 // mustCompile compiles b and closes the evaluator when the test ends.
 func mustCompile(t testing.TB, b *bundle.Bundle) policy.Evaluator {
 	t.Helper()
-	ev, err := New().Compile(context.Background(), b)
+	ev, err := testEngine().Compile(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Compile: %v", err)
 	}
@@ -682,7 +682,7 @@ func TestEvaluateContext(t *testing.T) {
 }
 
 func TestEvaluateAfterClose(t *testing.T) {
-	ev, err := New().Compile(context.Background(), mkBundle(map[string]string{"policy.rego": mainPolicy}, mainData))
+	ev, err := testEngine().Compile(context.Background(), mkBundle(map[string]string{"policy.rego": mainPolicy}, mainData))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -789,7 +789,7 @@ func TestCompileConcurrent(t *testing.T) {
 // TestCloseDuringEvaluate closes an evaluator while goroutines use it (run it
 // under -race): each call either answers correctly or reports the close.
 func TestCloseDuringEvaluate(t *testing.T) {
-	ev, err := New().Compile(context.Background(), mkBundle(map[string]string{"policy.rego": mainPolicy}, mainData))
+	ev, err := testEngine().Compile(context.Background(), mkBundle(map[string]string{"policy.rego": mainPolicy}, mainData))
 	if err != nil {
 		t.Fatal(err)
 	}

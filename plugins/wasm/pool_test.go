@@ -21,7 +21,7 @@ func TestConcurrentEvaluations(t *testing.T) {
 		iters   = 40
 		pool    = 4
 	)
-	e := newEngine(t, Config{PoolSize: pool})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: pool}})
 	for _, m := range []struct {
 		name string
 		wasm func(testing.TB) []byte
@@ -62,7 +62,7 @@ func TestConcurrentEvaluations(t *testing.T) {
 
 // TestTrappedInstanceNotReused counts instantiations around a trap.
 func TestTrappedInstanceNotReused(t *testing.T) {
-	e := newEngine(t, Config{PoolSize: 1})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 1}})
 	ev := compile(t, e, newBundle("trap", conditional(trap), bundle.Sandbox{}))
 	count := func(want int64) {
 		t.Helper()
@@ -86,7 +86,7 @@ func TestTrappedInstanceNotReused(t *testing.T) {
 // TestPoolBound: with one instance busy in an infinite loop, another
 // evaluation waits and gives up when its context ends.
 func TestPoolBound(t *testing.T) {
-	e := newEngine(t, Config{PoolSize: 1})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 1}})
 	// The loop holds the instance until its deadline: long enough, even on
 	// a loaded machine, for the second evaluation to wait and give up.
 	ev := compile(t, e, newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{Timeout: "2s"}))
@@ -117,7 +117,7 @@ func TestPoolBound(t *testing.T) {
 
 // TestCloseWhileEvaluating closes an evaluator with evaluations in flight.
 func TestCloseWhileEvaluating(t *testing.T) {
-	e := newEngine(t, Config{PoolSize: 4})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 4}})
 	ev, err := e.Compile(context.Background(), newBundle("c", cPolicy(t), bundle.Sandbox{}))
 	if err != nil {
 		t.Fatal(err)

@@ -346,6 +346,10 @@ type WebhookPayload struct {
 	ExecutionID     string `json:"execution_id"`
 	DispatchID      string `json:"dispatch_id"`
 	DispatchAttempt int    `json:"dispatch_attempt"`
+	// LLMGatewayToken authenticates the attempt's model calls to the
+	// kernel's LLM gateway (/llm/...): present when the kernel serves it,
+	// valid while this attempt holds the lease.
+	LLMGatewayToken string `json:"llm_gateway_token,omitempty"`
 }
 
 // ---- admin routes ----
@@ -549,20 +553,27 @@ type ResolveApprovalRequest struct {
 type TenantRequest struct {
 	ID     string   `json:"id"`
 	Guards []string `json:"guards,omitempty"`
+	// Retention is how long the tenant's terminal executions are kept
+	// (a Go duration such as "720h"; "0s" forever; omitted: the kernel's).
+	Retention string `json:"retention,omitempty"`
 }
 
 // TenantUpdateRequest is the body of PUT /v0/tenants/{t}: the tenant's
 // guard bundles, which replace the current ones (an empty list removes
-// them; the field is required). Each must name a bundle of that tenant that
-// the admin owns.
+// them), and its retention; at least one is required. Each guard must name
+// a bundle of that tenant that the admin owns.
 type TenantUpdateRequest struct {
 	Guards *[]string `json:"guards"`
+	// Retention, when present, replaces how long the tenant's ended
+	// executions are kept ("720h"; "0s" forever; "" the kernel's).
+	Retention *string `json:"retention,omitempty"`
 }
 
 // Tenant is a tenant as the API shows it.
 type Tenant struct {
 	ID        string    `json:"id"`
 	Guards    []string  `json:"guards,omitempty"`
+	Retention string    `json:"retention,omitempty"`
 	CreatedAt time.Time `json:"created_at,omitzero"`
 }
 

@@ -58,6 +58,15 @@ type Options struct {
 	// NoFreelistSync leaves bbolt's free-page list out of every commit
 	// (bbolt rebuilds it by scanning the file at Open instead).
 	NoFreelistSync bool
+	// OnCommit, when set, is called by the writer after each commit with
+	// the time the commit took (write and fsync) and the number of Update
+	// functions it carried. It must be quick: the writer waits for it.
+	OnCommit func(took time.Duration, updates int)
+	// ReadOnly opens an existing file for reading only, under a shared lock
+	// (a running kernel's exclusive lock excludes it): Update fails, nothing
+	// is migrated, and a file of another schema version is refused. For
+	// offline tools such as `wicket store check`.
+	ReadOnly bool
 }
 
 // DefaultGatherWindow is the default Options.GatherWindow. Over HTTP the
@@ -96,6 +105,8 @@ type Store struct {
 	stopped   chan struct{} // closed when the writer returns
 	closeOnce sync.Once
 	closeErr  error
+	readOnly  bool // Options.ReadOnly: no writer runs
+	onCommit  func(time.Duration, int)
 
 	waiting atomic.Int64  // Updates waiting for the writer to take them
 	commits atomic.Uint64 // committed write transactions
@@ -111,8 +122,10 @@ var _ kernel.Store = (*Store)(nil)
 // # Errors
 //
 // Open refuses an existing file writable by group or others
-// (ErrInsecureFile), a file with a newer schema (ErrNewerSchema), and a file
-// whose lock is held beyond opts.Timeout (ErrLocked). Every error names path.
+// (ErrInsecureFile), an empty, truncated or corrupt-headed file
+// (ErrDamaged, see CheckFile), a file with a newer schema
+// (ErrNewerSchema), and a file whose lock is held beyond opts.Timeout
+// (ErrLocked). Every error names path.
 func Open(path string, opts Options) (*Store, error) {
 	opts = opts.withDefaults()
 	if err := os.MkdirAll(filepath.Dir(path), DirMode); err != nil {
@@ -127,6 +140,11 @@ func Open(path string, opts Options) (*Store, error) {
 		if perm := fi.Mode().Perm(); perm&0o022 != 0 {
 			return nil, fmt.Errorf("bbolt: open %s: mode %04o: %w (chmod 600 it)", path, perm, ErrInsecureFile)
 		}
+		if err := CheckFile(path); err != nil {
+			return nil, err
+		}
+	case opts.ReadOnly && errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("bbolt: open %s read-only: %w", path, err)
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
@@ -135,6 +153,7 @@ func Open(path string, opts Options) (*Store, error) {
 		NoSync:         opts.NoSync,
 		FreelistType:   bolt.FreelistMapType,
 		NoFreelistSync: opts.NoFreelistSync,
+		ReadOnly:       opts.ReadOnly,
 	}
 	if opts.Timeout < 0 {
 		bopts.Timeout = 0 // bbolt: zero waits forever
@@ -146,7 +165,12 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
-	if err := migrate(db); err != nil {
+	if opts.ReadOnly {
+		err = checkSchema(db)
+	} else {
+		err = migrate(db)
+	}
+	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
@@ -155,9 +179,15 @@ func Open(path string, opts Options) (*Store, error) {
 		path:     path,
 		maxBatch: opts.MaxBatch,
 		gather:   opts.GatherWindow,
+		onCommit: opts.OnCommit,
 		reqs:     make(chan *request),
 		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),
+	}
+	if opts.ReadOnly {
+		s.readOnly = true
+		close(s.stopped)
+		return s, nil
 	}
 	go s.run()
 	return s, nil
@@ -230,6 +260,9 @@ func (s *Store) Update(ctx context.Context, fn func(tx kernel.Tx) error) error {
 	}
 	if s.closed() {
 		return errClosed("update")
+	}
+	if s.readOnly {
+		return fmt.Errorf("bbolt: update %s: opened read-only", s.path)
 	}
 	r := &request{ctx: ctx, fn: fn, done: make(chan error, 1)}
 	s.waiting.Add(1)
