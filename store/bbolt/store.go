@@ -52,8 +52,9 @@ type Options struct {
 	MaxBatch int
 	// GatherWindow is how long the writer may hold a batch open for the
 	// callers of the previous commit to come back with their next Update
-	// (zero: DefaultGatherWindow; negative: never wait). Without it, N
-	// steady writers split into two alternating half-size batches.
+	// (zero: DefaultGatherWindow; negative: never wait), and never longer
+	// than the last commit took. Without it, N steady writers split into
+	// two alternating half-size batches.
 	GatherWindow time.Duration
 	// NoFreelistSync leaves bbolt's free-page list out of every commit
 	// (bbolt rebuilds it by scanning the file at Open instead).
@@ -72,9 +73,10 @@ type Options struct {
 // DefaultGatherWindow is the default Options.GatherWindow. Over HTTP the
 // callers of a commit come back (answer, agent, next request, its read)
 // after well over 400 µs on a busy 2-core machine; 2 ms lets ten agents
-// share a commit (7.5 updates per commit instead of 5) for ~15% less CPU
-// per step (docs/benchmarks.md). A lone writer never waits, and a window
-// that brings nobody is switched off for the next 16 commits.
+// share a commit (7.5 updates per commit instead of 5) for less CPU per
+// step (docs/benchmarks.md). The writer never waits longer than its last
+// commit took, a lone writer never waits, and a window that brings nobody
+// is switched off for the next 16 commits.
 const DefaultGatherWindow = 2 * time.Millisecond
 
 func (o Options) withDefaults() Options {
@@ -99,6 +101,9 @@ type Store struct {
 	gather time.Duration
 	expect int
 	cool   int
+	// lastCommit is how long the last commit took (write and fsync); the
+	// writer's too.
+	lastCommit time.Duration
 
 	reqs      chan *request // unbuffered: a sender blocks until the writer takes it
 	closing   chan struct{} // closed by Close
