@@ -26,6 +26,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/server/console"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
@@ -47,6 +48,13 @@ type serveOptions struct {
 	net                           netLimits
 	webhookAllow, webhookDeny     stringList
 	signatureTolerance            time.Duration
+	ui                            uiOptions
+}
+
+// uiOptions configure the console served at /ui/ (server/console).
+type uiOptions struct {
+	disabled     bool
+	secureCookie bool
 }
 
 // netLimits are what an unauthenticated caller may cost: the request
@@ -148,6 +156,8 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
+	fs.BoolVar(&o.ui.disabled, "no-ui", os.Getenv("WICKET_NO_UI") == "1", "do not serve the console at /ui/ (WICKET_NO_UI=1)")
+	fs.BoolVar(&o.ui.secureCookie, "ui-secure-cookie", os.Getenv("WICKET_UI_SECURE_COOKIE") == "1", "mark the console's session cookie Secure on plain HTTP too, behind a proxy that terminates TLS (WICKET_UI_SECURE_COOKIE=1)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
 }
 
@@ -300,10 +310,14 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 
 	maxConns := fitConns(o.net.maxConns, log)
-	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
+	scfg := server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
 		MaxBundleBytes: o.net.maxBundleBody, ReadHeaderTimeout: o.net.readHeaderTimeout, ReadTimeout: o.net.readTimeout,
 		IdleTimeout: o.net.idleTmo, MaxConns: maxConns, MaxStreamsPerTenant: o.net.maxStreamsPerTenant,
-		SignatureTolerance: o.signatureTolerance})
+		SignatureTolerance: o.signatureTolerance}
+	if !o.ui.disabled {
+		scfg.UI = console.Handler(console.Options{SecureCookie: o.ui.secureCookie, Logger: log})
+	}
+	srv := server.New(k, scfg)
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}

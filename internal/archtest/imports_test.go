@@ -5,6 +5,7 @@ package archtest
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -21,7 +22,15 @@ var owners = map[string][]string{
 	// The MCP Go SDK: wicket mcp-proxy (its tests build MCP clients and
 	// servers with it too; test files are not checked).
 	"github.com/modelcontextprotocol/go-sdk": {module + "/internal/mcpproxy"},
+	// chromedp drives headless Chromium in the console's browser tests
+	// (e2e); no package of the product imports it.
+	"github.com/chromedp": {},
 }
+
+// stdlibOnly are packages that may import only the standard library and
+// the module's kernel and wire types: the console renders what the API
+// answers and holds no dependency of its own.
+var stdlibOnly = []string{module + "/server/console"}
 
 func TestImportRules(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "../../...").Output()
@@ -37,6 +46,10 @@ func TestImportRules(t *testing.T) {
 				if strings.Contains(strings.Split(imp, "/")[0], ".") && !strings.HasPrefix(imp, module+"/kernel") {
 					t.Errorf("%s imports %s: kernel/ may import only the standard library and kernel/...", pkg, imp)
 				}
+			}
+			if slices.Contains(stdlibOnly, pkg) && strings.Contains(strings.Split(imp, "/")[0], ".") &&
+				imp != module+"/kernel" && imp != module+"/server/wire" {
+				t.Errorf("%s imports %s: it may import only the standard library, kernel and server/wire", pkg, imp)
 			}
 			for dep, allowed := range owners {
 				if !strings.HasPrefix(imp, dep) {

@@ -41,6 +41,8 @@ type Options struct {
 	// BundleKeys verify bundle signatures (as serve --bundle-verification-key);
 	// tenants' own keys are added as in serve.
 	BundleKeys []bundle.Key
+	// UI is server.Config.UI (the console, server/console).
+	UI func(api http.Handler) http.Handler
 }
 
 // Env is a running test kernel.
@@ -82,7 +84,7 @@ func Start(t testing.TB, o Options) *Env {
 	if err := k.LoadBundles(context.Background()); err != nil {
 		t.Fatalf("load bundles: %v", err)
 	}
-	srv := server.New(k, server.Config{AdminKey: AdminKey})
+	srv := server.New(k, server.Config{AdminKey: AdminKey, UI: o.UI})
 	srv.SetReady(true)
 	hs := httptest.NewUnstartedServer(srv.Handler())
 	hs.Config = srv.HTTPServer() // the limits `wicket serve` runs with
