@@ -136,6 +136,17 @@ func (c *Console) decide(q *req) {
 	}
 	body := wire.ResolveApprovalRequest{Rationale: strings.TrimSpace(q.form.Get("rationale")),
 		RequestHash: q.form.Get("request_hash"), DecidedBy: strings.TrimSpace(q.form.Get("on_behalf_of"))}
+	if answer == "happened" {
+		res := strings.TrimSpace(q.form.Get("result"))
+		if res == "" {
+			res = "null"
+		}
+		if !json.Valid([]byte(res)) {
+			c.fail(q.w, q.r, q, http.StatusBadRequest, "The result of an effect that happened must be JSON (a string in quotes, a number, an object…).")
+			return
+		}
+		body.Result = json.RawMessage(res)
+	}
 	if err := c.call(q, "POST", "/v0/approvals/"+url.PathEscape(id)+"/"+answer, body, nil); err != nil {
 		c.apiFail(q, err)
 		return
