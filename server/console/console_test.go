@@ -324,7 +324,10 @@ func TestArgumentsAreEscaped(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	_, page := b.do("GET", "/ui/executions/"+id, nil, nil)
+	resp, page := b.do("GET", "/ui/executions/"+id, nil, nil)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(page, "require_approval") || !strings.Contains(page, "gate") {
+		t.Fatalf("execution page: %d, without the step's decision and rule:\n%s", resp.StatusCode, page)
+	}
 	if strings.Contains(page, "<script>alert") {
 		t.Fatalf("markup reached the execution page")
 	}
