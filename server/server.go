@@ -77,6 +77,11 @@ type Config struct {
 	// LLMOwnListener serves the gateway only through LLMHandler (a
 	// listener of its own), not under /llm/ of Handler.
 	LLMOwnListener bool
+	// UI, when set, is served under /ui/ on the same listener (the
+	// console, server/console). New calls it once with the handler of the
+	// API itself: the UI acts by calling the API in process with the
+	// signed-in key, so it may do exactly what that key may do.
+	UI func(api http.Handler) http.Handler
 }
 
 // Server serves the /v0 API of one kernel. Create it with New; it is safe
@@ -103,6 +108,8 @@ type Server struct {
 	streams *streamSet
 	// storeCheck is /v0/ready's store write check.
 	storeCheck writeCheck
+	// table is every route with its class (GET /v0/whoami lists a key's).
+	table []route
 }
 
 // New builds a server for k.
@@ -166,7 +173,12 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 	}
 	s.ready.Store(true)
 	s.router = s.routes()
-	s.handler = s.outer(http.HandlerFunc(s.route))
+	s.handler = s.outer(http.HandlerFunc(s.serveRoute))
+	if cfg.UI != nil {
+		ui := cfg.UI(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }))
+		s.router.PathPrefix("/ui/").Handler(uiRoute(ui))
+		s.router.Handle("/ui", http.RedirectHandler("/ui/", http.StatusFound)).Methods("GET", "HEAD")
+	}
 	return s
 }
 
@@ -220,20 +232,8 @@ func (s *Server) routes() *mux.Router {
 			Message: "method " + req.Method + " is not allowed on " + req.URL.Path})
 	})
 	mutation := routeOpts{lease: true}
-	type rt struct {
-		method, path string
-		cl           class
-		h            handlerFunc
-		o            routeOpts
-	}
-	for _, x := range []rt{
-		// An agent's step traffic (Server.route matches these paths
-		// itself; first here too, for the paths it leaves to the router).
-		{"POST", "/v0/executions/{id}/steps", classAgent, s.submitStep, mutation},
-		{"POST", "/v0/executions/{id}/steps/{step_id}/complete", classAgent, s.completeStep, mutation},
-		{"POST", "/v0/executions/{id}/steps/{step_id}/fail", classAgent, s.failStep, mutation},
-		{"POST", "/v0/executions/{id}/heartbeat", classAgent, s.heartbeatExecution, mutation},
-
+	type rt = route
+	s.table = []rt{
 		{"GET", "/v0/health", classOpen, s.health, routeOpts{}},
 		{"GET", "/v0/ready", classOpen, s.readyz, routeOpts{}},
 
@@ -248,10 +248,14 @@ func (s *Server) routes() *mux.Router {
 		{"POST", "/v0/executions/{id}/detach", classAgent, s.detachSession, mutation},
 		{"POST", "/v0/executions/{id}/probe", classAgent, s.probeStep, routeOpts{}},
 
+		{"POST", "/v0/executions/{id}/steps", classAgent, s.submitStep, mutation},
 		{"GET", "/v0/executions/{id}/steps", classExecRead, s.listSteps, routeOpts{}},
 		{"GET", "/v0/executions/{id}/steps/{step_id}", classExecRead, s.getStep, routeOpts{}},
+		{"POST", "/v0/executions/{id}/steps/{step_id}/complete", classAgent, s.completeStep, mutation},
+		{"POST", "/v0/executions/{id}/steps/{step_id}/fail", classAgent, s.failStep, mutation},
 		{"POST", "/v0/executions/{id}/steps/{step_id}/stream", classAgent, s.streamDelta, mutation},
 		{"POST", "/v0/executions/{id}/steps/{step_id}/reconcile", classAgent, s.reconcileStep, mutation},
+		{"POST", "/v0/executions/{id}/heartbeat", classAgent, s.heartbeatExecution, mutation},
 		{"POST", "/v0/executions/{id}/complete", classAgent, s.completeExecution, mutation},
 		{"POST", "/v0/executions/{id}/fail", classAgent, s.failExecution, mutation},
 
@@ -282,7 +286,10 @@ func (s *Server) routes() *mux.Router {
 		{"DELETE", "/v0/tenants/{tenant}/keys/{key_id}", classKeys, s.deleteKey, routeOpts{}},
 
 		{"GET", "/v0/store/backup", classTenants, s.backup, routeOpts{}},
-	} {
+
+		{"GET", "/v0/whoami", classRead, s.whoami, routeOpts{}},
+	}
+	for _, x := range s.table {
 		h := s.wrap(x.path, x.cl, x.o, x.h)
 		r.Handle(x.path, h).Methods(x.method)
 		if i := slices.Index(hotRoutes[:], x.path); i >= 0 && x.method == "POST" {
@@ -304,8 +311,8 @@ func (s *Server) routes() *mux.Router {
 	return r
 }
 
-// hotRoutes are an agent's step traffic, matched by route without the
-// router's regular expressions (see Server.route); all are POSTs.
+// hotRoutes are an agent's step traffic, matched by Server.serveRoute
+// without the router's regular expressions; all are POSTs.
 var hotRoutes = [...]string{
 	"/v0/executions/{id}/steps",
 	"/v0/executions/{id}/steps/{step_id}/complete",
@@ -313,13 +320,13 @@ var hotRoutes = [...]string{
 	"/v0/executions/{id}/heartbeat",
 }
 
-// route serves a request: the hot routes by splitting the path, every
+// serveRoute serves a request: the hot routes by splitting the path, every
 // other request (and any hot path that is not in clean form) through the
 // router. The two agree: a hot route's variables are non-empty segments
-// without a slash, as the router's {id} and {step_id} are, and a path
-// the router would clean or redirect (empty, "." or ".." segments) is
-// left to it.
-func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+// without a slash, as the router's {id} and {step_id} are, and a path the
+// router would clean or redirect (empty, "." or ".." segments) is left to
+// it.
+func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
 		if rest, ok := strings.CutPrefix(r.URL.Path, "/v0/executions/"); ok {
 			if h, pv := s.hotRoute(rest); h != nil {
@@ -369,6 +376,14 @@ func (s *Server) hotRoute(rest string) (*routeHandler, *pathVars) {
 
 // pathVars are the path variables of a hot route.
 type pathVars struct{ id, stepID string }
+
+// route is one row of the route table.
+type route struct {
+	method, path string
+	cl           class
+	h            handlerFunc
+	o            routeOpts
+}
 
 // llmRoute is the LLM gateway as the router serves it, named for metrics
 // and logs.
