@@ -71,11 +71,8 @@ var (
 
 // loaded is one live bundle revision.
 type loaded struct {
-	b      *bundle.Bundle
-	ev     policy.Evaluator
-	ref    policy.BundleRef
-	def    policy.Action
-	limits []declaredLimit
+	*Prepared
+	ref policy.BundleRef
 
 	// use is held for reading during evaluations and for writing by the
 	// closer, so a replaced revision is closed only after its last evaluation.
@@ -172,28 +169,16 @@ func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSour
 	if err != nil {
 		return nil, err
 	}
-	ev, err := h.CompileBundle(ctx, b)
+	p, err := h.Prepare(ctx, b)
 	if err != nil {
 		return nil, err
 	}
 	archive, err := b.TarGz()
 	if err != nil {
-		_ = ev.Close()
+		_ = p.Close()
 		return nil, fmt.Errorf("bundle %q: archive: %w", b.Manifest.Name, err)
 	}
-	l := &loaded{b: b, ev: ev, ref: b.Ref(), def: b.DefaultAction()}
-	for _, ml := range b.Manifest.RateLimits {
-		dl := declaredLimit{rule: kernel.RateLimitRule{ID: b.Manifest.Name + "/" + ml.ID, RateLimit: ml.RateLimit}, kind: ml.StepKind}
-		for _, t := range ml.Targets {
-			g, err := bundle.CompileGlob(t)
-			if err != nil {
-				_ = ev.Close()
-				return nil, fmt.Errorf("bundle %q: rate_limits %s: %w", b.Manifest.Name, ml.ID, err)
-			}
-			dl.targets = append(dl.targets, g)
-		}
-		l.limits = append(l.limits, dl)
-	}
+	l := &loaded{Prepared: p, ref: b.Ref()}
 	return &kernel.CompiledBundle{Ref: l.ref, Archive: archive, Handle: l}, nil
 }
 
@@ -229,7 +214,7 @@ func (l *loaded) close() {
 	defer l.use.Unlock()
 	if !l.closed {
 		l.closed = true
-		_ = l.ev.Close()
+		_ = l.Close()
 	}
 }
 
@@ -322,22 +307,15 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 			r := failClosed(policy.BundleRef{Name: name}, fmt.Sprintf("bundle %q is not loaded (fail closed)", name), start)
 			return nil, &r
 		}
-		d, err := l.ev.Evaluate(ctx, in)
-		if err == nil {
-			err = d.Validate()
-		}
+		d, err := l.evaluate(ctx, in)
 		if err != nil {
-			r := failClosed(l.ref, fmt.Sprintf("%s bundle %q failed (fail closed): %v", l.ref.Engine, name, err), start)
+			r := kernel.PolicyResult{Decision: failClosedDecision(l.ref, err), Bundle: l.ref, EvalTime: time.Since(start)}
 			return nil, &r
 		}
 		if d != nil {
 			answers = append(answers, answer{d: d, ref: l.ref})
 		}
-		for _, dl := range l.limits {
-			if dl.matches(in) {
-				limits = append(limits, dl.rule)
-			}
-		}
+		limits = append(limits, l.declared(in)...)
 		return l, nil
 	}
 	for _, g := range guards {
@@ -390,6 +368,13 @@ func (dl declaredLimit) matches(in *policy.Input) bool {
 		}
 	}
 	return false
+}
+
+// failClosedDecision is the denial the kernel records when a bundle's engine
+// fails to answer.
+func failClosedDecision(ref policy.BundleRef, err error) policy.Decision {
+	reason := fmt.Sprintf("%s bundle %q failed (fail closed): %v", ref.Engine, ref.Name, err)
+	return policy.Decision{Decision: policy.Deny, Reason: reason, RuleID: "engine_error"}
 }
 
 func failClosed(ref policy.BundleRef, reason string, start time.Time) kernel.PolicyResult {

@@ -23,18 +23,22 @@ import (
 
 const policyUsage = `usage: wicket policy <test|eval|build|inspect> ...
 
-  test    [-v] BUNDLE...            run each bundle's tests/*.yaml cases and Rego unit tests
-                                    (test_ rules, OPA's runner); exit 1 on a failure
+  test    [PATH...] [-v] [--format text|junit|json [--output FILE]] [--run REGEX]
+          [--target rego|wasm|both] [--coverage] [--coverage-min PCT] [--allow-empty]
+                                    find every bundle below each PATH (default .), run its
+                                    tests/*.yaml cases and Rego unit tests; exit 1 on a failure
+                                    (wicket policy test --help says more)
   eval    --bundle BUNDLE [--input FILE|-]
                                     evaluate one input document (docs/policy.md) and print the decision
   build   BUNDLE -o OUT.tar.gz [--signing-key KEY [--signing-alg RS256] [--signing-key-id ID]]
-                                    write the bundle's reproducible archive (signed: OPA's
-                                    .signatures.json) and print its digest
+                                    check the bundle as an upload would, write its reproducible
+                                    archive (signed: OPA's .signatures.json) and print its digest
   inspect [--verification-key PUB] BUNDLE
-                                    print the manifest, roots, data files, signature state,
-                                    digest, files and test count
+                                    check the bundle as an upload would; print the manifest, roots,
+                                    data files, signature state, digest, files and test count
 
-BUNDLE is a bundle directory or a .tar.gz of one.
+BUNDLE is a bundle directory or a .tar.gz of one. build, inspect, eval and test
+check a bundle exactly as the kernel does on upload and report every problem.
 `
 
 func policyCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -48,9 +52,9 @@ func policyCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	case "eval":
 		return policyEval(ctx, args[1:], stdout, stderr)
 	case "build":
-		return policyBuild(args[1:], stdout, stderr)
+		return policyBuild(ctx, args[1:], stdout, stderr)
 	case "inspect":
-		return policyInspect(args[1:], stdout, stderr)
+		return policyInspect(ctx, args[1:], stdout, stderr)
 	default:
 		fmt.Fprint(stderr, policyUsage)
 		return usageError{fmt.Sprintf("policy: unknown subcommand %q", args[0])}
@@ -130,155 +134,21 @@ func cliHost() (*plugins.Host, func()) {
 	return h, func() { h.Close(); _ = w.Close() }
 }
 
-func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("policy test", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	verbose := fs.Bool("v", false, "print every case, not only failures")
-	timeout := fs.Duration("timeout", rego.DefaultTestTimeout, "deadline of one Rego unit test")
-	vk := verificationFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	keys, err := vk.keys()
+// prepareBundle loads the bundle at path and compiles it exactly as the
+// kernel takes a bundle in (plugins.Host.Prepare): what this accepts, an
+// upload accepts. Close the result with the returned function.
+func prepareBundle(ctx context.Context, path string, keys ...bundle.Key) (*plugins.Prepared, func(), error) {
+	b, err := loadBundle(path, keys...)
 	if err != nil {
-		return err
-	}
-	if fs.NArg() == 0 {
-		return usageError{"policy test: give at least one bundle"}
+		return nil, nil, refused(path, err)
 	}
 	host, closeHost := cliHost()
-	defer closeHost()
-	regoEngine := rego.New()
-	passed, failed, skipped := 0, 0, 0
-	for _, path := range fs.Args() {
-		b, err := loadBundle(path, keys...)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		results, err := runBundleTests(ctx, host, regoEngine, b, *timeout)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		for _, r := range results {
-			name := b.Manifest.Name + "/" + r.Name
-			switch {
-			case r.Skipped:
-				skipped++
-				if *verbose {
-					fmt.Fprintf(stdout, "SKIP %s (%s)\n", name, r.Where)
-				}
-			case r.Passed:
-				passed++
-				if *verbose {
-					fmt.Fprintf(stdout, "ok   %s\n", name)
-				}
-			default:
-				failed++
-				fmt.Fprintf(stdout, "FAIL %s (%s): %s\n", name, r.Where, r.Message)
-			}
-		}
-	}
-	summary := fmt.Sprintf("%d passed, %d failed", passed, failed)
-	if skipped > 0 {
-		summary += fmt.Sprintf(", %d skipped", skipped)
-	}
-	fmt.Fprintln(stdout, summary)
-	if failed > 0 {
-		return fmt.Errorf("policy test: %d test(s) failed", failed)
-	}
-	return nil
-}
-
-// testResult is one test of a bundle: a tests/*.yaml case or a Rego unit
-// test, in one shape so both count alike (and can be reported alike).
-type testResult struct {
-	// Kind is "case" (tests/*.yaml) or "rego" (a test_ rule).
-	Kind string
-	// Name is the case name, or the Rego test's data.pkg.test_name.
-	Name string
-	// Where is file or file:line.
-	Where   string
-	Passed  bool
-	Skipped bool
-	// Message says why a test failed (and what a Rego test printed).
-	Message  string
-	Duration time.Duration
-}
-
-// runBundleTests runs a bundle's tests/*.yaml cases through its engine and,
-// when it has .rego files, its Rego unit tests with OPA's test runner.
-func runBundleTests(ctx context.Context, host *plugins.Host, re *rego.Engine, b *bundle.Bundle, timeout time.Duration) ([]testResult, error) {
-	cases, err := b.TestCases()
+	p, err := host.Prepare(ctx, b)
 	if err != nil {
-		return nil, err
+		closeHost()
+		return nil, nil, refused(path, err)
 	}
-	var out []testResult
-	if len(cases) > 0 {
-		ev, err := host.CompileBundle(ctx, b)
-		if err != nil {
-			return nil, err
-		}
-		for _, tc := range cases {
-			start := time.Now()
-			err := checkCase(ctx, ev, b.DefaultAction(), tc)
-			r := testResult{Kind: "case", Name: tc.Name, Where: tc.SourceFile, Passed: err == nil, Duration: time.Since(start)}
-			if err != nil {
-				r.Message = err.Error()
-			}
-			out = append(out, r)
-		}
-		_ = ev.Close()
-	}
-	if !hasRegoFiles(b) {
-		return out, nil
-	}
-	rt, err := re.RunTests(ctx, b, timeout)
-	if err != nil {
-		return nil, fmt.Errorf("rego tests: %w", err)
-	}
-	for _, t := range rt {
-		r := testResult{Kind: "rego", Name: t.Name, Where: fmt.Sprintf("%s:%d", t.File, t.Line), Passed: t.Passed, Skipped: t.Skipped, Duration: t.Duration}
-		switch {
-		case t.Error != "":
-			r.Message = t.Error
-		case !t.Passed && !t.Skipped:
-			r.Message = "test rule is false or undefined"
-		}
-		if !t.Passed && t.Output != "" {
-			r.Message += "; printed: " + strings.TrimSpace(t.Output)
-		}
-		out = append(out, r)
-	}
-	return out, nil
-}
-
-func hasRegoFiles(b *bundle.Bundle) bool {
-	for p := range b.Files {
-		if strings.HasSuffix(p, ".rego") {
-			return true
-		}
-	}
-	return false
-}
-
-// checkCase evaluates one test case and compares it with its expectation.
-func checkCase(ctx context.Context, ev policy.Evaluator, def policy.Action, tc bundle.TestCase) error {
-	in, err := tc.Input()
-	if err != nil {
-		return fmt.Errorf("input: %w", err)
-	}
-	d, err := ev.Evaluate(ctx, in)
-	if err != nil {
-		return fmt.Errorf("evaluate: %w", err)
-	}
-	d = policy.ApplyDefault(d, def, in.Step.Kind)
-	if d.Decision != tc.Expect.Decision {
-		return fmt.Errorf("decision %s (rule %q: %s), want %s", d.Decision, d.RuleID, d.Reason, tc.Expect.Decision)
-	}
-	if tc.Expect.RuleID != "" && d.RuleID != tc.Expect.RuleID {
-		return fmt.Errorf("rule_id %q, want %q", d.RuleID, tc.Expect.RuleID)
-	}
-	return nil
+	return p, func() { _ = p.Close(); closeHost() }, nil
 }
 
 func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -312,19 +182,14 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := dec.Decode(&in); err != nil {
 		return fmt.Errorf("input is not a policy input document: %w", err)
 	}
-	b, err := loadBundle(*bpath, keys...)
+	p, done, err := prepareBundle(ctx, *bpath, keys...)
 	if err != nil {
 		return err
 	}
-	host, closeHost := cliHost()
-	defer closeHost()
-	ev, err := host.CompileBundle(ctx, b)
-	if err != nil {
-		return err
-	}
-	defer ev.Close()
+	defer done()
+	b := p.Bundle
 	start := time.Now()
-	d, err := ev.Evaluate(ctx, &in)
+	d, err := p.Evaluator().Evaluate(ctx, &in)
 	if err != nil {
 		return fmt.Errorf("evaluate (the kernel would deny this step, fail closed): %w", err)
 	}
@@ -335,7 +200,7 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-func policyBuild(args []string, stdout, stderr io.Writer) error {
+func policyBuild(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("policy build", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "", "output .tar.gz")
@@ -359,10 +224,12 @@ func policyBuild(args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 1 || *out == "" {
 		return usageError{"policy build: want BUNDLE -o OUT.tar.gz"}
 	}
-	b, err := loadBundle(pos[0])
+	p, done, err := prepareBundle(ctx, pos[0])
 	if err != nil {
 		return err
 	}
+	done()
+	b := p.Bundle
 	if sk.Key != "" {
 		if _, err := os.Stat(sk.Key); err != nil {
 			return fmt.Errorf("--signing-key: %w", err)
@@ -386,7 +253,7 @@ func policyBuild(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-func policyInspect(args []string, stdout, stderr io.Writer) error {
+func policyInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("policy inspect", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	vk := verificationFlags(fs)
@@ -400,10 +267,12 @@ func policyInspect(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	b, err := loadBundle(fs.Arg(0), keys...)
+	p, done, err := prepareBundle(ctx, fs.Arg(0), keys...)
 	if err != nil {
 		return err
 	}
+	done()
+	b := p.Bundle
 	cases, err := b.TestCases()
 	if err != nil {
 		return err

@@ -28,6 +28,8 @@ var noMetrics = metrics.NoOp()
 type evaluator struct {
 	entry string
 	pq    atomic.Pointer[opa.PreparedEvalQuery]
+	// tracer, when set, sees every evaluation (coverage, Engine.WithCoverage).
+	tracer topdown.QueryTracer
 }
 
 func newEvaluator(entry string, pq opa.PreparedEvalQuery) *evaluator {
@@ -61,11 +63,21 @@ func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Dec
 	// only costs a registration, and nothing when ctx can't be cancelled.
 	cancel := topdown.NewCancel()
 	stop := context.AfterFunc(ctx, cancel.Cancel)
-	rs, err := pq.Eval(ctx,
-		opa.EvalParsedInput(input),
-		opa.EvalMetrics(noMetrics),
-		opa.EvalExternalCancel(cancel),
-	)
+	var rs opa.ResultSet
+	if e.tracer == nil {
+		rs, err = pq.Eval(ctx,
+			opa.EvalParsedInput(input),
+			opa.EvalMetrics(noMetrics),
+			opa.EvalExternalCancel(cancel),
+		)
+	} else {
+		rs, err = pq.Eval(ctx,
+			opa.EvalParsedInput(input),
+			opa.EvalMetrics(noMetrics),
+			opa.EvalExternalCancel(cancel),
+			opa.EvalQueryTracer(e.tracer),
+		)
+	}
 	stop()
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
