@@ -81,7 +81,7 @@ func policyRepo(t *testing.T) string {
 		"teams/a/authz/rules.yaml":       authzRules,
 		"teams/a/authz/tests/cases.yaml": authzCases,
 		// An OPA bundle, deeper: .manifest and no bundle.yaml.
-		"teams/b/deep/er/shell/.manifest":        `{"revision": "7", "roots": ["shell"]}`,
+		"teams/b/deep/er/shell/.manifest":         `{"revision": "7", "roots": ["shell"]}`,
 		"teams/b/deep/er/shell/shell/policy.rego": shellRego,
 		"teams/b/deep/er/shell/bundle.yaml":       "entrypoint: data.shell.deny\ndefault_action: allow\n",
 		"teams/b/deep/er/shell/tests/cases.yaml":  shellCases,
