@@ -18,6 +18,9 @@ var owners = map[string][]string{
 	"github.com/open-policy-agent/opa": {module + "/plugins/rego", module + "/plugins/bundle"},
 	"github.com/tetratelabs/wazero":    {module + "/plugins/wasm"},
 	"github.com/gorilla/mux":           {module + "/server"},
+	// The MCP Go SDK: wicket mcp-proxy (its tests build MCP clients and
+	// servers with it too; test files are not checked).
+	"github.com/modelcontextprotocol/go-sdk": {module + "/internal/mcpproxy"},
 }
 
 func TestImportRules(t *testing.T) {
