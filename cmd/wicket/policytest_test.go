@@ -455,7 +455,28 @@ func TestPolicyTestTargetBoth(t *testing.T) {
     expect: {decision: allow}
 `,
 	})
+	// The cases the engines once disagreed on, a failing builtin and an
+	// empty answer, now agree (one semantics, docs/policy.md).
+	writeTree(t, root, map[string]string{
+		"agree/bundle.yaml": "name: agree\ndefault_action: allow\n",
+		"agree/policy.rego": `package wicket
+
+decision := {"decision": "deny", "rule_id": "bad-regex"} if regex.match("[", input.step.target)
+
+decision := {"decision": "deny", "rule_id": "not-a-number"} if to_number(input.step.target) > 3
+
+decision := {} if input.step.target == "empty"
+`,
+		"agree/tests/cases.yaml": `cases:
+  - {name: failing builtins are undefined, step: {kind: tool_call, target: seven}, expect: {decision: allow, rule_id: default_action}}
+  - {name: "{} is no match", step: {kind: tool_call, target: empty}, expect: {decision: allow, rule_id: default_action}}
+  - {name: a number, step: {kind: tool_call, target: "7"}, expect: {decision: deny, rule_id: not-a-number}}
+`,
+	})
 	ctx := context.Background()
+	if out, _, err := runCmd(t, ctx, "policy", "test", filepath.Join(root, "agree"), "--target", "both"); err != nil || !strings.HasSuffix(out, "3 passed, 0 failed\n") {
+		t.Fatalf("builtin errors and empty answers: %v\n%s", err, out)
+	}
 	dir := filepath.Join(root, "tags")
 	for _, target := range []string{"rego", "wasm"} {
 		out, _, err := runCmd(t, ctx, "policy", "test", dir, "--target", target)
