@@ -73,11 +73,11 @@ rules:
 	defer p.Close()
 	ctx := context.Background()
 	a := p.Decide(ctx, input("github.create_issue", ""))
-	if !a.Matched || a.Err != nil || a.Decision.Decision != policy.Allow || len(a.RateLimits) != 2 || a.RateLimits[0].ID != "ops/github" || a.RateLimits[1].ID != "ops/writes" {
+	if !a.Matched || a.Err != nil || a.Answer.Action != policy.Allow || len(a.RateLimits) != 2 || a.RateLimits[0].ID != "ops/github" || a.RateLimits[1].ID != "ops/writes" {
 		t.Errorf("github.create_issue: %+v", a)
 	}
 	a = p.Decide(ctx, input("other", ""))
-	if a.Matched || a.Decision.Decision != policy.Deny || a.Decision.RuleID != "default_action" || len(a.RateLimits) != 0 {
+	if a.Matched || a.Answer.Action != policy.Deny || a.Answer.RuleID != "default_action" || len(a.RateLimits) != 0 {
 		t.Errorf("other: %+v", a)
 	}
 
@@ -89,7 +89,7 @@ rules:
 	}
 	defer fp.Close()
 	a = fp.Decide(ctx, input("github.x", ""))
-	if a.Err == nil || a.Matched || a.Decision.Decision != policy.Deny || a.Decision.RuleID != "engine_error" || !strings.Contains(a.Decision.Reason, "broken on purpose") {
+	if a.Err == nil || a.Matched || a.Answer.Action != policy.Deny || a.Answer.RuleID != "engine_error" || !strings.Contains(a.Answer.Reason, "broken on purpose") {
 		t.Errorf("failing engine: %+v", a)
 	}
 }
@@ -103,7 +103,7 @@ func (failing) Compile(context.Context, *bundle.Bundle) (policy.Evaluator, error
 	return failing{}, nil
 }
 
-func (failing) Evaluate(context.Context, *policy.Input) (*policy.Decision, error) {
+func (failing) Evaluate(context.Context, *policy.Input) (*policy.Answer, error) {
 	return nil, errors.New("broken on purpose")
 }
 

@@ -19,47 +19,8 @@ import (
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
+	"github.com/wicket-run/wicket/server/wire"
 )
-
-const policyUsage = `usage: wicket policy <test|eval|build|inspect> ...
-
-  test    [PATH...] [-v] [--format text|junit|json [--output FILE]] [--run REGEX]
-          [--target rego|wasm|both] [--coverage] [--coverage-min PCT] [--allow-empty]
-                                    find every bundle below each PATH (default .), run its
-                                    tests/*.yaml cases and Rego unit tests; exit 1 on a failure
-                                    (wicket policy test --help says more)
-  eval    --bundle BUNDLE [--input FILE|-]
-                                    evaluate one input document (docs/policy.md) and print the decision
-  build   BUNDLE -o OUT.tar.gz [--signing-key KEY [--signing-alg RS256] [--signing-key-id ID]]
-                                    check the bundle as an upload would, write its reproducible
-                                    archive (signed: OPA's .signatures.json) and print its digest
-  inspect [--verification-key PUB] BUNDLE
-                                    check the bundle as an upload would; print the manifest, roots,
-                                    data files, signature state, digest, files and test count
-
-BUNDLE is a bundle directory or a .tar.gz of one. build, inspect, eval and test
-check a bundle exactly as the kernel does on upload and report every problem.
-`
-
-func policyCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, policyUsage)
-		return usageError{"policy: no subcommand"}
-	}
-	switch args[0] {
-	case "test":
-		return policyTest(ctx, args[1:], stdout, stderr)
-	case "eval":
-		return policyEval(ctx, args[1:], stdout, stderr)
-	case "build":
-		return policyBuild(ctx, args[1:], stdout, stderr)
-	case "inspect":
-		return policyInspect(ctx, args[1:], stdout, stderr)
-	default:
-		fmt.Fprint(stderr, policyUsage)
-		return usageError{fmt.Sprintf("policy: unknown subcommand %q", args[0])}
-	}
-}
 
 // loadBundle reads a bundle directory or archive. A bundle without a
 // bundle.yaml (OPA's layout) is named after the directory or archive.
@@ -151,28 +112,9 @@ func prepareBundle(ctx context.Context, path string, keys ...bundle.Key) (*plugi
 	return p, func() { _ = p.Close(); closeHost() }, nil
 }
 
-func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("policy eval", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	bpath := fs.String("bundle", "", "bundle directory or .tar.gz")
-	input := fs.String("input", "-", "input document (JSON file, or - for stdin)")
-	vk := verificationFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	keys, err := vk.keys()
-	if err != nil {
-		return err
-	}
-	if *bpath == "" {
-		return usageError{"policy eval: --bundle is required"}
-	}
-	var raw []byte
-	if *input == "-" {
-		raw, err = io.ReadAll(os.Stdin)
-	} else {
-		raw, err = os.ReadFile(*input)
-	}
+// policyEvalOffline evaluates one input document against a bundle on disk.
+func policyEvalOffline(ctx context.Context, bpath, input string, keys []bundle.Key, stdout io.Writer) error {
+	raw, err := readInput(input)
 	if err != nil {
 		return fmt.Errorf("read input: %w", err)
 	}
@@ -182,7 +124,7 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := dec.Decode(&in); err != nil {
 		return fmt.Errorf("input is not a policy input document: %w", err)
 	}
-	p, done, err := prepareBundle(ctx, *bpath, keys...)
+	p, done, err := prepareBundle(ctx, bpath, keys...)
 	if err != nil {
 		return err
 	}
@@ -200,31 +142,8 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-func policyBuild(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("policy build", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	out := fs.String("o", "", "output .tar.gz")
-	var sk bundle.SigningKey
-	fs.StringVar(&sk.Key, "signing-key", "", "sign the bundle (.signatures.json) with this PEM private key or HMAC secret file, as opa build --signing-key")
-	fs.StringVar(&sk.Algorithm, "signing-alg", bundle.DefaultAlgorithm, "signature algorithm (RS256, PS256, ES256, HS256, ...)")
-	fs.StringVar(&sk.KeyID, "signing-key-id", bundle.DefaultKeyID, "key id (kid) verifiers look the key up by")
-	fs.StringVar(&sk.ClaimsFile, "claims-file", "", "JSON file of extra claims (e.g. scope)")
-	// Accept the bundle before or after the flags.
-	var pos []string
-	for len(args) > 0 {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(pos) != 1 || *out == "" {
-		return usageError{"policy build: want BUNDLE -o OUT.tar.gz"}
-	}
-	p, done, err := prepareBundle(ctx, pos[0])
+func policyBuild(ctx context.Context, path, out string, sk bundle.SigningKey, stdout io.Writer) error {
+	p, done, err := prepareBundle(ctx, path)
 	if err != nil {
 		return err
 	}
@@ -242,32 +161,19 @@ func policyBuild(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(*out, data, 0o644); err != nil {
+	if err := os.WriteFile(out, data, 0o644); err != nil {
 		return err
 	}
 	signed := ""
 	if sk.Key != "" {
 		signed = ", signed " + sk.Algorithm + " kid " + sk.KeyID
 	}
-	fmt.Fprintf(stdout, "%s %s rev %s sha256:%s (%d bytes%s)\n", *out, b.Manifest.Name, b.Manifest.Revision, b.Digest, len(data), signed)
+	fmt.Fprintf(stdout, "%s %s rev %s sha256:%s (%d bytes%s)\n", out, b.Manifest.Name, b.Manifest.Revision, b.Digest, len(data), signed)
 	return nil
 }
 
-func policyInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("policy inspect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	vk := verificationFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return usageError{"policy inspect: want one BUNDLE"}
-	}
-	keys, err := vk.keys()
-	if err != nil {
-		return err
-	}
-	p, done, err := prepareBundle(ctx, fs.Arg(0), keys...)
+func policyInspect(ctx context.Context, path string, keys []bundle.Key, stdout io.Writer) error {
+	p, done, err := prepareBundle(ctx, path, keys...)
 	if err != nil {
 		return err
 	}
@@ -329,5 +235,121 @@ func policyInspect(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stdout, "  %-40s %d bytes\n", n, len(b.Files[n]))
 	}
 	fmt.Fprintf(stdout, "tests:          %d cases\n", len(cases))
+	return nil
+}
+
+func init() {
+	register(
+		&command{name: "policy test", args: "[PATH...]", max: -1, summary: "find the bundles below the paths (default .) and run their cases and Rego unit tests",
+			help: policyTestHelp, setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc { return policyTestFlags(fs) }},
+		&command{name: "policy eval", client: true, max: 0, summary: "evaluate a step: offline against a bundle, or by a running kernel",
+			help: `Offline (--bundle): evaluates one policy input document (docs/policy.md;
+--input, a file or - for stdin) against a bundle directory or .tar.gz and prints the decision.
+
+Online (--agent, or --url): asks the kernel at --url what the agent's policy (its tenant's
+guards, its bundle, the kernel default) decides for one step, without recording
+anything: POST /v0/policy/eval. The step comes from --kind, --target, --args,
+--effect and --idempotency, or whole from --input (a {"agent_id", "step", "labels"}
+document; --agent, when given, names the agent).`,
+			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
+				bpath := fs.String("bundle", "", "offline: bundle directory or .tar.gz")
+				input := fs.String("input", "", "offline: the input document (file, or - for stdin; default -); online: the request document")
+				agent := fs.String("agent", "", "online: the agent whose policy decides")
+				kind := fs.String("kind", "tool_call", "online: step kind (tool_call, llm_call or local)")
+				target := fs.String("target", "", "online: step target")
+				args := fs.String("args", "", "online: step args (JSON)")
+				effect := fs.String("effect", "", "online: step effect class")
+				idem := fs.String("idempotency", "", "online: step idempotency class")
+				var labels labelFlag
+				fs.Var(&labels, "label", "online: an execution label key=value (repeatable)")
+				vk := verificationFlags(fs)
+				return func(ctx context.Context, _ []string, stdout, _ io.Writer) error {
+					online := *agent != "" || flagSet(fs, "url")
+					switch {
+					case *bpath != "" && online:
+						return usagef("policy eval: give --bundle (offline) or --agent/--url (the kernel's eval), not both")
+					case *bpath != "":
+						in := *input
+						if in == "" {
+							in = "-"
+						}
+						keys, err := vk.keys()
+						if err != nil {
+							return err
+						}
+						return policyEvalOffline(ctx, *bpath, in, keys, stdout)
+					case !online:
+						return usagef("policy eval: give --bundle BUNDLE (offline) or --agent AGENT (the kernel's eval at --url)")
+					case *agent == "" && *input == "":
+						return usagef("policy eval: --agent AGENT is required (or an --input document naming agent_id)")
+					}
+					req := wire.PolicyEvalRequest{AgentID: *agent, Step: wire.EvalStep{Kind: *kind, Target: *target, Effect: *effect, Idempotency: *idem}, Labels: labels.m}
+					if *input != "" {
+						raw, err := readInput(*input)
+						if err != nil {
+							return fmt.Errorf("read input: %w", err)
+						}
+						req = wire.PolicyEvalRequest{}
+						dec := json.NewDecoder(bytes.NewReader(raw))
+						dec.DisallowUnknownFields()
+						if err := dec.Decode(&req); err != nil {
+							return fmt.Errorf("--input is not a policy eval request: %w", err)
+						}
+						if *agent != "" {
+							req.AgentID = *agent
+						}
+					} else if *args != "" {
+						if !json.Valid([]byte(*args)) {
+							return usagef("policy eval: --args is not valid JSON")
+						}
+						req.Step.Args = json.RawMessage(*args)
+					}
+					r, err := o.client().EvalPolicy(ctx, req)
+					return printAnswer(stdout, r, err)
+				}
+			}},
+		&command{name: "policy build", args: "BUNDLE", min: 1, max: 1, summary: "check a bundle as an upload would, write its reproducible archive (signed with --signing-key) and print its digest",
+			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
+				out := fs.String("o", "", "output .tar.gz (required)")
+				var sk bundle.SigningKey
+				fs.StringVar(&sk.Key, "signing-key", "", "sign the bundle (.signatures.json) with this PEM private key or HMAC secret file, as opa build --signing-key")
+				fs.StringVar(&sk.Algorithm, "signing-alg", bundle.DefaultAlgorithm, "signature algorithm (RS256, PS256, ES256, HS256, ...)")
+				fs.StringVar(&sk.KeyID, "signing-key-id", bundle.DefaultKeyID, "key id (kid) verifiers look the key up by")
+				fs.StringVar(&sk.ClaimsFile, "claims-file", "", "JSON file of extra claims (e.g. scope)")
+				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
+					if *out == "" {
+						return usagef("policy build: -o OUT.tar.gz is required")
+					}
+					return policyBuild(ctx, pos[0], *out, sk, stdout)
+				}
+			}},
+		&command{name: "policy inspect", args: "BUNDLE", min: 1, max: 1, summary: "check a bundle as an upload would; print its manifest, roots, data, signature state, digest, files and tests",
+			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
+				vk := verificationFlags(fs)
+				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
+					keys, err := vk.keys()
+					if err != nil {
+						return err
+					}
+					return policyInspect(ctx, pos[0], keys, stdout)
+				}
+			}},
+	)
+}
+
+// labelFlag collects repeated key=value flags.
+type labelFlag struct{ m map[string]string }
+
+func (l *labelFlag) String() string { return "" }
+
+func (l *labelFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want key=value, got %q", s)
+	}
+	if l.m == nil {
+		l.m = map[string]string{}
+	}
+	l.m[k] = v
 	return nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,25 +16,21 @@ import (
 	"github.com/wicket-run/wicket/plugins/wasm"
 )
 
-const policyTestHelp = `usage: wicket policy test [PATH...] [flags]
+// policyTestHelp is the --help text of `wicket policy test`.
+const policyTestHelp = `A bundle is a directory with bundle.yaml or OPA's .manifest, or a .tar.gz.
+Each is loaded and compiled exactly as the kernel does on upload, then its
+tests/*.yaml cases and its Rego unit tests (test_ rules, OPA's runner) run,
+and a block per bundle is printed in the style of go test: "--- FAIL:
+bundle/case" with the case's file:line and expected vs got, then "ok" or
+"FAIL" per bundle, then "N passed, N failed[, N skipped]".
 
-Finds every bundle below each PATH (default .): a directory with bundle.yaml
-or OPA's .manifest, or a .tar.gz. Loads and compiles each exactly as the
-kernel does, runs its tests/*.yaml cases and its Rego unit tests (test_ rules,
-OPA's runner), and prints a block per bundle in the style of go test:
-"--- FAIL: bundle/case" with the case's file:line and expected vs got, then
-"ok" or "FAIL" per bundle, then "N passed, N failed[, N skipped]".
-
-Exit status: 0 when nothing failed, 1 when a test failed, a bundle was
+Exit status: 0 when nothing failed; 1 when a test failed, a bundle was
 refused or had no tests (without --allow-empty), or a PATH held no bundle;
-2 for a usage mistake. Flags may come before or after the paths.
-
-flags:
-`
+2 for a usage mistake.`
 
 // policyTestFlags defines the flags of `wicket policy test` on fs and
 // returns what runs it with the paths.
-func policyTestFlags(fs *flag.FlagSet) func(ctx context.Context, paths []string, stdout, stderr io.Writer) error {
+func policyTestFlags(fs *flag.FlagSet) runFunc {
 	verbose := fs.Bool("v", false, "print every test, not only failures")
 	format := fs.String("format", "text", "report format: text, junit (JUnit XML) or json")
 	output := fs.String("output", "", "write the junit or json report to this file (the text report still goes to stdout); default stdout")
@@ -51,15 +46,15 @@ func policyTestFlags(fs *flag.FlagSet) func(ctx context.Context, paths []string,
 		switch *format {
 		case "text", "junit", "json":
 		default:
-			return usageError{fmt.Sprintf("policy test: --format %q: want text, junit or json", *format)}
+			return usagef("policy test: --format %q: want text, junit or json", *format)
 		}
 		if *output != "" && *format == "text" {
-			return usageError{"policy test: --output takes the junit or json report: give --format junit or json"}
+			return usagef("policy test: --output takes the junit or json report: give --format junit or json")
 		}
 		if *run != "" {
 			re, err := regexp.Compile(*run)
 			if err != nil {
-				return usageError{fmt.Sprintf("policy test: --run: %v", err)}
+				return usagef("policy test: --run: %v", err)
 			}
 			opts.Run = re
 		}
@@ -76,7 +71,7 @@ func policyTestFlags(fs *flag.FlagSet) func(ctx context.Context, paths []string,
 		defer w.Close()
 		runner, err := policytest.NewRunner(w, opts)
 		if err != nil {
-			return usageError{"policy test: " + err.Error()}
+			return usagef("policy test: %v", err)
 		}
 		if len(paths) == 0 {
 			paths = []string{"."}
@@ -133,46 +128,6 @@ func policyTestFlags(fs *flag.FlagSet) func(ctx context.Context, paths []string,
 			return fmt.Errorf("policy test: %d failed", rep.Failed)
 		}
 		return nil
-	}
-}
-
-// policyTest is `wicket policy test`: flags may come before, between and
-// after the paths.
-func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("policy test", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	fs.Usage = func() {}
-	runTests := policyTestFlags(fs)
-	paths, err := parseFlagsAnywhere(fs, args)
-	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprint(stdout, policyTestHelp)
-		fs.SetOutput(stdout)
-		fs.PrintDefaults()
-		return nil
-	}
-	if err != nil {
-		return usageError{fmt.Sprintf("policy test: %v (wicket policy test --help lists the flags)", err)}
-	}
-	return runTests(ctx, paths, stdout, stderr)
-}
-
-// parseFlagsAnywhere parses flags that come before, between and after the
-// positional arguments, and returns the arguments; "--" ends the flags.
-func parseFlagsAnywhere(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			return pos, nil
-		}
-		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
-			return append(pos, rest...), nil
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
 	}
 }
 

@@ -22,6 +22,8 @@ import (
 	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/plugins/pull"
 	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/server/llmgw"
+	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
 
@@ -41,6 +43,10 @@ type Options struct {
 	// BundleKeys verify bundle signatures (as serve --bundle-verification-key);
 	// tenants' own keys are added as in serve.
 	BundleKeys []bundle.Key
+	// LLM, when it has providers, serves the LLM gateway under /llm/ (and
+	// gives every dispatch attempt a gateway token). Its Deltas are the
+	// server's.
+	LLM *llmgw.Config
 }
 
 // Env is a running test kernel.
@@ -69,20 +75,30 @@ func Start(t testing.TB, o Options) *Env {
 	if err != nil {
 		t.Fatalf("open store: %v", err)
 	}
-	k, err := kernel.New(st, webhook.New(), nil, o.Config)
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, BundleKeys: o.BundleKeys}, o.Engines...)
+	cfg := o.Config
+	cfg.LLMGatewayTokens = cfg.LLMGatewayTokens || o.LLM != nil
+	k, err := kernel.New(st, webhook.New(), host, host, cfg)
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
 	}
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, Guards: k.TenantGuards,
-		BundleKeys: plugins.KernelAndTenantKeys(o.BundleKeys, k.TenantBundleKeys)}, o.Engines...)
-	k.SetPolicy(host)
-	k.SetBundleLoader(host)
 	puller := pull.New(pull.KernelActivator(k), pull.Options{Backoff: 10 * time.Millisecond})
 	k.SetBundlePuller(puller)
 	if err := k.LoadBundles(context.Background()); err != nil {
 		t.Fatalf("load bundles: %v", err)
 	}
-	srv := server.New(k, server.Config{AdminKey: AdminKey})
+	var srv *server.Server
+	scfg := server.Config{AdminKey: AdminKey}
+	var gw *llmgw.Gateway
+	if o.LLM != nil {
+		lc := *o.LLM
+		lc.Deltas = func(id string, d wire.StepDeltaEvent) int { return srv.PublishDelta(id, d) }
+		if gw, err = llmgw.New(k, lc); err != nil {
+			t.Fatalf("llm gateway: %v", err)
+		}
+		scfg.LLM = gw
+	}
+	srv = server.New(k, scfg)
 	srv.SetReady(true)
 	hs := httptest.NewUnstartedServer(srv.Handler())
 	hs.Config = srv.HTTPServer() // the limits `wicket serve` runs with

@@ -189,7 +189,7 @@ func TestParseTestFileTables(t *testing.T) {
 
 func TestExpectCheck(t *testing.T) {
 	lims := []string{"b", "a"}
-	d := &policy.Decision{Decision: policy.RequireApproval, RuleID: "r", Reason: "needs a human",
+	d := &policy.Answer{Action: policy.RequireApproval, RuleID: "r", Reason: "needs a human",
 		Approval:  &policy.Approval{Approvers: []string{"ops", "sre"}, Timeout: "30m", Message: "m"},
 		RateLimit: &policy.RateLimit{MaxCalls: 5, Window: "1h"}}
 	ok := TestExpect{Decision: policy.RequireApproval, RuleID: "r", Reason: "needs a human", ReasonMatches: "human$",
@@ -208,7 +208,7 @@ func TestExpectCheck(t *testing.T) {
 	if got := strings.Join(fields, " "); got != "decision rule_id reason reason_matches approval.message rate_limit.max_calls rate_limit.per rate_limits" {
 		t.Errorf("fields %q", got)
 	}
-	if m := (TestExpect{Decision: policy.Allow, Approval: &policy.Approval{}, RateLimit: &policy.RateLimit{}}).Check(&policy.Decision{Decision: policy.Allow}, nil); len(m) != 2 || m[0].Got != "none" {
+	if m := (TestExpect{Decision: policy.Allow, Approval: &policy.Approval{}, RateLimit: &policy.RateLimit{}}).Check(&policy.Answer{Action: policy.Allow}, nil); len(m) != 2 || m[0].Got != "none" {
 		t.Errorf("absent approval and limit: %v", m)
 	}
 }

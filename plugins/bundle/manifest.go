@@ -211,6 +211,13 @@ rateLimits:
 			mf("sandbox.memory_pages", fmt.Errorf("%d exceeds %d", sb.MemoryPages, MaxMemoryPages))
 		}
 	}
+	if sb.PoolSize != 0 {
+		if m.Engine != EngineWasm {
+			mf("sandbox.pool_size", fmt.Errorf("only wasm bundles have an instance pool (engine is %s)", m.Engine))
+		} else if sb.PoolSize < 0 {
+			mf("sandbox.pool_size", fmt.Errorf("must be positive, got %d", sb.PoolSize))
+		}
+	}
 	if sb.Timeout != "" {
 		if d, err := time.ParseDuration(sb.Timeout); err != nil || d <= 0 {
 			mf("sandbox.timeout", fmt.Errorf("must be a positive Go duration (e.g. 50ms), got %q", sb.Timeout))

@@ -613,18 +613,18 @@ type Mismatch struct {
 	Got  string `json:"got"`
 }
 
-// Check compares an answer with the expectation: d is the decision after
+// Check compares an answer with the expectation: d is the answer after
 // default_action (policy.ApplyDefault), rateLimits the ids of the rate
 // limits the step would be counted against. It returns nil when every
 // expectation that is given holds.
-func (x TestExpect) Check(d *policy.Decision, rateLimits []string) []Mismatch {
+func (x TestExpect) Check(d *policy.Answer, rateLimits []string) []Mismatch {
 	var out []Mismatch
 	miss := func(field, want, got string) { out = append(out, Mismatch{Field: field, Want: want, Got: got}) }
 	if d == nil {
-		d = &policy.Decision{}
+		d = &policy.Answer{}
 	}
-	if d.Decision != x.Decision {
-		miss("decision", string(x.Decision), string(d.Decision))
+	if d.Action != x.Decision {
+		miss("decision", string(x.Decision), string(d.Action))
 	}
 	if x.RuleID != "" && d.RuleID != x.RuleID {
 		miss("rule_id", x.RuleID, d.RuleID)

@@ -97,7 +97,7 @@ func RunCases(t *testing.T, ev policy.Evaluator, defaultAction policy.Action, ca
 // policy.ApplyDefault with defaultAction, is what the case expects
 // ([bundle.TestExpect.Check]), and an error describing the difference
 // otherwise. An evaluation error, or an answer that fails
-// policy.Decision.Validate, is a failure too. expect.rate_limits, which
+// policy.Answer.Validate, is a failure too. expect.rate_limits, which
 // depends on the manifest's rate limits rather than on the engine, is not
 // checked here (wicket policy test checks it).
 func CheckCase(ctx context.Context, ev policy.Evaluator, defaultAction policy.Action, tc bundle.TestCase) error {
@@ -125,7 +125,7 @@ func CheckCase(ctx context.Context, ev policy.Evaluator, defaultAction policy.Ac
 			where += fmt.Sprintf(":%d", tc.SourceLine)
 		}
 		return fmt.Errorf("%s: case %q: got %s (rule_id %q, reason %q): %s",
-			where, tc.Name, d.Decision, d.RuleID, d.Reason, strings.Join(parts, "; "))
+			where, tc.Name, d.Action, d.RuleID, d.Reason, strings.Join(parts, "; "))
 	}
 	return nil
 }

@@ -156,8 +156,8 @@ type TestResult struct {
 
 // Got is what one engine answered for a case.
 type Got struct {
-	// Decision is after default_action (the fail-closed denial on error).
-	Decision policy.Decision `json:"decision"`
+	// Answer is after default_action (the fail-closed denial on error).
+	Answer policy.Answer `json:"decision"`
 	// Matched: a rule answered (false: the default action applied).
 	Matched bool `json:"matched"`
 	// RateLimits are the ids of the rate limits the step would count
@@ -285,7 +285,7 @@ func (r *Runner) Run(ctx context.Context, f Found) *BundleResult {
 		t.File, t.Line = filePath(f, tc.SourceFile), tc.SourceLine
 		for _, g := range t.Got {
 			if g.Matched {
-				reached[g.Decision.RuleID] = true
+				reached[g.Answer.RuleID] = true
 			}
 		}
 		res.Tests = append(res.Tests, t)
@@ -415,7 +415,7 @@ func (r *Runner) runCase(ctx context.Context, targets map[string]*plugins.Prepar
 	}
 	for _, target := range order {
 		a := targets[target].Decide(ctx, in)
-		g := &Got{Decision: a.Decision, Matched: a.Matched}
+		g := &Got{Answer: a.Answer, Matched: a.Matched}
 		for _, l := range a.RateLimits {
 			g.RateLimits = append(g.RateLimits, l.ID[strings.IndexByte(l.ID, '/')+1:])
 		}
@@ -423,7 +423,7 @@ func (r *Runner) runCase(ctx context.Context, targets map[string]*plugins.Prepar
 			g.Error = a.Err.Error()
 		}
 		t.Got[target] = g
-		miss := tc.Expect.Check(&g.Decision, g.RateLimits)
+		miss := tc.Expect.Check(&g.Answer, g.RateLimits)
 		// An engine error fails a case unless the case expects it.
 		if a.Err != nil && tc.Expect.RuleID != "engine_error" {
 			miss = append(miss, bundle.Mismatch{Field: "error", Want: "an answer", Got: g.Error})
@@ -496,7 +496,7 @@ func sameAnswer(a, b *Got) bool {
 	if a.Error != "" {
 		return true
 	}
-	return a.Matched == b.Matched && reflect.DeepEqual(a.Decision, b.Decision) && slices.Equal(a.RateLimits, b.RateLimits)
+	return a.Matched == b.Matched && reflect.DeepEqual(a.Answer, b.Answer) && slices.Equal(a.RateLimits, b.RateLimits)
 }
 
 // coverage computes what the tests reached.
@@ -628,8 +628,8 @@ func describeExpect(x bundle.TestExpect) string {
 
 // describeGot writes an answer in one line.
 func describeGot(g *Got) string {
-	d := g.Decision
-	parts := []string{string(d.Decision)}
+	d := g.Answer
+	parts := []string{string(d.Action)}
 	if d.RuleID != "" {
 		parts = append(parts, "rule_id "+d.RuleID)
 	}

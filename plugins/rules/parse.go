@@ -563,7 +563,7 @@ func parsePath(s string) ([]pathSeg, error) {
 func (p *parser) then(r *rule, n *yaml.Node) error {
 	fs, err := p.fields(n, "then", "decision", "reason", "approval_config", "rate_limit")
 	errs := []error{err}
-	d := policy.Decision{RuleID: r.id}
+	d := policy.Answer{RuleID: r.id}
 	var approval, limit *yaml.Node
 	decisionGiven := false
 	for _, f := range fs {
@@ -576,7 +576,7 @@ func (p *parser) then(r *rule, n *yaml.Node) error {
 				continue
 			}
 			if a := policy.Action(s); a.Valid() {
-				d.Decision = a
+				d.Action = a
 			} else {
 				errs = append(errs, p.errf(f.v, "then.decision", "unknown decision %q (want allow, deny, require_approval or abort)", s))
 			}
@@ -599,12 +599,12 @@ func (p *parser) then(r *rule, n *yaml.Node) error {
 	if !decisionGiven {
 		errs = append(errs, p.errf(n, "then.decision", "required (allow, deny, require_approval or abort)"))
 	}
-	if d.Decision != "" {
-		if approval != nil && d.Decision != policy.RequireApproval {
-			errs = append(errs, p.errf(approval, "then.approval_config", "only applies to decision require_approval (decision is %s)", d.Decision))
+	if d.Action != "" {
+		if approval != nil && d.Action != policy.RequireApproval {
+			errs = append(errs, p.errf(approval, "then.approval_config", "only applies to decision require_approval (decision is %s)", d.Action))
 		}
-		if limit != nil && d.Decision != policy.Allow && d.Decision != policy.RequireApproval {
-			errs = append(errs, p.errf(limit, "then.rate_limit", "only applies to decisions allow and require_approval (decision is %s)", d.Decision))
+		if limit != nil && d.Action != policy.Allow && d.Action != policy.RequireApproval {
+			errs = append(errs, p.errf(limit, "then.rate_limit", "only applies to decisions allow and require_approval (decision is %s)", d.Action))
 		}
 	}
 	r.decision = d
