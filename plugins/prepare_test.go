@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins"
@@ -108,3 +109,58 @@ func (failing) Evaluate(context.Context, *policy.Input) (*policy.Answer, error) 
 }
 
 func (failing) Close() error { return nil }
+
+// TestPrepareChecksCeilings: Prepare refuses a manifest over the host's
+// Limits exactly as an upload does (so `wicket policy build` refuses what a
+// kernel with the same ceilings refuses), reports the sandbox values a
+// bundle gets, and an upload whose engine fails after its wasm memory was
+// reserved gives the reservation back.
+func TestPrepareChecksCeilings(t *testing.T) {
+	ctx := context.Background()
+	src := rulesSrc("slow", "1", "rules: []\n", "sandbox: {timeout: 1h}\n")
+	b, err := bundle.Options{}.LoadFiles(src.Files)
+	if err != nil {
+		t.Fatalf("the loader refused what only the ceilings can: %v", err)
+	}
+	h := plugins.NewHost(plugins.Options{}, rules.New())
+	defer h.Close()
+	_, uploadErr := h.Compile(ctx, "acme", src)
+	_, prepareErr := h.Prepare(ctx, b)
+	if prepareErr == nil || uploadErr == nil || prepareErr.Error() != uploadErr.Error() || !errors.Is(prepareErr, bundle.ErrCeiling) {
+		t.Fatalf("upload: %v\nprepare: %v", uploadErr, prepareErr)
+	}
+	if !strings.Contains(prepareErr.Error(), "sandbox.timeout: 1h0m0s exceeds the kernel's ceiling of 2s") {
+		t.Errorf("prepare: %v", prepareErr)
+	}
+	// A kernel with a higher ceiling takes it, with that timeout.
+	hi := plugins.NewHost(plugins.Options{Limits: bundle.Limits{MaxTimeout: 2 * time.Hour}}, rules.New())
+	defer hi.Close()
+	p, err := hi.Prepare(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if p.Sandbox.Timeout != time.Hour {
+		t.Errorf("sandbox timeout %s, want 1h", p.Sandbox.Timeout)
+	}
+
+	// The engine refuses a wasm bundle after the host reserved its memory.
+	w := plugins.NewHost(plugins.Options{Limits: bundle.Limits{TenantMemory: 4 << 20}}, refusingWasm{})
+	defer w.Close()
+	_, err = w.Compile(ctx, "acme", wasmSrc("w", "{memory_pages: 16, pool_size: 2}"))
+	if err == nil || !strings.Contains(err.Error(), "refused on purpose") {
+		t.Fatalf("compile: %v", err)
+	}
+	if r, _ := w.TenantMemory("acme"); r != 0 {
+		t.Errorf("a refused bundle still reserves %d bytes", r)
+	}
+}
+
+// refusingWasm is a wasm engine that refuses every bundle.
+type refusingWasm struct{}
+
+func (refusingWasm) Name() string { return bundle.EngineWasm }
+
+func (refusingWasm) Compile(context.Context, *bundle.Bundle) (policy.Evaluator, error) {
+	return nil, errors.New("refused on purpose")
+}

@@ -643,6 +643,32 @@ func TestPolicyValidationReportsEveryError(t *testing.T) {
 	}
 }
 
+// TestPolicyCommandsCheckCeilings: a manifest over the kernel's default
+// ceilings (here a 1h sandbox.timeout) is refused by build and test as an
+// upload to a kernel with default ceilings refuses it, naming the file, the
+// field and the serve flag that raises the ceiling.
+func TestPolicyCommandsCheckCeilings(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "slow")
+	writeTree(t, dir, map[string]string{
+		"bundle.yaml":      "name: slow\nengine: rules\nsandbox:\n  timeout: 1h\n",
+		"rules.yaml":       "rules: []\n",
+		"tests/cases.yaml": "cases:\n  - {name: x, step: {kind: tool_call, target: x}, expect: {decision: allow}}\n",
+	})
+	want := filepath.Join(dir, "bundle.yaml") + ": sandbox.timeout: 1h0m0s exceeds the kernel's ceiling of 2s (serve --sandbox-max-timeout)"
+	out := filepath.Join(t.TempDir(), "slow.tar.gz")
+	if _, _, err := runCmd(t, ctx, "policy", "build", dir, "-o", out); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("build: %v\nwant %s", err, want)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("build wrote an archive of a bundle over a ceiling")
+	}
+	text, _, err := runCmd(t, ctx, "policy", "test", dir)
+	if err == nil || !strings.Contains(text, "--- FAIL: slow/[load]") || !strings.Contains(text, want) {
+		t.Errorf("test: %v\n%s", err, text)
+	}
+}
+
 // TestPolicyTestCaseFormat: cases set the execution context and expect
 // reason, rule_id, approval settings and rate limits, and tables expand
 // one template over many rows.
