@@ -16,6 +16,7 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/policytest"
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
@@ -29,7 +30,7 @@ func loadBundle(path string, keys ...bundle.Key) (*bundle.Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := bundle.Options{Name: bundleNameFromPath(path), Keys: keys}
+	opts := bundle.Options{Name: policytest.NameFromPath(path), Keys: keys}
 	if st.IsDir() {
 		return opts.LoadDir(path)
 	}
@@ -64,23 +65,6 @@ func (v verifyFlags) keys() ([]bundle.Key, error) {
 		return nil, fmt.Errorf("--verification-key %s: %w", *v.file, err)
 	}
 	return keys, nil
-}
-
-// bundleNameFromPath makes a bundle name of a directory or archive name
-// ("authz/", "authz.tar.gz" → "authz"), or "" when it cannot be one.
-func bundleNameFromPath(path string) string {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return ""
-	}
-	base := strings.ToLower(filepath.Base(abs))
-	for _, ext := range []string{".tar.gz", ".tgz"} {
-		base = strings.TrimSuffix(base, ext)
-	}
-	if !bundle.ValidName(base) {
-		return ""
-	}
-	return base
 }
 
 // cliHost builds an engine host for offline use; wasm modules are cached

@@ -328,7 +328,7 @@ func (r *Runner) Run(ctx context.Context, f Found) *BundleResult {
 
 // load reads the bundle with the loader the kernel uses.
 func (r *Runner) load(f Found) (*bundle.Bundle, error) {
-	opts := bundle.Options{Name: nameFromPath(f.Path), Keys: r.opts.Keys}
+	opts := bundle.Options{Name: NameFromPath(f.Path), Keys: r.opts.Keys}
 	if !f.Archive {
 		return opts.LoadDir(f.Path)
 	}
@@ -572,10 +572,10 @@ func filePath(f Found, file string) string {
 	return filepath.Join(f.Path, filepath.FromSlash(file))
 }
 
-// nameFromPath makes a bundle name of a directory or archive name
+// NameFromPath makes a bundle name of a directory or archive name
 // ("authz/", "authz.tar.gz" → "authz"), or "" when it cannot be one; the
-// loader names a bundle whose manifest gives no name with it.
-func nameFromPath(path string) string {
+// loader names a bundle whose manifest gives no name (OPA's layout) with it.
+func NameFromPath(path string) string {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return ""
@@ -592,7 +592,7 @@ func nameFromPath(path string) string {
 
 // nameOf names a bundle that could not be loaded: its path's base name.
 func nameOf(path string) string {
-	if n := nameFromPath(path); n != "" {
+	if n := NameFromPath(path); n != "" {
 		return n
 	}
 	abs, err := filepath.Abs(path)
