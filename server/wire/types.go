@@ -168,6 +168,11 @@ type StepSubmitRequest struct {
 	// Reconcile says the submitter can reconcile the step if it is found
 	// interrupted: it is then answered DecisionInterrupted.
 	Reconcile bool `json:"reconcile,omitempty"`
+	// Result is a local step's value, submitted with it: a step allowed to
+	// run is recorded succeeded with it in the same commit and answered
+	// replay with the value; a step already recorded answers its recorded
+	// value. Refused with any other kind.
+	Result json.RawMessage `json:"result,omitempty"`
 }
 
 // ReconcileRequest is the body of POST …/steps/{step_id}/reconcile: what
@@ -613,4 +618,18 @@ type KeyList struct {
 // Status is the answer of GET /v0/health ("ok") and GET /v0/ready ("ready").
 type Status struct {
 	Status string `json:"status"`
+}
+
+// Whoami is the answer of GET /v0/whoami: who the key is, the tenant the
+// request acts in (an admin key's ?tenant=), and the routes ("METHOD
+// /v0/path/{var}") its role may call. Key routes of a tenant-admin are
+// further held to its own tenant, and agent routes to the session a key
+// holds.
+type Whoami struct {
+	Role      string   `json:"role"`
+	Tenant    string   `json:"tenant"`
+	KeyTenant string   `json:"key_tenant"`
+	KeyID     string   `json:"key_id"`
+	Principal string   `json:"principal"`
+	Routes    []string `json:"routes"`
 }
