@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -402,5 +405,58 @@ func TestBadBundleKeepsRunningRevision(t *testing.T) {
 	var rec kernel.BundleRecord
 	if _, err := env.Admin("GET", "/v0/bundles/b", nil, &rec); err != nil || rec.Revision != "1" {
 		t.Errorf("stored revision: %+v %v", rec, err)
+	}
+}
+
+// TestUploadReportsEveryProblem: an upload of a bundle with three problems
+// in rules.yaml (a duplicate rule id among them) is refused with all three
+// in the message and in details.problems, each with file:line, rule and
+// field, as `wicket policy build` reports them.
+func TestUploadReportsEveryProblem(t *testing.T) {
+	env := testkit.Start(t, testkit.Options{Config: fast(), Engines: []plugins.Engine{rules.New()}})
+	files := map[string]string{
+		"bundle.yaml": "name: three\nengine: rules\n",
+		"rules.yaml": `rules:
+  - {id: a, then: {decision: allow}}
+  - {id: a, then: {decision: allow}}
+  - {id: b, then: {decision: maybe}}
+  - {id: c, when: {arguments: {cmd: {regex: "("}}}, then: {decision: deny}}
+`,
+	}
+	raw, err := json.Marshal(map[string]any{"files": files})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest("PUT", env.URL+"/v0/bundles/three", bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+testkit.AdminKey)
+	req.Header.Set("Content-Type", "application/json")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var body struct {
+		Code    string
+		Message string
+		Details struct{ Problems []string }
+	}
+	if err := json.NewDecoder(res.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`rules.yaml:3: rule "a": id: duplicate id (also rules[0])`,
+		`rules.yaml:4: rule "b": then.decision: unknown decision "maybe"`,
+		`rules.yaml:5: rule "c": when.arguments.cmd: regex: error parsing regexp`,
+	}
+	if res.StatusCode != http.StatusBadRequest || body.Code != "validation" || len(body.Details.Problems) != len(want) {
+		t.Fatalf("%d %+v", res.StatusCode, body)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(body.Details.Problems[i], w) || !strings.Contains(body.Message, w) {
+			t.Errorf("problem %d: %q (message %q), want %q", i, body.Details.Problems[i], body.Message, w)
+		}
 	}
 }

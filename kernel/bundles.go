@@ -97,7 +97,7 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		if errors.As(err, &ke) {
 			return nil, err
 		}
-		return nil, &Error{Code: CodeValidation, Message: "bundle refused: " + err.Error()}
+		return nil, &Error{Code: CodeValidation, Message: "bundle refused: " + err.Error(), Details: problemDetails(err)}
 	}
 	if name != "" && cb.Ref.Name != name {
 		l.Discard(cb)
@@ -512,4 +512,26 @@ func (k *Kernel) EvalPolicy(ctx context.Context, req EvalRequest) (*Verdict, err
 			Idempotency: string(sub.Idempotency), Effect: sub.Effect},
 		Execution: policy.Execution{Status: string(ExecRunning), Labels: req.Labels, CreatedAt: k.now()}}
 	return k.decide(ctx, preq)
+}
+
+// problemDetails lists, as details of a refused bundle, each problem err
+// holds when it holds several (the loaders report every problem of a bundle
+// as an error that unwraps to a list); nil otherwise.
+func problemDetails(err error) map[string]any {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		multi, ok := e.(interface{ Unwrap() []error })
+		if !ok {
+			continue
+		}
+		list := multi.Unwrap()
+		if len(list) < 2 {
+			return nil
+		}
+		problems := make([]string, len(list))
+		for i, p := range list {
+			problems[i] = p.Error()
+		}
+		return map[string]any{"problems": problems}
+	}
+	return nil
 }

@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -164,5 +165,17 @@ func TestErrorIsMatchesCode(t *testing.T) {
 	}
 	if CodeOf(errors.New("plain")) != CodeInternal || CodeOf(err) != CodeLeaseSuperseded {
 		t.Error("CodeOf")
+	}
+}
+
+func TestProblemDetails(t *testing.T) {
+	one := errors.New("bundle.yaml:1: bad")
+	if d := problemDetails(one); d != nil {
+		t.Errorf("one problem: %v", d)
+	}
+	multi := fmt.Errorf("rego: compile: %w", errors.Join(errors.New("a.rego:1: x"), errors.New("a.rego:2: y")))
+	d := problemDetails(multi)
+	if ps, ok := d["problems"].([]string); !ok || len(ps) != 2 || ps[1] != "a.rego:2: y" {
+		t.Errorf("details %v", d)
 	}
 }

@@ -98,11 +98,8 @@ var (
 
 // loaded is one live bundle revision.
 type loaded struct {
-	b      *bundle.Bundle
-	ev     policy.Evaluator
-	ref    policy.BundleRef
-	def    policy.Action
-	limits []declaredLimit
+	*Prepared
+	ref policy.BundleRef
 
 	// tenant and reserved (wasm memory: cap × pool size) are for the
 	// tenant's memory account.
@@ -197,36 +194,23 @@ func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSour
 	if err != nil {
 		return nil, err
 	}
-	eff, err := h.opts.Limits.Apply(&b.Manifest)
+	l := &loaded{ref: b.Ref(), tenant: tenant, host: h}
+	// The tenant's memory is reserved once the sandbox values are known
+	// and before the engine compiles (and a wasm pool allocates).
+	reserve := func(eff bundle.Effective) error {
+		l.reserved = eff.Reserved()
+		return h.reserve(l)
+	}
+	p, err := h.prepare(WithTenant(ctx, tenant), b, reserve)
 	if err != nil {
+		h.release(l) // a no-op when reserve did not run or refused
 		return nil, err
 	}
-	l := &loaded{b: b, ref: b.Ref(), def: b.DefaultAction(), tenant: tenant, reserved: eff.Reserved(), host: h}
-	if err := h.reserve(l); err != nil {
-		return nil, err
-	}
-	ev, err := h.CompileBundle(WithTenant(ctx, tenant), b)
-	if err != nil {
-		h.release(l)
-		return nil, err
-	}
-	l.ev = ev
+	l.Prepared = p
 	archive, err := b.TarGz()
 	if err != nil {
 		l.close()
 		return nil, fmt.Errorf("bundle %q: archive: %w", b.Manifest.Name, err)
-	}
-	for _, ml := range b.Manifest.RateLimits {
-		dl := declaredLimit{rule: kernel.RateLimitRule{ID: b.Manifest.Name + "/" + ml.ID, RateLimit: ml.RateLimit}, kind: ml.StepKind}
-		for _, t := range ml.Targets {
-			g, err := bundle.CompileGlob(t)
-			if err != nil {
-				l.close()
-				return nil, fmt.Errorf("bundle %q: rate_limits %s: %w", b.Manifest.Name, ml.ID, err)
-			}
-			dl.targets = append(dl.targets, g)
-		}
-		l.limits = append(l.limits, dl)
 	}
 	return &kernel.CompiledBundle{Ref: l.ref, Archive: archive, Handle: l}, nil
 }
@@ -344,8 +328,8 @@ func (l *loaded) close() {
 	defer l.use.Unlock()
 	if !l.closed {
 		l.closed = true
-		if l.ev != nil {
-			_ = l.ev.Close()
+		if l.Prepared != nil {
+			_ = l.Prepared.Close()
 		}
 		l.host.release(l)
 	}
@@ -441,24 +425,17 @@ func (h *Host) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.Ve
 			v := failClosed(policy.BundleRef{Name: name}, reason, start)
 			return nil, &v
 		}
-		a, err := l.ev.Evaluate(ctx, in)
-		if err == nil {
-			err = a.Validate()
-		}
+		a, err := l.evaluate(ctx, in)
 		if err != nil {
-			v := failClosed(l.ref, fmt.Sprintf("%s bundle %q failed (fail closed): %v", l.ref.Engine, name, err), start)
+			v := failClosed(l.ref, engineFailure(l.ref, err), start)
 			return nil, &v
 		}
-		if l.b.Manifest.OnInterrupted == bundle.OnInterruptedApproval {
+		if l.Bundle.Manifest.OnInterrupted == bundle.OnInterruptedApproval {
 			onInterrupted = kernel.OnInterruptedApproval
 		}
 		answers = append(answers, a)
 		refs = append(refs, l.ref)
-		for _, dl := range l.limits {
-			if dl.matches(in) {
-				limits = append(limits, dl.rule)
-			}
-		}
+		limits = append(limits, l.declared(in)...)
 		return l, nil
 	}
 	for _, g := range req.Guards {
@@ -505,6 +482,12 @@ func (dl declaredLimit) matches(in *policy.Input) bool {
 		}
 	}
 	return false
+}
+
+// engineFailure is the reason of the denial the kernel records when a
+// bundle's engine fails to answer.
+func engineFailure(ref policy.BundleRef, err error) string {
+	return fmt.Sprintf("%s bundle %q failed (fail closed): %v", ref.Engine, ref.Name, err)
 }
 
 func failClosed(ref policy.BundleRef, reason string, start time.Time) kernel.Verdict {

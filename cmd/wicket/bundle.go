@@ -31,7 +31,7 @@ running revision stays. --tenant (admin keys) uploads into another tenant.`,
 				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
 					b, err := loadBundle(pos[0])
 					if err != nil {
-						return fmt.Errorf("%s: %w", pos[0], err)
+						return refused(pos[0], err)
 					}
 					n := b.Manifest.Name
 					if *name != "" && *name != n {

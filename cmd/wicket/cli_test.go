@@ -75,7 +75,7 @@ func TestUsageMistakesExitTwo(t *testing.T) {
 	for _, args := range [][]string{
 		nil, {"frobnicate"}, {"exec"}, {"exec", "frobnicate"}, {"tenant", "key"}, {"tenant", "key", "nope"},
 		{"exec", "get"}, {"exec", "get", "a", "b"}, {"tenant", "key", "rm", "t"}, {"serve", "extra"},
-		{"policy", "test"}, {"policy", "eval"}, {"policy", "build", "x"}, {"store", "backup"},
+		{"policy", "test", "--format", "xml"}, {"policy", "eval"}, {"policy", "build", "x"}, {"store", "backup"},
 		{"exec", "create", "a", "--input", "{nope"}, {"help", "nope"},
 	} {
 		if _, errOut, code := runExit(t, args...); code != 2 || errOut == "" {

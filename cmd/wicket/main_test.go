@@ -136,7 +136,7 @@ func TestPolicyInspectBuildEval(t *testing.T) {
 	// A failing case fails the command and says which.
 	_ = os.WriteFile(filepath.Join(b, "tests", "cases.yaml"), []byte("cases:\n  - name: wrong\n    step: {kind: tool_call, target: other}\n    expect: {decision: allow}\n"), 0o600)
 	out, _, err = runCmd(t, ctx, "policy", "test", b)
-	if err == nil || !strings.Contains(out, "FAIL b/wrong") || !strings.Contains(out, "0 passed, 1 failed") {
+	if err == nil || !strings.Contains(out, "--- FAIL: b/wrong") || !strings.Contains(out, filepath.Join(b, "tests", "cases.yaml")+":2: unexpected decision") || !strings.Contains(out, "0 passed, 1 failed") {
 		t.Fatalf("failing case: %q %v", out, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/policytest"
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
@@ -29,7 +30,7 @@ func loadBundle(path string, keys ...bundle.Key) (*bundle.Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := bundle.Options{Name: bundleNameFromPath(path), Keys: keys}
+	opts := bundle.Options{Name: policytest.NameFromPath(path), Keys: keys}
 	if st.IsDir() {
 		return opts.LoadDir(path)
 	}
@@ -66,23 +67,6 @@ func (v verifyFlags) keys() ([]bundle.Key, error) {
 	return keys, nil
 }
 
-// bundleNameFromPath makes a bundle name of a directory or archive name
-// ("authz/", "authz.tar.gz" → "authz"), or "" when it cannot be one.
-func bundleNameFromPath(path string) string {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return ""
-	}
-	base := strings.ToLower(filepath.Base(abs))
-	for _, ext := range []string{".tar.gz", ".tgz"} {
-		base = strings.TrimSuffix(base, ext)
-	}
-	if !bundle.ValidName(base) {
-		return ""
-	}
-	return base
-}
-
 // cliHost builds an engine host for offline use; wasm modules are cached
 // under the user cache dir so repeated runs do not recompile.
 func cliHost() (*plugins.Host, func()) {
@@ -95,140 +79,21 @@ func cliHost() (*plugins.Host, func()) {
 	return h, func() { h.Close(); _ = w.Close() }
 }
 
-func policyTest(ctx context.Context, paths []string, verbose bool, timeout time.Duration, keys []bundle.Key, stdout io.Writer) error {
+// prepareBundle loads the bundle at path and compiles it exactly as the
+// kernel takes a bundle in (plugins.Host.Prepare): what this accepts, an
+// upload accepts. Close the result with the returned function.
+func prepareBundle(ctx context.Context, path string, keys ...bundle.Key) (*plugins.Prepared, func(), error) {
+	b, err := loadBundle(path, keys...)
+	if err != nil {
+		return nil, nil, refused(path, err)
+	}
 	host, closeHost := cliHost()
-	defer closeHost()
-	regoEngine := rego.New()
-	passed, failed, skipped := 0, 0, 0
-	for _, path := range paths {
-		b, err := loadBundle(path, keys...)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		results, err := runBundleTests(ctx, host, regoEngine, b, timeout)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		for _, r := range results {
-			name := b.Manifest.Name + "/" + r.Name
-			switch {
-			case r.Skipped:
-				skipped++
-				if verbose {
-					fmt.Fprintf(stdout, "SKIP %s (%s)\n", name, r.Where)
-				}
-			case r.Passed:
-				passed++
-				if verbose {
-					fmt.Fprintf(stdout, "ok   %s\n", name)
-				}
-			default:
-				failed++
-				fmt.Fprintf(stdout, "FAIL %s (%s): %s\n", name, r.Where, r.Message)
-			}
-		}
-	}
-	summary := fmt.Sprintf("%d passed, %d failed", passed, failed)
-	if skipped > 0 {
-		summary += fmt.Sprintf(", %d skipped", skipped)
-	}
-	fmt.Fprintln(stdout, summary)
-	if failed > 0 {
-		return fmt.Errorf("policy test: %d test(s) failed", failed)
-	}
-	return nil
-}
-
-// testResult is one test of a bundle: a tests/*.yaml case or a Rego unit
-// test, in one shape so both count alike (and can be reported alike).
-type testResult struct {
-	// Kind is "case" (tests/*.yaml) or "rego" (a test_ rule).
-	Kind string
-	// Name is the case name, or the Rego test's data.pkg.test_name.
-	Name string
-	// Where is file or file:line.
-	Where   string
-	Passed  bool
-	Skipped bool
-	// Message says why a test failed (and what a Rego test printed).
-	Message  string
-	Duration time.Duration
-}
-
-// runBundleTests runs a bundle's tests/*.yaml cases through its engine and,
-// when it has .rego files, its Rego unit tests with OPA's test runner.
-func runBundleTests(ctx context.Context, host *plugins.Host, re *rego.Engine, b *bundle.Bundle, timeout time.Duration) ([]testResult, error) {
-	cases, err := b.TestCases()
+	p, err := host.Prepare(ctx, b)
 	if err != nil {
-		return nil, err
+		closeHost()
+		return nil, nil, refused(path, err)
 	}
-	var out []testResult
-	if len(cases) > 0 {
-		ev, err := host.CompileBundle(ctx, b)
-		if err != nil {
-			return nil, err
-		}
-		for _, tc := range cases {
-			start := time.Now()
-			err := checkCase(ctx, ev, b.DefaultAction(), tc)
-			r := testResult{Kind: "case", Name: tc.Name, Where: tc.SourceFile, Passed: err == nil, Duration: time.Since(start)}
-			if err != nil {
-				r.Message = err.Error()
-			}
-			out = append(out, r)
-		}
-		_ = ev.Close()
-	}
-	if !hasRegoFiles(b) {
-		return out, nil
-	}
-	rt, err := re.RunTests(ctx, b, timeout)
-	if err != nil {
-		return nil, fmt.Errorf("rego tests: %w", err)
-	}
-	for _, t := range rt {
-		r := testResult{Kind: "rego", Name: t.Name, Where: fmt.Sprintf("%s:%d", t.File, t.Line), Passed: t.Passed, Skipped: t.Skipped, Duration: t.Duration}
-		switch {
-		case t.Error != "":
-			r.Message = t.Error
-		case !t.Passed && !t.Skipped:
-			r.Message = "test rule is false or undefined"
-		}
-		if !t.Passed && t.Output != "" {
-			r.Message += "; printed: " + strings.TrimSpace(t.Output)
-		}
-		out = append(out, r)
-	}
-	return out, nil
-}
-
-func hasRegoFiles(b *bundle.Bundle) bool {
-	for p := range b.Files {
-		if strings.HasSuffix(p, ".rego") {
-			return true
-		}
-	}
-	return false
-}
-
-// checkCase evaluates one test case and compares it with its expectation.
-func checkCase(ctx context.Context, ev policy.Evaluator, def policy.Action, tc bundle.TestCase) error {
-	in, err := tc.Input()
-	if err != nil {
-		return fmt.Errorf("input: %w", err)
-	}
-	d, err := ev.Evaluate(ctx, in)
-	if err != nil {
-		return fmt.Errorf("evaluate: %w", err)
-	}
-	d = policy.ApplyDefault(d, def, in.Step.Kind)
-	if d.Action != tc.Expect.Decision {
-		return fmt.Errorf("decision %s (rule %q: %s), want %s", d.Action, d.RuleID, d.Reason, tc.Expect.Decision)
-	}
-	if tc.Expect.RuleID != "" && d.RuleID != tc.Expect.RuleID {
-		return fmt.Errorf("rule_id %q, want %q", d.RuleID, tc.Expect.RuleID)
-	}
-	return nil
+	return p, func() { _ = p.Close(); closeHost() }, nil
 }
 
 // policyEvalOffline evaluates one input document against a bundle on disk.
@@ -243,19 +108,14 @@ func policyEvalOffline(ctx context.Context, bpath, input string, keys []bundle.K
 	if err := dec.Decode(&in); err != nil {
 		return fmt.Errorf("input is not a policy input document: %w", err)
 	}
-	b, err := loadBundle(bpath, keys...)
+	p, done, err := prepareBundle(ctx, bpath, keys...)
 	if err != nil {
 		return err
 	}
-	host, closeHost := cliHost()
-	defer closeHost()
-	ev, err := host.CompileBundle(ctx, b)
-	if err != nil {
-		return err
-	}
-	defer ev.Close()
+	defer done()
+	b := p.Bundle
 	start := time.Now()
-	d, err := ev.Evaluate(ctx, &in)
+	d, err := p.Evaluator().Evaluate(ctx, &in)
 	if err != nil {
 		return fmt.Errorf("evaluate (the kernel would deny this step, fail closed): %w", err)
 	}
@@ -266,11 +126,13 @@ func policyEvalOffline(ctx context.Context, bpath, input string, keys []bundle.K
 	return nil
 }
 
-func policyBuild(path, out string, sk bundle.SigningKey, stdout io.Writer) error {
-	b, err := loadBundle(path)
+func policyBuild(ctx context.Context, path, out string, sk bundle.SigningKey, stdout io.Writer) error {
+	p, done, err := prepareBundle(ctx, path)
 	if err != nil {
 		return err
 	}
+	done()
+	b := p.Bundle
 	if sk.Key != "" {
 		if _, err := os.Stat(sk.Key); err != nil {
 			return fmt.Errorf("--signing-key: %w", err)
@@ -294,11 +156,13 @@ func policyBuild(path, out string, sk bundle.SigningKey, stdout io.Writer) error
 	return nil
 }
 
-func policyInspect(path string, keys []bundle.Key, stdout io.Writer) error {
-	b, err := loadBundle(path, keys...)
+func policyInspect(ctx context.Context, path string, keys []bundle.Key, stdout io.Writer) error {
+	p, done, err := prepareBundle(ctx, path, keys...)
 	if err != nil {
 		return err
 	}
+	done()
+	b := p.Bundle
 	cases, err := b.TestCases()
 	if err != nil {
 		return err
@@ -360,20 +224,8 @@ func policyInspect(path string, keys []bundle.Key, stdout io.Writer) error {
 
 func init() {
 	register(
-		&command{name: "policy test", args: "BUNDLE...", min: 1, max: -1, summary: "run each bundle's tests/*.yaml cases and Rego unit tests; exit 1 on a failure",
-			help: "BUNDLE is a bundle directory or a .tar.gz of one. Rego unit tests are the\ntest_ rules of its .rego files, run with OPA's test runner.",
-			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
-				verbose := fs.Bool("v", false, "print every case, not only failures")
-				timeout := fs.Duration("timeout", rego.DefaultTestTimeout, "deadline of one Rego unit test")
-				vk := verificationFlags(fs)
-				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
-					keys, err := vk.keys()
-					if err != nil {
-						return err
-					}
-					return policyTest(ctx, pos, *verbose, *timeout, keys, stdout)
-				}
-			}},
+		&command{name: "policy test", args: "[PATH...]", max: -1, summary: "find the bundles below the paths (default .) and run their cases and Rego unit tests",
+			help: policyTestHelp, setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc { return policyTestFlags(fs) }},
 		&command{name: "policy eval", client: true, max: 0, summary: "evaluate a step: offline against a bundle, or by a running kernel",
 			help: `Offline (--bundle): evaluates one policy input document (docs/policy.md;
 --input, a file or - for stdin) against a bundle directory or .tar.gz and prints the decision.
@@ -440,7 +292,7 @@ document; --agent, when given, names the agent).`,
 					return printAnswer(stdout, r, err)
 				}
 			}},
-		&command{name: "policy build", args: "BUNDLE", min: 1, max: 1, summary: "write a bundle's reproducible archive (signed with --signing-key) and print its digest",
+		&command{name: "policy build", args: "BUNDLE", min: 1, max: 1, summary: "check a bundle as an upload would, write its reproducible archive (signed with --signing-key) and print its digest",
 			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
 				out := fs.String("o", "", "output .tar.gz (required)")
 				var sk bundle.SigningKey
@@ -448,22 +300,22 @@ document; --agent, when given, names the agent).`,
 				fs.StringVar(&sk.Algorithm, "signing-alg", bundle.DefaultAlgorithm, "signature algorithm (RS256, PS256, ES256, HS256, ...)")
 				fs.StringVar(&sk.KeyID, "signing-key-id", bundle.DefaultKeyID, "key id (kid) verifiers look the key up by")
 				fs.StringVar(&sk.ClaimsFile, "claims-file", "", "JSON file of extra claims (e.g. scope)")
-				return func(_ context.Context, pos []string, stdout, _ io.Writer) error {
+				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
 					if *out == "" {
 						return usagef("policy build: -o OUT.tar.gz is required")
 					}
-					return policyBuild(pos[0], *out, sk, stdout)
+					return policyBuild(ctx, pos[0], *out, sk, stdout)
 				}
 			}},
-		&command{name: "policy inspect", args: "BUNDLE", min: 1, max: 1, summary: "print a bundle's manifest, roots, data, signature state, digest, files and tests",
+		&command{name: "policy inspect", args: "BUNDLE", min: 1, max: 1, summary: "check a bundle as an upload would; print its manifest, roots, data, signature state, digest, files and tests",
 			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
 				vk := verificationFlags(fs)
-				return func(_ context.Context, pos []string, stdout, _ io.Writer) error {
+				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
 					keys, err := vk.keys()
 					if err != nil {
 						return err
 					}
-					return policyInspect(pos[0], keys, stdout)
+					return policyInspect(ctx, pos[0], keys, stdout)
 				}
 			}},
 	)

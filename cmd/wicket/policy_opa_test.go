@@ -183,7 +183,8 @@ test_error if 1 / 0 == 1
 	if err == nil {
 		t.Fatalf("a failing Rego test must fail the command:\n%s", out)
 	}
-	for _, want := range []string{"3 passed, 2 failed", "FAIL both/data.wicket_test.test_wrong (policy_test.rego:7)", "FAIL both/data.wicket_test.test_error (policy_test.rego:12): test rule is false or undefined"} {
+	for _, want := range []string{"3 passed, 2 failed", "--- FAIL: both/data.wicket_test.test_wrong", "both.tar.gz#policy_test.rego:7: test rule is false or undefined", "decision was <undefined>",
+		"--- FAIL: both/data.wicket_test.test_error", "both.tar.gz#policy_test.rego:12: test rule is false or undefined"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -193,8 +194,8 @@ test_error if 1 / 0 == 1
 		"policy.rego":      policy,
 		"policy_test.rego": "package wicket_test\n\ntest_net if http.send({\"method\": \"get\", \"url\": \"http://127.0.0.1/\"}).status_code == 200\n",
 	})
-	if _, _, err := runCmd(t, ctx, "policy", "test", forbidden); err == nil || !strings.Contains(err.Error(), "http.send") {
-		t.Fatalf("a test calling a forbidden builtin: %v", err)
+	if out, _, err := runCmd(t, ctx, "policy", "test", forbidden); err == nil || !strings.Contains(out, "http.send") || !strings.Contains(out, "--- FAIL: forbidden/[load]") {
+		t.Fatalf("a test calling a forbidden builtin: %v\n%s", err, out)
 	}
 }
 

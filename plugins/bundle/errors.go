@@ -3,6 +3,7 @@ package bundle
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -132,3 +133,73 @@ type reason struct {
 
 func (r *reason) Error() string   { return r.err.Error() }
 func (r *reason) Unwrap() []error { return []error{r.class, r.err} }
+
+// Errors is every problem found in a bundle, each an *[Error] naming the
+// file and, where known, the line, item and field, ordered by file and
+// line. The loaders and engines return one (through [Join]) when they find
+// more than one problem, so that a single run shows all of them.
+//
+// errors.Is and errors.As see every element: errors.As(err, &e) with e an
+// *Error finds the first.
+type Errors []*Error
+
+// Error returns the elements' messages, one per line.
+func (es Errors) Error() string {
+	var b strings.Builder
+	for i, e := range es {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(e.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns the elements.
+func (es Errors) Unwrap() []error {
+	out := make([]error, len(es))
+	for i, e := range es {
+		out[i] = e
+	}
+	return out
+}
+
+// Join collects problems: nil values are dropped, an [Errors] is flattened,
+// an *[Error] is kept and any other error becomes an *Error with no file.
+// It returns nil when there is none, the *Error when there is one, and an
+// [Errors] sorted by file and line (stably) otherwise.
+func Join(errs ...error) error {
+	list := List(errs...)
+	switch len(list) {
+	case 0:
+		return nil
+	case 1:
+		return list[0]
+	}
+	slices.SortStableFunc(list, func(a, b *Error) int {
+		if c := strings.Compare(a.File, b.File); c != 0 {
+			return c
+		}
+		return a.Line - b.Line
+	})
+	return list
+}
+
+// List returns the problems errs hold, in order, as [Join] collects them
+// (unsorted). An error that wraps an *Error or an Errors with more context
+// is kept whole, as one *Error with no file, so that its context stays.
+func List(errs ...error) Errors {
+	var out Errors
+	for _, err := range errs {
+		switch e := err.(type) {
+		case nil:
+		case Errors:
+			out = append(out, e...)
+		case *Error:
+			out = append(out, e)
+		default:
+			out = append(out, &Error{Err: err})
+		}
+	}
+	return out
+}

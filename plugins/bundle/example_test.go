@@ -32,7 +32,7 @@ func ExampleLoadFiles() {
 	// Output:
 	// guard rules allow 64
 	// true
-	// bundle.yaml: rate_limits[0].window: must be a positive Go duration (e.g. 1m), got "soon"
+	// bundle.yaml:4: rate_limits[0].window: must be a positive Go duration (e.g. 1m), got "soon"
 }
 
 func ExampleCompileGlob() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -84,24 +85,37 @@ type rateLimitFile struct {
 // rego; rules.yaml: rules).
 //
 // Decoding is strict: an unknown field, a duplicate key, a value of the
-// wrong type or a second YAML document is an error.
+// wrong type or a second YAML document is an error. Every problem of the
+// file is reported, each with its line and field ([Join]); the Manifest
+// returned with an error holds what could be read.
 func ParseManifest(src []byte) (Manifest, error) {
-	mf := func(field string, err error) error {
-		return &Error{File: ManifestFile, Field: field, Err: err}
+	var errs []error
+	mf := func(field string, err error) {
+		errs = append(errs, &Error{File: ManifestFile, Field: field, Err: err})
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(src))
 	dec.KnownFields(true)
 	var f manifestFile
 	if err := dec.Decode(&f); err != nil {
-		if errors.Is(err, io.EOF) {
-			return Manifest{}, mf("", errors.New("empty manifest"))
+		var te *yaml.TypeError
+		switch {
+		case errors.Is(err, io.EOF):
+			return Manifest{}, &Error{File: ManifestFile, Err: errors.New("empty manifest")}
+		case errors.As(err, &te):
+			// Type errors and unknown fields: yaml.v3 decoded the rest, so
+			// go on and report the other problems too.
+			for _, msg := range te.Errors {
+				line, reason := SplitYAMLLine(stripGoType(msg))
+				errs = append(errs, &Error{File: ManifestFile, Line: line, Err: errors.New(reason)})
+			}
+		default:
+			line, msg := SplitYAMLLine(yamlReason(err))
+			return Manifest{}, &Error{File: ManifestFile, Line: line, Err: errors.New(msg)}
 		}
-		line, msg := SplitYAMLLine(yamlReason(err))
-		return Manifest{}, &Error{File: ManifestFile, Line: line, Err: errors.New(msg)}
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return Manifest{}, mf("", errors.New("more than one YAML document"))
+		mf("", errors.New("more than one YAML document"))
 	}
 
 	m := Manifest{
@@ -115,66 +129,76 @@ func ParseManifest(src []byte) (Manifest, error) {
 		Sandbox:       f.Sandbox,
 	}
 	if m.Name != "" && !ValidName(m.Name) {
-		return m, mf("name", fmt.Errorf("%q does not match ^[a-z0-9][a-z0-9_.-]{0,62}$", m.Name))
+		mf("name", fmt.Errorf("%q does not match ^[a-z0-9][a-z0-9_.-]{0,62}$", m.Name))
 	}
 	if err := checkText(m.Revision, 128); err != nil {
-		return m, mf("revision", err)
+		mf("revision", err)
 	}
 	switch m.Engine {
 	case EngineRules, EngineRego, EngineWasm, "":
 	default:
-		return m, mf("engine", fmt.Errorf("unknown engine %q (want rules, rego or wasm)", m.Engine))
+		mf("engine", fmt.Errorf("unknown engine %q (want rules, rego or wasm)", m.Engine))
 	}
 	if m.Entrypoint != "" {
 		if m.Engine == EngineRules {
-			return m, mf("entrypoint", errors.New("not used by the rules engine; remove it"))
-		}
-		if err := checkText(m.Entrypoint, 256); err != nil {
-			return m, mf("entrypoint", err)
+			mf("entrypoint", errors.New("not used by the rules engine; remove it"))
+		} else if err := checkText(m.Entrypoint, 256); err != nil {
+			mf("entrypoint", err)
 		}
 	}
 	switch {
 	case m.ABI == "":
 	case m.Engine != EngineWasm && m.Engine != "":
-		return m, mf("abi", fmt.Errorf("only wasm bundles have an ABI (engine is %s)", m.Engine))
+		mf("abi", fmt.Errorf("only wasm bundles have an ABI (engine is %s)", m.Engine))
 	case m.ABI != ABIWicket && m.ABI != ABIOPA:
-		return m, mf("abi", fmt.Errorf("unknown ABI %q (want wicket or opa)", m.ABI))
+		mf("abi", fmt.Errorf("unknown ABI %q (want wicket or opa)", m.ABI))
 	}
 	switch m.DefaultAction {
 	case "", policy.Allow, policy.Deny:
 	default:
-		return m, mf("default_action", fmt.Errorf("must be allow or deny, got %q", m.DefaultAction))
+		mf("default_action", fmt.Errorf("must be allow or deny, got %q", m.DefaultAction))
 	}
 	switch m.OnInterrupted {
 	case "", OnInterruptedIndeterminate, OnInterruptedApproval:
 	default:
-		return m, mf("on_interrupted", fmt.Errorf("must be %s or %s, got %q", OnInterruptedIndeterminate, OnInterruptedApproval, m.OnInterrupted))
+		mf("on_interrupted", fmt.Errorf("must be %s or %s, got %q", OnInterruptedIndeterminate, OnInterruptedApproval, m.OnInterrupted))
 	}
 
 	ids := make(map[string]int, len(f.RateLimits))
+rateLimits:
 	for i, r := range f.RateLimits {
 		field := fmt.Sprintf("rate_limits[%d]", i)
 		switch {
 		case r.ID == "":
-			return m, mf(field+".id", errors.New("required"))
+			mf(field+".id", errors.New("required"))
+			continue
 		case !ValidID(r.ID):
-			return m, mf(field+".id", fmt.Errorf("%q does not match ^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$", r.ID))
+			mf(field+".id", fmt.Errorf("%q does not match ^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$", r.ID))
+			continue
 		}
 		if j, dup := ids[r.ID]; dup {
-			return m, mf(field+".id", fmt.Errorf("duplicate id %q (also rate_limits[%d])", r.ID, j))
+			mf(field+".id", fmt.Errorf("duplicate id %q (also rate_limits[%d])", r.ID, j))
+			continue
 		}
 		ids[r.ID] = i
+		ok := true
 		for j, t := range r.Targets {
 			if _, err := CompileGlob(t); err != nil {
-				return m, mf(fmt.Sprintf("%s.targets[%d]", field, j), fmt.Errorf("%q: %w", t, err))
+				mf(fmt.Sprintf("%s.targets[%d]", field, j), fmt.Errorf("%q: %w", t, err))
+				ok = false
 			}
 		}
 		if r.StepKind != "" && !validKind(r.StepKind) {
-			return m, mf(field+".step_kind", fmt.Errorf("unknown step kind %q (want tool_call, llm_call or local)", r.StepKind))
+			mf(field+".step_kind", fmt.Errorf("unknown step kind %q (want tool_call, llm_call or local)", r.StepKind))
+			ok = false
 		}
 		rl := policy.RateLimit{MaxCalls: r.MaxCalls, Window: r.Window, Per: r.Per, Algorithm: r.Algorithm, OnLimiterError: r.OnLimiterError}
 		if sub, err := checkRateLimit(rl); err != nil {
-			return m, mf(field+"."+sub, err)
+			mf(field+"."+sub, err)
+			ok = false
+		}
+		if !ok {
+			continue rateLimits
 		}
 		m.RateLimits = append(m.RateLimits, ManifestRateLimit{ID: r.ID, Targets: r.Targets, StepKind: r.StepKind, RateLimit: rl})
 	}
@@ -182,42 +206,104 @@ func ParseManifest(src []byte) (Manifest, error) {
 	sb := m.Sandbox
 	if sb.MemoryPages != 0 {
 		if m.Engine != EngineWasm && m.Engine != "" {
-			return m, mf("sandbox.memory_pages", fmt.Errorf("only wasm bundles have a memory cap (engine is %s)", m.Engine))
-		}
-		if sb.MemoryPages > MaxMemoryPages {
-			return m, mf("sandbox.memory_pages", fmt.Errorf("%d exceeds %d", sb.MemoryPages, MaxMemoryPages))
+			mf("sandbox.memory_pages", fmt.Errorf("only wasm bundles have a memory cap (engine is %s)", m.Engine))
+		} else if sb.MemoryPages > MaxMemoryPages {
+			mf("sandbox.memory_pages", fmt.Errorf("%d exceeds %d", sb.MemoryPages, MaxMemoryPages))
 		}
 	}
 	if sb.PoolSize != 0 {
 		if m.Engine != EngineWasm {
-			return m, mf("sandbox.pool_size", fmt.Errorf("only wasm bundles have an instance pool (engine is %s)", m.Engine))
-		}
-		if sb.PoolSize < 0 {
-			return m, mf("sandbox.pool_size", fmt.Errorf("must be positive, got %d", sb.PoolSize))
+			mf("sandbox.pool_size", fmt.Errorf("only wasm bundles have an instance pool (engine is %s)", m.Engine))
+		} else if sb.PoolSize < 0 {
+			mf("sandbox.pool_size", fmt.Errorf("must be positive, got %d", sb.PoolSize))
 		}
 	}
 	if sb.Timeout != "" {
 		if d, err := time.ParseDuration(sb.Timeout); err != nil || d <= 0 {
-			return m, mf("sandbox.timeout", fmt.Errorf("must be a positive Go duration (e.g. 50ms), got %q", sb.Timeout))
+			mf("sandbox.timeout", fmt.Errorf("must be a positive Go duration (e.g. 50ms), got %q", sb.Timeout))
 		}
 	}
 	seen := make(map[string]bool, len(sb.Grants))
 	for i, g := range sb.Grants {
 		field := fmt.Sprintf("sandbox.grants[%d]", i)
 		if m.Engine != EngineWasm && m.Engine != "" {
-			return m, mf(field, fmt.Errorf("only wasm bundles take grants (engine is %s)", m.Engine))
+			mf(field, fmt.Errorf("only wasm bundles take grants (engine is %s)", m.Engine))
+			continue
 		}
 		switch g {
 		case GrantClock, GrantRandom, GrantEnv, GrantStdout:
 		default:
-			return m, mf(field, fmt.Errorf("unknown grant %q (want clock, random, env or stdout)", g))
+			mf(field, fmt.Errorf("unknown grant %q (want clock, random, env or stdout)", g))
+			continue
 		}
 		if seen[g] {
-			return m, mf(field, fmt.Errorf("duplicate grant %q", g))
+			mf(field, fmt.Errorf("duplicate grant %q", g))
 		}
 		seen[g] = true
 	}
-	return m, nil
+	if len(errs) == 0 {
+		return m, nil
+	}
+	// Give each problem the line of its field.
+	var root yaml.Node
+	if yaml.Unmarshal(src, &root) == nil {
+		for _, err := range errs {
+			if e := err.(*Error); e.Line == 0 && e.Field != "" {
+				e.Line = FieldLine(&root, e.Field)
+			}
+		}
+	}
+	return m, Join(errs...)
+}
+
+// FieldLine returns the line of the value at the dotted field path
+// ("rate_limits[1].window", "sandbox.grants[0]") within the YAML document
+// or mapping n, or of its deepest part that exists; 0 when none does.
+func FieldLine(n *yaml.Node, field string) int {
+	if n == nil {
+		return 0
+	}
+	if n.Kind == yaml.DocumentNode {
+		if len(n.Content) == 0 {
+			return 0
+		}
+		n = n.Content[0]
+	}
+	line := 0
+	for _, part := range strings.Split(field, ".") {
+		key, rest, _ := strings.Cut(part, "[")
+		if key != "" {
+			v := mappingValue(n, key)
+			if v == nil {
+				return line
+			}
+			n, line = v, v.Line
+		}
+		for rest != "" {
+			num, after, ok := strings.Cut(rest, "]")
+			i, err := strconv.Atoi(num)
+			if !ok || err != nil || n.Kind != yaml.SequenceNode || i < 0 || i >= len(n.Content) {
+				return line
+			}
+			n = n.Content[i]
+			line = n.Line
+			rest = strings.TrimPrefix(after, "[")
+		}
+	}
+	return line
+}
+
+// mappingValue returns the value of key in mapping n, or nil.
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
 }
 
 // ValidateRateLimit checks a rate limit the way bundle.yaml's rate_limits and

@@ -114,10 +114,12 @@ func (b *Bundle) Ref() policy.BundleRef {
 }
 
 // TestCase is one entry of a tests/*.yaml file: an input step (plus optional
-// execution context) and the decision the bundle must give.
+// execution context) and the decision the bundle must give. A table entry
+// of the file (see [ParseTestFile]) gives one TestCase per row.
 //
 // Test files are read with [ParseTestFile], which decodes each case by its
-// JSON field names; build the policy input with [TestCase.Input].
+// JSON field names; build the policy input with [TestCase.Input] and check
+// an answer with [TestExpect.Check].
 type TestCase struct {
 	// Name identifies the case; unique within a bundle.
 	Name string `yaml:"name" json:"name"`
@@ -135,6 +137,9 @@ type TestCase struct {
 	Expect TestExpect `yaml:"expect" json:"expect"`
 	// SourceFile is the test file the case came from (set by [ParseTestFile]).
 	SourceFile string `yaml:"-" json:"-"`
+	// SourceLine is the line of the case (of its row, for a table) in
+	// SourceFile.
+	SourceLine int `yaml:"-" json:"-"`
 }
 
 // TestStep is the step of a test case; Args is any YAML value, converted to JSON.
@@ -154,9 +159,29 @@ type TestStep struct {
 }
 
 // TestExpect is what a test case expects after default_action is applied.
+// Only Decision is required; every other field is checked when it is given.
 type TestExpect struct {
 	// Decision is the expected action.
 	Decision policy.Action `yaml:"decision" json:"decision"`
-	// RuleID, when set, must equal the answer's rule_id.
+	// RuleID, when set, must equal the answer's rule_id: a rule's id,
+	// "default_action" when no rule matched, or "engine_error" when the
+	// policy failed to answer (the kernel then denies the step).
 	RuleID string `yaml:"rule_id,omitempty" json:"rule_id,omitempty"`
+	// Reason, when set, must equal the answer's reason.
+	Reason string `yaml:"reason,omitempty" json:"reason,omitempty"`
+	// ReasonMatches, when set, is an RE2 regular expression the reason must
+	// match (unanchored: use ^ and $ for the whole reason).
+	ReasonMatches string `yaml:"reason_matches,omitempty" json:"reason_matches,omitempty"`
+	// Approval, when set, holds the approval settings the answer must
+	// carry: each field given must equal the answer's (approvers as a set).
+	Approval *policy.Approval `yaml:"approval,omitempty" json:"approval,omitempty"`
+	// RateLimit, when set, is the rate limit the answer must carry: each
+	// field given must equal the answer's; an empty mapping only requires
+	// that there is one.
+	RateLimit *policy.RateLimit `yaml:"rate_limit,omitempty" json:"rate_limit,omitempty"`
+	// RateLimits, when set, are the ids of every rate limit the kernel
+	// would count the step against, as a set: the answer's own (under its
+	// rule_id) and each of bundle.yaml's rate_limits that matches the
+	// step. An empty list expects none.
+	RateLimits *[]string `yaml:"rate_limits,omitempty" json:"rate_limits,omitempty"`
 }

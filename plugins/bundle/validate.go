@@ -7,6 +7,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	opabundle "github.com/open-policy-agent/opa/v1/bundle"
 )
 
 // Options tune the loaders. The zero value is what [LoadDir], [LoadTarGz]
@@ -24,28 +26,37 @@ type Options struct {
 	Keys []Key
 }
 
-// validate is the one validator every loader ends in.
+// validate is the one validator every loader ends in. It reports every
+// problem it can find in one pass ([Join]): those of bundle.yaml, of the
+// engine's files and of every test file; only a bundle whose manifest and
+// OPA layout read cleanly has its engine's files checked.
 func validate(files map[string][]byte, o Options) (*Bundle, error) {
-	var m Manifest
-	if src, ok := files[ManifestFile]; ok {
-		var err error
-		if m, err = ParseManifest(src); err != nil {
-			return nil, err
-		}
-	}
 	vc, err := verificationConfig(o.Keys)
 	if err != nil {
 		return nil, &Error{File: SignaturesFile, Err: fmt.Errorf("verification keys: %w", err)}
 	}
-	if _, ok := files["patch.json"]; ok {
-		return nil, &Error{File: "patch.json", Err: errors.New("delta bundles are not supported: send the whole bundle")}
+	var errs []error
+	var m Manifest
+	manifestOK := true
+	if src, ok := files[ManifestFile]; ok {
+		if m, err = ParseManifest(src); err != nil {
+			errs = append(errs, err)
+			manifestOK = false
+		}
 	}
-	ob, rerr := opaRead(files, vc)
-	if rerr != nil {
-		return nil, rerr
+	if _, ok := files["patch.json"]; ok {
+		errs = append(errs, &Error{File: "patch.json", Err: errors.New("delta bundles are not supported: send the whole bundle")})
+	}
+	if _, err := parseTestFiles(files); err != nil {
+		errs = append(errs, err)
 	}
 	b := &Bundle{Manifest: m, Files: files}
-	if err := applyOPA(b, ob); err != nil {
+	if ob, rerr := opaRead(files, vc); rerr != nil {
+		errs = append(errs, rerr)
+	} else if manifestOK {
+		errs = append(errs, checkEngine(b, ob, o))
+	}
+	if err := Join(errs...); err != nil {
 		return nil, err
 	}
 	switch _, signed := files[SignaturesFile]; {
@@ -56,43 +67,47 @@ func validate(files map[string][]byte, o Options) (*Bundle, error) {
 	default:
 		b.Signature = Signature{State: SignatureNone}
 	}
-	if err := complete(b, o); err != nil {
-		return nil, err
-	}
-	m = b.Manifest
+	b.Digest = Digest(files)
+	return b, nil
+}
 
+// checkEngine completes b from OPA's reading of the files and checks that
+// the engine's files are there.
+func checkEngine(b *Bundle, ob *opabundle.Bundle, o Options) error {
+	if err := applyOPA(b, ob); err != nil {
+		return err
+	}
+	if err := complete(b, o); err != nil {
+		return err
+	}
+	m, files := b.Manifest, b.Files
 	switch m.Engine {
 	case EngineRules:
 		if _, ok := files[RulesFile]; !ok {
-			return nil, &Error{File: RulesFile, Err: classed(ErrMissingFile, "missing: the rules engine needs it")}
+			return &Error{File: RulesFile, Err: classed(ErrMissingFile, "missing: the rules engine needs it")}
 		}
 		a, line, err := rulesDefaultAction(files[RulesFile])
 		if err != nil {
-			return nil, &Error{File: RulesFile, Line: line, Field: "default_action", Err: err}
+			return &Error{File: RulesFile, Line: line, Field: "default_action", Err: err}
 		}
 		if a != "" && m.DefaultAction != "" && a != m.DefaultAction {
-			return nil, &Error{File: RulesFile, Line: line, Field: "default_action",
+			return &Error{File: RulesFile, Line: line, Field: "default_action",
 				Err: fmt.Errorf("%q contradicts bundle.yaml default_action %q; set it in one place", a, m.DefaultAction)}
 		}
 	case EngineRego:
 		if !hasRego(files) {
-			return nil, &Error{File: "*.rego", Err: classed(ErrMissingFile, "missing: the rego engine needs at least one .rego file")}
+			return &Error{File: "*.rego", Err: classed(ErrMissingFile, "missing: the rego engine needs at least one .rego file")}
 		}
 	case EngineWasm:
 		w, ok := files[WasmFile]
 		if !ok {
-			return nil, &Error{File: WasmFile, Err: classed(ErrMissingFile, "missing: the wasm engine needs it")}
+			return &Error{File: WasmFile, Err: classed(ErrMissingFile, "missing: the wasm engine needs it")}
 		}
 		if !bytes.HasPrefix(w, []byte("\x00asm")) {
-			return nil, &Error{File: WasmFile, Err: errors.New("not a WebAssembly binary (bad magic number)")}
+			return &Error{File: WasmFile, Err: errors.New("not a WebAssembly binary (bad magic number)")}
 		}
 	}
-
-	if _, err := b.TestCases(); err != nil {
-		return nil, err
-	}
-	b.Digest = Digest(files)
-	return b, nil
+	return nil
 }
 
 // hasRego reports whether files hold a .rego file outside tests/.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/wicket-run/wicket/kernel/policy"
@@ -93,9 +94,12 @@ func RunCases(t *testing.T, ev policy.Evaluator, defaultAction policy.Action, ca
 }
 
 // CheckCase evaluates one case and returns nil when the answer, after
-// policy.ApplyDefault with defaultAction, is what the case expects, and an
-// error describing the difference otherwise. An evaluation error, or an
-// answer that fails policy.Answer.Validate, is a failure too.
+// policy.ApplyDefault with defaultAction, is what the case expects
+// ([bundle.TestExpect.Check]), and an error describing the difference
+// otherwise. An evaluation error, or an answer that fails
+// policy.Answer.Validate, is a failure too. expect.rate_limits, which
+// depends on the manifest's rate limits rather than on the engine, is not
+// checked here (wicket policy test checks it).
 func CheckCase(ctx context.Context, ev policy.Evaluator, defaultAction policy.Action, tc bundle.TestCase) error {
 	in, err := tc.Input()
 	if err != nil {
@@ -109,13 +113,19 @@ func CheckCase(ctx context.Context, ev policy.Evaluator, defaultAction policy.Ac
 		return fmt.Errorf("%s: case %q: invalid answer: %w", tc.SourceFile, tc.Name, err)
 	}
 	d = policy.ApplyDefault(d, defaultAction, in.Step.Kind)
-	if d.Action != tc.Expect.Decision {
-		return fmt.Errorf("%s: case %q: got %s (rule_id %q, reason %q), want %s",
-			tc.SourceFile, tc.Name, d.Action, d.RuleID, d.Reason, tc.Expect.Decision)
-	}
-	if tc.Expect.RuleID != "" && d.RuleID != tc.Expect.RuleID {
-		return fmt.Errorf("%s: case %q: got %s from rule_id %q, want rule_id %q",
-			tc.SourceFile, tc.Name, d.Action, d.RuleID, tc.Expect.RuleID)
+	x := tc.Expect
+	x.RateLimits = nil
+	if miss := x.Check(d, nil); len(miss) > 0 {
+		parts := make([]string, len(miss))
+		for i, m := range miss {
+			parts[i] = fmt.Sprintf("%s %s, want %s", m.Field, m.Got, m.Want)
+		}
+		where := tc.SourceFile
+		if tc.SourceLine > 0 {
+			where += fmt.Sprintf(":%d", tc.SourceLine)
+		}
+		return fmt.Errorf("%s: case %q: got %s (rule_id %q, reason %q): %s",
+			where, tc.Name, d.Action, d.RuleID, d.Reason, strings.Join(parts, "; "))
 	}
 	return nil
 }

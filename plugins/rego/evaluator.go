@@ -30,6 +30,8 @@ type evaluator struct {
 	entry   string
 	timeout time.Duration
 	pq      atomic.Pointer[opa.PreparedEvalQuery]
+	// tracer, when set, sees every evaluation (coverage, Engine.WithCoverage).
+	tracer topdown.QueryTracer
 }
 
 func newEvaluator(entry string, pq opa.PreparedEvalQuery, timeout time.Duration) *evaluator {
@@ -70,11 +72,15 @@ func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Ans
 	stop := context.AfterFunc(ctx, cancel.Cancel)
 	var expired atomic.Bool
 	timer := time.AfterFunc(e.timeout, func() { expired.Store(true); cancel.Cancel() })
-	rs, err := pq.Eval(ctx,
+	opts := []opa.EvalOption{
 		opa.EvalParsedInput(input),
 		opa.EvalMetrics(noMetrics),
 		opa.EvalExternalCancel(cancel),
-	)
+	}
+	if e.tracer != nil {
+		opts = append(opts, opa.EvalQueryTracer(e.tracer))
+	}
+	rs, err := pq.Eval(ctx, opts...)
 	timer.Stop()
 	stop()
 	if err != nil {

@@ -35,6 +35,9 @@ type Engine struct {
 	// removed maps each builtin taken out of caps to the reason, for errors.
 	removed map[string]string
 	limits  bundle.Limits
+	// cov, when set, records what evaluations and unit tests reach
+	// ([Engine.WithCoverage]).
+	cov *Coverage
 }
 
 // Option configures an [Engine].
@@ -160,7 +163,11 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		}
 		return nil, fmt.Errorf("prepare %s: %w", entry, err)
 	}
-	return newEvaluator(entry, pq, sb.Timeout), nil
+	ev := newEvaluator(entry, pq, sb.Timeout)
+	if e.cov != nil {
+		ev.tracer = e.cov.c
+	}
+	return ev, nil
 }
 
 // opaEntrypointRE matches a path of names (x/y or x.y); group 1 is the first.
@@ -239,18 +246,25 @@ func (e *Engine) parse(b *bundle.Bundle) (map[string]*ast.Module, error) {
 	return modules, nil
 }
 
-// astErrors turns OPA's errors into one error whose text lists every problem
-// as file:line: code: message, and explains forbidden builtins.
+// astErrors turns OPA's errors into a bundle error listing every problem
+// as file:line: code: message ([bundle.Join]: one *bundle.Error per
+// problem), and explains forbidden builtins.
 func (e *Engine) astErrors(errs ast.Errors) error {
 	errs.Sort()
-	lines := make([]string, 0, len(errs))
+	out := make([]error, 0, len(errs))
 	for _, ae := range errs {
-		lines = append(lines, e.formatASTError(ae))
+		be := &bundle.Error{}
+		msg := e.formatASTError(ae)
+		if loc := ae.Location; loc != nil && loc.File != "" {
+			be.File, be.Line = loc.File, loc.Row
+			// formatASTError led with the location: keep the rest.
+			msg = strings.TrimPrefix(msg, fmt.Sprintf("%s:%d: ", loc.File, loc.Row))
+			msg = strings.TrimPrefix(msg, loc.File+": ")
+		}
+		be.Err = errors.New(msg)
+		out = append(out, be)
 	}
-	if len(lines) == 1 {
-		return errors.New(lines[0])
-	}
-	return fmt.Errorf("%d errors: %s", len(lines), strings.Join(lines, "; "))
+	return bundle.Join(out...)
 }
 
 func (e *Engine) formatASTError(ae *ast.Error) string {

@@ -354,7 +354,7 @@ func TestCompileErrors(t *testing.T) {
 				"a.rego":     "package wicket\n\ndecision := {\"decision\": \"allow\"} if {\n",
 				"lib/b.rego": "package wicket.lib\n\nx := [\n",
 			},
-			want: []string{"errors: a.rego:4: rego_parse_error", "; lib/b.rego:4: rego_parse_error"},
+			want: []string{": a.rego:4: rego_parse_error", "\nlib/b.rego:4: rego_parse_error"},
 		},
 		{
 			name: "type error with file:line",

@@ -106,6 +106,9 @@ func (e *Engine) RunTests(ctx context.Context, b *bundle.Bundle, timeout time.Du
 		CapturePrintOutput(true).
 		RaiseBuiltinErrors(strictBuiltinErrors).
 		SetTimeout(timeout)
+	if e.cov != nil {
+		r = r.SetCoverageQueryTracer(e.cov.c)
+	}
 	ch, err := r.RunTests(ctx, nil)
 	if err != nil {
 		var ae ast.Errors

@@ -81,7 +81,9 @@
 // # Errors
 //
 // Loading is strict, and every problem is a load error (a *bundle.Error)
-// naming the line, the rule and the field: unknown fields, duplicate keys,
+// naming the line, the rule and the field; every problem of the file is
+// reported at once (a bundle.Errors when there are several), each rule and
+// field checked even when an earlier one failed: unknown fields, duplicate keys,
 // duplicate rule ids, missing id or then.decision, unknown decisions, kinds
 // or effects, invalid globs, regexes (compiled once, at load) and
 // durations, an empty predicate ({}, no operator, an empty arguments or an

@@ -55,7 +55,9 @@ type kv struct {
 
 // fields returns the pairs of mapping n after checking that n is a mapping
 // (null counts as empty), that every key is one of allowed and appears once,
-// and that no value is an alias.
+// and that no value is an alias. Pairs with a problem are left out and the
+// problems returned together ([bundle.Join]), so that a caller can go on
+// with the good pairs and report everything.
 func (p *parser) fields(n *yaml.Node, field string, allowed ...string) ([]kv, error) {
 	if isNull(n) {
 		return nil, nil
@@ -68,25 +70,30 @@ func (p *parser) fields(n *yaml.Node, field string, allowed ...string) ([]kv, er
 	}
 	out := make([]kv, 0, len(n.Content)/2)
 	seen := make(map[string]int, len(n.Content)/2)
+	var errs []error
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
 		if k.Kind != yaml.ScalarNode || k.ShortTag() == "!!merge" {
-			return nil, p.errf(k, field, "keys must be plain strings")
+			errs = append(errs, p.errf(k, field, "keys must be plain strings"))
+			continue
 		}
 		sub := join(field, k.Value)
 		if allowed != nil && !containsString(allowed, k.Value) {
-			return nil, p.errf(k, sub, "unknown field (want %s)", strings.Join(allowed, ", "))
+			errs = append(errs, p.errf(k, sub, "unknown field (want %s)", strings.Join(allowed, ", ")))
+			continue
 		}
 		if line, dup := seen[k.Value]; dup {
-			return nil, p.errf(k, sub, "defined twice (also line %d)", line)
+			errs = append(errs, p.errf(k, sub, "defined twice (also line %d)", line))
+			continue
 		}
 		seen[k.Value] = k.Line
 		if v.Kind == yaml.AliasNode {
-			return nil, p.errf(v, sub, "YAML aliases are not supported")
+			errs = append(errs, p.errf(v, sub, "YAML aliases are not supported"))
+			continue
 		}
 		out = append(out, kv{key: k.Value, k: k, v: v})
 	}
-	return out, nil
+	return out, bundle.Join(errs...)
 }
 
 func join(prefix, name string) string {
@@ -204,47 +211,55 @@ func parse(file string, src []byte) (rs *RuleSet, err error) {
 		return nil, p.errf(root, "", "want a mapping with default_action and rules, got %s", describe(root))
 	}
 	top, err := p.fields(root, "", "default_action", "rules")
-	if err != nil {
-		return nil, err
-	}
+	errs := []error{err}
 	rs = &RuleSet{}
 	for _, f := range top {
 		switch f.key {
 		case "default_action":
 			s, err := p.str(f.v, "default_action")
 			if err != nil {
-				return nil, err
+				errs = append(errs, err)
+				continue
 			}
 			switch a := policy.Action(s); a {
 			case "", policy.Allow, policy.Deny:
 				rs.defaultAction = a
 			default:
-				return nil, p.errf(f.v, "default_action", "must be allow or deny, got %q", s)
+				errs = append(errs, p.errf(f.v, "default_action", "must be allow or deny, got %q", s))
 			}
 		case "rules":
 			if isNull(f.v) {
 				continue
 			}
 			if f.v.Kind != yaml.SequenceNode {
-				return nil, p.errf(f.v, "rules", "want a list of rules, got %s", describe(f.v))
+				errs = append(errs, p.errf(f.v, "rules", "want a list of rules, got %s", describe(f.v)))
+				continue
 			}
 			if len(f.v.Content) > MaxRules {
-				return nil, p.errf(f.v, "rules", "more than %d rules", MaxRules)
+				errs = append(errs, p.errf(f.v, "rules", "more than %d rules", MaxRules))
+				continue
 			}
 			ids := make(map[string]int, len(f.v.Content))
 			for i, n := range f.v.Content {
 				r, err := p.rule(i, n)
+				if r != nil && r.id != "" {
+					if j, dup := ids[r.id]; dup {
+						errs = append(errs, p.errf(n, "id", "duplicate id (also rules[%d])", j))
+					} else {
+						ids[r.id] = i
+					}
+				}
 				if err != nil {
-					return nil, err
+					errs = append(errs, err)
+					continue
 				}
-				if j, dup := ids[r.id]; dup {
-					return nil, p.errf(n, "id", "duplicate id (also rules[%d])", j)
-				}
-				ids[r.id] = i
 				rs.rules = append(rs.rules, r)
 			}
 			p.item = ""
 		}
+	}
+	if err := bundle.Join(errs...); err != nil {
+		return nil, err
 	}
 	sort.SliceStable(rs.rules, func(i, j int) bool { return rs.rules[i].priority < rs.rules[j].priority })
 	// Give the first maxMemo distinct argument paths a memo slot.
@@ -280,66 +295,64 @@ func (p *parser) rule(i int, n *yaml.Node) (*rule, error) {
 		}
 	}
 	fs, err := p.fields(n, "", "id", "priority", "description", "when", "then")
-	if err != nil {
-		return nil, err
-	}
 	if isNull(n) {
 		return nil, p.errf(n, "", "empty rule")
 	}
-	r := &rule{index: i}
+	if n.Kind != yaml.MappingNode {
+		return nil, err
+	}
+	errs := []error{err}
+	r := &rule{index: i, line: n.Line}
+	idGiven := false
 	for _, f := range fs {
 		if f.key != "id" {
 			continue
 		}
+		idGiven = true
 		id, err := p.nonEmpty(f.v, "id")
-		if err != nil {
-			return nil, err
+		switch {
+		case err != nil:
+			errs = append(errs, err)
+		case !bundle.ValidID(id):
+			errs = append(errs, p.errf(f.v, "id", "%q does not match ^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$", id))
+		case id == reservedID:
+			errs = append(errs, p.errf(f.v, "id", "%q is reserved for the default action", id))
+		default:
+			r.id = id
 		}
-		if !bundle.ValidID(id) {
-			return nil, p.errf(f.v, "id", "%q does not match ^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$", id)
-		}
-		if id == reservedID {
-			return nil, p.errf(f.v, "id", "%q is reserved for the default action", id)
-		}
-		r.id = id
 	}
-	if r.id == "" {
-		return nil, p.errf(n, "id", "required")
+	if !idGiven {
+		errs = append(errs, p.errf(n, "id", "required"))
 	}
 	var then *yaml.Node
 	for _, f := range fs {
 		switch f.key {
 		case "priority":
 			if r.priority, err = p.integer(f.v, "priority"); err != nil {
-				return nil, err
+				errs = append(errs, err)
 			}
 		case "description":
 			if _, err := p.str(f.v, "description"); err != nil {
-				return nil, err
+				errs = append(errs, err)
 			}
 		case "when":
-			if err := p.when(r, f.v); err != nil {
-				return nil, err
-			}
+			errs = append(errs, p.when(r, f.v))
 		case "then":
 			then = f.v
 		}
 	}
 	if then == nil || isNull(then) {
-		return nil, p.errf(n, "then", "required (at least then.decision)")
+		errs = append(errs, p.errf(n, "then", "required (at least then.decision)"))
+	} else {
+		errs = append(errs, p.then(r, then))
 	}
-	if err := p.then(r, then); err != nil {
-		return nil, err
-	}
-	return r, nil
+	return r, bundle.Join(errs...)
 }
 
 func (p *parser) when(r *rule, n *yaml.Node) error {
 	fs, err := p.fields(n, "when",
 		"target", "targets", "agent_id", "agent_ids", "step_kind", "step_kinds", "effect", "effects", "arguments")
-	if err != nil {
-		return err
-	}
+	errs := []error{err}
 	other := map[string]string{
 		"target": "targets", "targets": "target", "agent_id": "agent_ids", "agent_ids": "agent_id",
 		"step_kind": "step_kinds", "step_kinds": "step_kind", "effect": "effects", "effects": "effect",
@@ -347,7 +360,7 @@ func (p *parser) when(r *rule, n *yaml.Node) error {
 	has := make(map[string]bool, len(fs))
 	for _, f := range fs {
 		if o := other[f.key]; o != "" && has[o] {
-			return p.errf(f.k, "when."+f.key, "give %s or %s, not both", o, f.key)
+			errs = append(errs, p.errf(f.k, "when."+f.key, "give %s or %s, not both", o, f.key))
 		}
 		has[f.key] = true
 	}
@@ -357,7 +370,8 @@ func (p *parser) when(r *rule, n *yaml.Node) error {
 		case "target", "targets":
 			pats, err := p.one(f, field, f.key == "targets")
 			if err != nil {
-				return err
+				errs = append(errs, err)
+				continue
 			}
 			for j, pat := range pats {
 				g, err := bundle.CompileGlob(pat)
@@ -366,45 +380,48 @@ func (p *parser) when(r *rule, n *yaml.Node) error {
 					if f.key == "targets" {
 						sub = fmt.Sprintf("%s[%d]", field, j)
 					}
-					return p.errf(f.v, sub, "%q: %w", pat, err)
+					errs = append(errs, p.errf(f.v, sub, "%q: %w", pat, err))
+					continue
 				}
 				r.targets = append(r.targets, g)
 			}
 		case "agent_id", "agent_ids":
 			if r.agents, err = p.one(f, field, f.key == "agent_ids"); err != nil {
-				return err
+				errs = append(errs, err)
 			}
 		case "step_kind", "step_kinds":
 			ks, err := p.one(f, field, f.key == "step_kinds")
 			if err != nil {
-				return err
+				errs = append(errs, err)
+				continue
 			}
 			for _, k := range ks {
 				b := kindBit(k)
 				if b == 0 {
-					return p.errf(f.v, field, "unknown step kind %q (want tool_call, llm_call or local)", k)
+					errs = append(errs, p.errf(f.v, field, "unknown step kind %q (want tool_call, llm_call or local)", k))
+					continue
 				}
 				r.kinds |= b
 			}
 		case "effect", "effects":
 			es, err := p.one(f, field, f.key == "effects")
 			if err != nil {
-				return err
+				errs = append(errs, err)
+				continue
 			}
 			for _, e := range es {
 				b := effectBit(e)
 				if b == 0 {
-					return p.errf(f.v, field, "unknown effect %q (want read_only, local_mutation, remote_mutation or destructive)", e)
+					errs = append(errs, p.errf(f.v, field, "unknown effect %q (want read_only, local_mutation, remote_mutation or destructive)", e))
+					continue
 				}
 				r.effects |= b
 			}
 		case "arguments":
-			if err := p.arguments(r, f.v); err != nil {
-				return err
-			}
+			errs = append(errs, p.arguments(r, f.v))
 		}
 	}
-	return nil
+	return bundle.Join(errs...)
 }
 
 func (p *parser) arguments(r *rule, n *yaml.Node) error {
@@ -416,36 +433,43 @@ func (p *parser) arguments(r *rule, n *yaml.Node) error {
 	if len(fs) == 0 {
 		return p.errf(n, field, "empty (give at least one argument predicate, or remove arguments)")
 	}
+	var errs []error
 	for _, f := range fs {
 		sub := field + "." + f.key
 		path, err := parsePath(f.key)
 		if err != nil {
-			return p.errf(f.k, sub, "%w", err)
+			errs = append(errs, p.errf(f.k, sub, "%w", err))
+			continue
 		}
 		if isNull(f.v) {
-			return p.errf(f.v, sub, "empty predicate: give equals, contains, one_of or regex")
+			errs = append(errs, p.errf(f.v, sub, "empty predicate: give equals, contains, one_of or regex"))
+			continue
 		}
 		if f.v.Kind != yaml.MappingNode {
-			return p.errf(f.v, sub, "want a predicate (equals, contains, one_of or regex), got %s", describe(f.v))
+			errs = append(errs, p.errf(f.v, sub, "want a predicate (equals, contains, one_of or regex), got %s", describe(f.v)))
+			continue
 		}
 		ops, err := p.fields(f.v, sub, "equals", "contains", "one_of", "regex")
 		if err != nil {
-			return err
+			errs = append(errs, err)
+			continue
 		}
 		if len(ops) == 0 {
-			return p.errf(f.v, sub, "empty predicate: give equals, contains, one_of or regex")
+			errs = append(errs, p.errf(f.v, sub, "empty predicate: give equals, contains, one_of or regex"))
+			continue
 		}
 		pred := argPred{path: path}
 		for _, o := range ops {
 			compiled, err := p.operator(o)
 			if err != nil {
-				return p.wrap(o.v, sub, fmt.Errorf("%s: %w", o.key, err))
+				errs = append(errs, p.wrap(o.v, sub, fmt.Errorf("%s: %w", o.key, err)))
+				continue
 			}
 			pred.ops = append(pred.ops, compiled)
 		}
 		r.args = append(r.args, pred)
 	}
-	return nil
+	return bundle.Join(errs...)
 }
 
 // operator compiles one operator; its errors are bare reasons that the
@@ -538,77 +562,81 @@ func parsePath(s string) ([]pathSeg, error) {
 
 func (p *parser) then(r *rule, n *yaml.Node) error {
 	fs, err := p.fields(n, "then", "decision", "reason", "approval_config", "rate_limit")
-	if err != nil {
-		return err
-	}
+	errs := []error{err}
 	d := policy.Answer{RuleID: r.id}
 	var approval, limit *yaml.Node
+	decisionGiven := false
 	for _, f := range fs {
 		switch f.key {
 		case "decision":
+			decisionGiven = true
 			s, err := p.nonEmpty(f.v, "then.decision")
 			if err != nil {
-				return err
+				errs = append(errs, err)
+				continue
 			}
-			d.Action = policy.Action(s)
-			if !d.Action.Valid() {
-				return p.errf(f.v, "then.decision", "unknown decision %q (want allow, deny, require_approval or abort)", s)
+			if a := policy.Action(s); a.Valid() {
+				d.Action = a
+			} else {
+				errs = append(errs, p.errf(f.v, "then.decision", "unknown decision %q (want allow, deny, require_approval or abort)", s))
 			}
 		case "reason":
 			if d.Reason, err = p.str(f.v, "then.reason"); err != nil {
-				return err
+				errs = append(errs, err)
 			}
 		case "approval_config":
 			approval = f.k
 			if d.Approval, err = p.approval(f.v); err != nil {
-				return err
+				errs = append(errs, err)
 			}
 		case "rate_limit":
 			limit = f.k
 			if d.RateLimit, err = p.rateLimit(f.v); err != nil {
-				return err
+				errs = append(errs, err)
 			}
 		}
 	}
-	if d.Action == "" {
-		return p.errf(n, "then.decision", "required (allow, deny, require_approval or abort)")
+	if !decisionGiven {
+		errs = append(errs, p.errf(n, "then.decision", "required (allow, deny, require_approval or abort)"))
 	}
-	if approval != nil && d.Action != policy.RequireApproval {
-		return p.errf(approval, "then.approval_config", "only applies to decision require_approval (decision is %s)", d.Action)
-	}
-	if limit != nil && d.Action != policy.Allow && d.Action != policy.RequireApproval {
-		return p.errf(limit, "then.rate_limit", "only applies to decisions allow and require_approval (decision is %s)", d.Action)
+	if d.Action != "" {
+		if approval != nil && d.Action != policy.RequireApproval {
+			errs = append(errs, p.errf(approval, "then.approval_config", "only applies to decision require_approval (decision is %s)", d.Action))
+		}
+		if limit != nil && d.Action != policy.Allow && d.Action != policy.RequireApproval {
+			errs = append(errs, p.errf(limit, "then.rate_limit", "only applies to decisions allow and require_approval (decision is %s)", d.Action))
+		}
 	}
 	r.decision = d
-	return nil
+	return bundle.Join(errs...)
 }
 
 func (p *parser) approval(n *yaml.Node) (*policy.Approval, error) {
 	const field = "then.approval_config"
 	fs, err := p.fields(n, field, "approvers", "timeout", "message")
-	if err != nil {
-		return nil, err
-	}
+	errs := []error{err}
 	a := &policy.Approval{}
 	for _, f := range fs {
 		sub := field + "." + f.key
 		switch f.key {
 		case "approvers":
 			if a.Approvers, err = p.strList(f.v, sub); err != nil {
-				return nil, err
+				errs = append(errs, err)
 			}
 		case "timeout":
 			if a.Timeout, err = p.nonEmpty(f.v, sub); err != nil {
-				return nil, err
-			}
-			if d, err := time.ParseDuration(a.Timeout); err != nil || d <= 0 {
-				return nil, p.errf(f.v, sub, "must be a positive Go duration (e.g. 30m), got %q", a.Timeout)
+				errs = append(errs, err)
+			} else if d, err := time.ParseDuration(a.Timeout); err != nil || d <= 0 {
+				errs = append(errs, p.errf(f.v, sub, "must be a positive Go duration (e.g. 30m), got %q", a.Timeout))
 			}
 		case "message":
 			if a.Message, err = p.str(f.v, sub); err != nil {
-				return nil, err
+				errs = append(errs, err)
 			}
 		}
+	}
+	if err := bundle.Join(errs...); err != nil {
+		return nil, err
 	}
 	return a, nil
 }
@@ -619,9 +647,7 @@ func (p *parser) rateLimit(n *yaml.Node) (*policy.RateLimit, error) {
 		return nil, p.errf(n, field, "empty (give at least max_calls and window)")
 	}
 	fs, err := p.fields(n, field, "max_calls", "window", "per", "algorithm", "on_limiter_error")
-	if err != nil {
-		return nil, err
-	}
+	errs := []error{err}
 	rl := &policy.RateLimit{}
 	lines := make(map[string]*yaml.Node, len(fs))
 	for _, f := range fs {
@@ -640,8 +666,11 @@ func (p *parser) rateLimit(n *yaml.Node) (*policy.RateLimit, error) {
 			rl.OnLimiterError, err = p.str(f.v, sub)
 		}
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
 		}
+	}
+	if err := bundle.Join(errs...); err != nil {
+		return nil, err
 	}
 	if err := bundle.ValidateRateLimit(*rl); err != nil {
 		var be *bundle.Error

@@ -144,3 +144,48 @@ func TestParseValid(t *testing.T) {
 		}
 	}
 }
+
+// TestParseReportsEveryProblem: one parse reports every problem of the
+// file, across rules and within one rule, each with its line, rule and
+// field.
+func TestParseReportsEveryProblem(t *testing.T) {
+	src := `default_action: maybe
+rules:
+  - id: a
+    when: {target: x, effect: loud, colour: red}
+    then: {decision: allow, reason: [x]}
+  - id: a
+    then: {decision: allow}
+  - id: b
+    priority: high
+    then: {decision: deny, approval_config: {timeout: 1h}}
+  - id: c
+    when: {arguments: {cmd: {regex: "("}, n: {one_of: []}}}
+    then: {decision: allow, rate_limit: {max_calls: 1, window: 0s}}
+`
+	_, err := Parse([]byte(src))
+	var es bundle.Errors
+	if !errors.As(err, &es) {
+		t.Fatalf("Parse = %v, want several problems", err)
+	}
+	want := []string{
+		`rules.yaml:1: default_action: must be allow or deny, got "maybe"`,
+		`rules.yaml:4: rule "a": when.colour: unknown field`,
+		`rules.yaml:4: rule "a": when.effect: unknown effect "loud"`,
+		`rules.yaml:5: rule "a": then.reason: want a string`,
+		`rules.yaml:6: rule "a": id: duplicate id (also rules[0])`,
+		`rules.yaml:9: rule "b": priority: want an integer`,
+		`rules.yaml:10: rule "b": then.approval_config: only applies to decision require_approval`,
+		`rules.yaml:12: rule "c": when.arguments.cmd: regex: error parsing regexp`,
+		`rules.yaml:12: rule "c": when.arguments.n: one_of: empty list`,
+		`rules.yaml:13: rule "c": then.rate_limit.window: must be a positive Go duration`,
+	}
+	if len(es) != len(want) {
+		t.Fatalf("%d problems, want %d:\n%v", len(es), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(es[i].Error(), w) {
+			t.Errorf("problem %d = %q, want prefix %q", i, es[i], w)
+		}
+	}
+}

@@ -77,10 +77,11 @@ type memo struct {
 //
 // # Errors
 //
-// Every error is a *[bundle.Error] whose File is rules.yaml, whose Line is
-// the line of the offending node, whose Item names the rule (`rule "id"`,
-// or `rules[i]` before the id is known) and whose Field is the dotted path of
-// the field, for example:
+// Every problem of the file is reported: the error is a *[bundle.Error], or
+// a [bundle.Errors] of them when there are several, whose File is
+// rules.yaml, whose Line is the line of the offending node, whose Item names
+// the rule (`rule "id"`, or `rules[i]` before the id is known) and whose
+// Field is the dotted path of the field, for example:
 //
 //	rules.yaml:7: rule "allow-reads": when.arguments.command: regex: error parsing regexp: missing closing ): `^(ls`
 func Parse(src []byte) (*RuleSet, error) {
@@ -105,6 +106,17 @@ func (rs *RuleSet) RuleIDs() []string {
 		ids[i] = r.id
 	}
 	return ids
+}
+
+// RuleLine returns the line of rule id in the parsed file, or 0 when the
+// rule set has no such rule.
+func (rs *RuleSet) RuleLine(id string) int {
+	for _, r := range rs.rules {
+		if r.id == id {
+			return r.line
+		}
+	}
+	return 0
 }
 
 // Evaluator returns an evaluator for the rule set.
@@ -153,6 +165,7 @@ type rule struct {
 	id       string
 	priority int
 	index    int // position in the file, for stable ordering
+	line     int // of the rule in rules.yaml
 
 	kinds   uint8 // bit set of kindBit; 0 = any
 	effects uint8 // bit set of effectBit; 0 = any
