@@ -396,7 +396,7 @@ func TestLLM(t *testing.T) {
 func TestGatewayPython(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
-		t.Skip("python3 is not installed: the Python gateway example is not run")
+		t.Skip("python3 is not installed: the Python gateway example is not run (apt-get install -y python3; .ci/run installs it)")
 	}
 	prov := &fakellm.Provider{APIKey: "sk-python-example-provider-key"}
 	base, stop, err := fakellm.Listen("127.0.0.1:0", prov)
