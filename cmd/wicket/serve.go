@@ -22,12 +22,12 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/server"
-	"github.com/wicket-run/wicket/store/bbolt"
 )
 
 // serveOptions are the flags of `wicket serve`; each has a WICKET_* twin.
 type serveOptions struct {
 	data, addr, config, adminKey  string
+	store                         string
 	leaseTimeout, dispatchTimeout time.Duration
 	approvalTimeout               time.Duration
 	dispatchMaxAttempts           int
@@ -66,6 +66,7 @@ func envInt(name string, def int) int {
 func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	d := kernel.DefaultConfig()
 	fs.StringVar(&o.data, "data", envString("WICKET_DATA", "./wicket-data"), "data directory (WICKET_DATA)")
+	fs.StringVar(&o.store, "store", envString("WICKET_STORE", ""), "postgres://… URL of a shared PostgreSQL store; empty: the embedded store under --data (WICKET_STORE)")
 	fs.StringVar(&o.addr, "addr", envString("WICKET_ADDR", "127.0.0.1:8080"), "listen address (WICKET_ADDR)")
 	fs.StringVar(&o.config, "config", envString("WICKET_CONFIG", ""), "provisioning manifest (WICKET_CONFIG)")
 	fs.StringVar(&o.adminKey, "admin-key", envString("WICKET_ADMIN_KEY", ""), "admin API key (WICKET_ADMIN_KEY)")
@@ -147,9 +148,9 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := os.MkdirAll(o.data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
-	st, err := bbolt.Open(filepath.Join(o.data, "wicket.db"), bbolt.Options{NoSync: o.noSync})
+	st, err := openStore(ctx, o.store, o.data, o.noSync)
 	if err != nil {
-		return fmt.Errorf("open store: %w", err)
+		return err
 	}
 	defer st.Close()
 
@@ -194,7 +195,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	srv.SetReady(true)
-	log.Info("wicket serving", "addr", ln.Addr().String(), "data", o.data, "version", version, "fsync", !o.noSync)
+	log.Info("wicket serving", "addr", ln.Addr().String(), "store", st.kind, "at", st.desc, "data", o.data, "version", version, "fsync", !o.noSync)
 	if o.readyFile != "" {
 		if err := os.WriteFile(o.readyFile, []byte(ln.Addr().String()), 0o600); err != nil {
 			return fmt.Errorf("write ready file: %w", err)

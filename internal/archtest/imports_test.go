@@ -18,6 +18,7 @@ var owners = map[string][]string{
 	"github.com/open-policy-agent/opa": {module + "/plugins/rego"},
 	"github.com/tetratelabs/wazero":    {module + "/plugins/wasm"},
 	"github.com/gorilla/mux":           {module + "/server"},
+	"github.com/jackc/pgx":             {module + "/store/postgres"},
 }
 
 func TestImportRules(t *testing.T) {

@@ -1,0 +1,259 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/wicket-run/wicket/kernel"
+)
+
+// request is one Update waiting for the writer.
+type request struct {
+	ctx  context.Context
+	fn   func(kernel.Tx) error
+	done chan error // buffered (1): the writer never blocks answering
+}
+
+// PanicError is what Update returns when its function panicked.
+type PanicError struct {
+	// Value is the value passed to panic.
+	Value any
+	// Stack is the goroutine stack at the panic.
+	Stack []byte
+}
+
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("postgres: update function panicked: %v", e.Value)
+}
+
+// run is the writer goroutine: it owns every write transaction. It returns
+// when Close is called, after committing the requests already waiting.
+func (s *Store) run() {
+	defer close(s.stopped)
+	batch := make([]*request, 0, s.opts.MaxBatch)
+	for {
+		select {
+		case r := <-s.reqs:
+			s.commit(s.collect(append(batch[:0], r)), false)
+		case <-s.closing:
+			for {
+				select {
+				case r := <-s.reqs:
+					s.commit(s.collect(append(batch[:0], r)), false)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+// collect adds to batch every request already waiting, up to MaxBatch. It
+// never waits: a lone request is committed at once.
+func (s *Store) collect(batch []*request) []*request {
+	for len(batch) < s.opts.MaxBatch {
+		select {
+		case r := <-s.reqs:
+			batch = append(batch, r)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// PostgreSQL error classes the writer handles.
+const (
+	codeSerializationFailure = "40001"
+	codeDeadlockDetected     = "40P01"
+	codeUniqueViolation      = "23505"
+)
+
+// connectionLost reports whether err means the connection failed (its
+// transaction, if any, did not commit unless the COMMIT was already sent):
+// no answer from the server, or the server ending the session.
+func connectionLost(err error) bool {
+	switch code := pgCode(err); {
+	case code == "":
+		return true
+	case strings.HasPrefix(code, "08"): // connection exception
+		return true
+	case code == "57P01" || code == "57P02" || code == "57P03": // admin or crash shutdown, cannot connect now
+		return true
+	}
+	return false
+}
+
+// pgCode returns the SQLSTATE of a server error ("" for others).
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// commit runs batch in one transaction and answers every request, running
+// it again as long as the transaction fails for a reason that a new
+// attempt may not meet:
+//
+//   - a serialization failure or a deadlock (another transaction, often of
+//     another replica, touched the same rows): the same functions run
+//     again, after a short random pause, up to MaxRetries times;
+//   - a unique violation at COMMIT (a write this transaction believed new
+//     was not) and any other error of a batch of several: each function
+//     runs alone in strict mode, so that the one at fault gets the error;
+//   - a broken connection before the COMMIT was sent: again, on a new one.
+//
+// A function that fails is answered with its error and its writes are
+// dropped; the others commit without it. An error while the COMMIT was on
+// its way leaves the outcome unknown: every request gets it, none runs
+// again (running it again could apply it twice).
+func (s *Store) commit(batch []*request, strict bool) {
+	live := batch[:0]
+	for _, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			r.done <- fmt.Errorf("postgres: update: %w", err)
+			continue
+		}
+		live = append(live, r)
+	}
+	for attempt := 1; len(live) > 0; attempt++ {
+		ok, err, committing := s.try(live, strict)
+		if err == nil {
+			if len(ok) > 0 {
+				s.commits.Add(1)
+				s.updates.Add(uint64(len(ok)))
+			}
+			for _, r := range ok {
+				r.done <- nil
+			}
+			return
+		}
+		live = ok
+		code, lost := pgCode(err), connectionLost(err)
+		switch {
+		case len(live) == 0:
+			return
+		case (code == codeSerializationFailure || code == codeDeadlockDetected) && attempt <= s.opts.MaxRetries:
+			s.conflicts.Add(1)
+			pause(attempt)
+			continue
+		case code == codeUniqueViolation && !strict:
+			s.solo(live)
+			return
+		case code == codeUniqueViolation && attempt <= 3:
+			pause(attempt) // another replica took the key first: the checks now see it
+			continue
+		case lost && !committing && attempt <= 3:
+			pause(attempt)
+			continue
+		case !lost && len(live) > 1:
+			s.solo(live)
+			return
+		}
+		err = s.failure(err, code, lost, committing)
+		for _, r := range live {
+			r.done <- err
+		}
+		return
+	}
+}
+
+// solo commits each request in its own transaction, in strict mode.
+func (s *Store) solo(batch []*request) {
+	for _, r := range batch {
+		s.commit([]*request{r}, true)
+	}
+}
+
+// failure wraps the error that ends a batch for its callers.
+func (s *Store) failure(err error, code string, lost, committing bool) error {
+	switch {
+	case code == codeSerializationFailure || code == codeDeadlockDetected:
+		return fmt.Errorf("postgres: update: still conflicting with concurrent transactions after %d attempts: %w: %w",
+			s.opts.MaxRetries, kernel.ErrUnavailable, err)
+	case code == codeUniqueViolation:
+		return fmt.Errorf("postgres: update: %w: %w", kernel.ErrConflict, err)
+	case lost && committing:
+		return fmt.Errorf("postgres: update on %s: outcome unknown (the connection failed during COMMIT): %w: %w",
+			s.name, kernel.ErrUnavailable, err)
+	case lost:
+		return fmt.Errorf("postgres: update on %s: %w: %w", s.name, kernel.ErrUnavailable, err)
+	}
+	return fmt.Errorf("postgres: update: %w", err)
+}
+
+// pause sleeps before attempt+1: a random time up to 1 ms doubled per
+// attempt, at most 100 ms, so that transactions that collided do not
+// collide again.
+func pause(attempt int) {
+	ceiling := min(time.Millisecond<<min(attempt-1, 7), 100*time.Millisecond)
+	time.Sleep(time.Duration(rand.Int64N(int64(ceiling)) + 1))
+}
+
+// try runs the functions of batch in order in one transaction and commits
+// it. It answers the functions that fail (their writes are dropped) and
+// returns the others, with the transaction's error; committing reports an
+// error met while the COMMIT was on its way.
+func (s *Store) try(batch []*request, strict bool) (ok []*request, err error, committing bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.TxTimeout)
+	defer cancel()
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return batch, fmt.Errorf("connect: %w", err), false
+	}
+	defer c.Release() // a connection left inside a transaction is destroyed
+	begin := "BEGIN ISOLATION LEVEL REPEATABLE READ"
+	if s.opts.Serializable {
+		begin = "BEGIN ISOLATION LEVEL SERIALIZABLE"
+	}
+	sess := newSession(ctx, c.Conn(), begin)
+	tx := newWriteTx(sess, strict)
+	ok = make([]*request, 0, len(batch))
+	for i, r := range batch {
+		if err := r.ctx.Err(); err != nil {
+			r.done <- fmt.Errorf("postgres: update: %w", err)
+			continue
+		}
+		tx.beginFn()
+		ferr := call(r.fn, tx)
+		if sess.err != nil {
+			// The database failed under fn: the transaction is lost, and
+			// fn's error (if any) may be that failure's consequence.
+			sess.rollback()
+			return append(ok, batch[i:]...), sess.err, false
+		}
+		tx.endFn(ferr == nil)
+		if ferr != nil {
+			r.done <- ferr
+			continue
+		}
+		ok = append(ok, r)
+	}
+	if len(ok) == 0 {
+		sess.rollback()
+		return nil, nil, false
+	}
+	if err := sess.end(true, tx.finalStatements()); err != nil {
+		return ok, err, true
+	}
+	return ok, nil, false
+}
+
+// call runs fn, turning a panic into a *PanicError.
+func call(fn func(kernel.Tx) error, tx *writeTx) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = &PanicError{Value: p, Stack: debug.Stack()}
+		}
+	}()
+	return fn(tx)
+}
