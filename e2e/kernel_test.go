@@ -35,7 +35,7 @@ func mustCheckLog(t *testing.T, env *testkit.Env, id string) []kernel.Event {
 
 // TestEndToEnd runs one execution through a real agent: the same call twice
 // gets occurrences 0 and 1 (two steps), every kind of step is recorded, and
-// the log holds SPEC §4's invariants.
+// the log holds docs/durability.md's invariants.
 func TestEndToEnd(t *testing.T) {
 	env := testkit.Start(t, testkit.Options{Config: fast()})
 	var calls atomic.Int64

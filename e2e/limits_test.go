@@ -14,7 +14,7 @@ import (
 )
 
 // TestExecutionLimits: limits given at create deny the steps past them with
-// a limit_* reason (SPEC §5 step 1), before any policy runs.
+// a limit_* reason (docs/policy.md, step 2), before any policy runs.
 func TestExecutionLimits(t *testing.T) {
 	env := testkit.Start(t, testkit.Options{Config: fast()})
 	sa := &scriptAgent{decisions: map[string][]string{}}

@@ -41,7 +41,8 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// DefaultConfig returns the defaults of SPEC §7.
+// DefaultConfig returns the defaults `wicket serve` documents (README,
+// Configuration).
 func DefaultConfig() Config {
 	return Config{
 		LeaseTimeout:        90 * time.Second,

@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// Error codes that cross the wire (SPEC §3). The server maps each to one
+// Error codes that cross the wire (docs/protocol.md). The server maps each to one
 // HTTP status.
 const (
 	CodeValidation      = "validation"

@@ -7,7 +7,7 @@ import (
 )
 
 // Typed payloads of the events every step writes (the rarer events use
-// maps). Each names step_id, kind and target (SPEC §4).
+// maps). Each names step_id, kind and target (docs/durability.md).
 
 type stepRef struct {
 	StepID string `json:"step_id"`

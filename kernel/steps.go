@@ -15,7 +15,7 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 )
 
-// Decisions answered to a step submission (SPEC §3).
+// Decisions answered to a step submission (docs/protocol.md).
 const (
 	DecisionProceed           = "proceed"
 	DecisionReplay            = "replay"
@@ -107,7 +107,7 @@ type preread struct {
 }
 
 // SubmitStep decides a step: replay when recorded, otherwise limits, policy,
-// rate limits and approvals (SPEC §5), and records the decision with its
+// rate limits and approvals (docs/policy.md), and records the decision with its
 // events in one transaction. On proceed, step.executing is durable before
 // this returns.
 func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision, error) {
@@ -208,7 +208,7 @@ func needsPolicy(s *Step) bool {
 	return s == nil || s.Status == StepRateLimited || (s.Status == StepDenied && s.ApprovalID == "")
 }
 
-// checkLimits applies the execution's limits (SPEC §5 step 1).
+// checkLimits applies the execution's limits (docs/policy.md, step 2).
 func (k *Kernel) checkLimits(e *Execution, kind string, args json.RawMessage, pre *preread) *StepDecisionInfo {
 	occurrence := pre.occ
 	l := e.Limits
@@ -362,7 +362,7 @@ func replayOf(base *StepDecision, s *Step) *StepDecision {
 	return d
 }
 
-// orphan handles a step found executing under an older attempt (SPEC §4).
+// orphan handles a step found executing under an older attempt (docs/durability.md).
 func (k *Kernel) orphan(r *rec, e *Execution, s *Step, base *StepDecision) (*StepDecision, error) {
 	prev := s.Lease
 	if s.Idempotency == AtMostOnce {
@@ -720,7 +720,7 @@ func (k *Kernel) ListSteps(ctx context.Context, tenant, executionID string, term
 	return out, err
 }
 
-// canonArgs canonicalises step args and hashes them (SPEC §2).
+// canonArgs canonicalises step args and hashes them (docs/identity.md).
 func canonArgs(raw json.RawMessage) (json.RawMessage, string, error) {
 	c, h, err := canon.ArgsHash(raw)
 	return c, h, err

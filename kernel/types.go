@@ -10,7 +10,7 @@ import (
 // DefaultTenant exists from the start; every key is scoped by tenant.
 const DefaultTenant = "default"
 
-// ExecStatus is an execution's status (SPEC §1).
+// ExecStatus is an execution's status (docs/README.md).
 type ExecStatus string
 
 // Execution statuses.
@@ -86,7 +86,7 @@ type DispatchState struct {
 	Failures int `json:"failures,omitempty"`
 }
 
-// Limits bound an execution (SPEC §3); zero means unlimited.
+// Limits bound an execution (docs/protocol.md); zero means unlimited.
 type Limits struct {
 	MaxSteps               int64   `json:"max_steps,omitempty"`
 	MaxLLMCalls            int64   `json:"max_llm_calls,omitempty"`
@@ -179,7 +179,7 @@ type Event struct {
 	Payload     json.RawMessage `json:"payload"`
 }
 
-// Event types (SPEC §4).
+// Event types (docs/durability.md).
 const (
 	EvExecutionCreated   = "execution.created"
 	EvExecutionStarted   = "execution.started"

@@ -83,7 +83,7 @@ func (s *Server) deleteAgent(c *call) (int, any, error) {
 }
 
 // setPolicy stores native YAML rules as the agent's own bundle and binds
-// the agent to it (the seeds' POST /v0/policies/{agent_id}).
+// the agent to it (the Rebuno form, POST /v0/policies/{agent_id}).
 func (s *Server) setPolicy(c *call) (int, any, error) {
 	var req wire.PolicyRequest
 	if err := decode(c.body, &req); err != nil {

@@ -25,7 +25,7 @@ import (
 // kernel (DisallowUnknownFields would refuse every field added later). Free
 // form values (args, input, result, ...) are canonicalised by the kernel,
 // which also bounds their nesting and number literals and rejects lone
-// surrogates (SPEC §2). Every failure is a validation error whose message
+// surrogates (docs/identity.md). Every failure is a validation error whose message
 // says what is wrong and where.
 func decode(body []byte, v any) error {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")

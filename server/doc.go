@@ -1,4 +1,4 @@
-// Package server is Wicket's inbound HTTP API (/v0, SPEC §3) on top of a
+// Package server is Wicket's inbound HTTP API (/v0, docs/protocol.md) on top of a
 // *kernel.Kernel: routing, authentication and authorisation, body limits,
 // strict JSON decoding, the error envelope, Server-Sent Events, and the
 // open health, readiness and metrics endpoints. It is the only package that

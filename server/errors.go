@@ -13,7 +13,7 @@ import (
 )
 
 // statuses maps every error code to its HTTP status: the one table of the
-// server (SPEC §3). A code missing here is answered as internal.
+// server (docs/protocol.md). A code missing here is answered as internal.
 var statuses = map[string]int{
 	kernel.CodeValidation:      http.StatusBadRequest,
 	kernel.CodeUnauthenticated: http.StatusUnauthorized,

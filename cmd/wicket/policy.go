@@ -25,7 +25,7 @@ const policyUsage = `usage: wicket policy <test|eval|build|inspect> ...
 
   test    BUNDLE...                 run each bundle's tests/*.yaml cases; exit 1 on a failure
   eval    --bundle BUNDLE [--input FILE|-]
-                                    evaluate one input document (SPEC §5) and print the decision
+                                    evaluate one input document (docs/policy.md) and print the decision
   build   BUNDLE -o OUT.tar.gz      write the bundle's reproducible archive and print its digest
   inspect BUNDLE                    print the manifest, digest, files and test count
 

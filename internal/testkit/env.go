@@ -1,7 +1,7 @@
 // Package testkit is the end-to-end harness: a real kernel on a real bbolt
 // file in t.TempDir(), served over real HTTP on loopback, with real agents
 // (HTTP servers that verify webhook signatures and speak the protocol), and
-// checkers for the event-log invariants of SPEC §4.
+// checkers for the event-log invariants of docs/durability.md.
 package testkit
 
 import (

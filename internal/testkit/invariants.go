@@ -8,7 +8,7 @@ import (
 	"github.com/wicket-run/wicket/kernel"
 )
 
-// CheckLog verifies the event-log invariants of SPEC §4 for one execution:
+// CheckLog verifies the event-log invariants of docs/durability.md for one execution:
 // seq starts at 1 and is contiguous; execution.created is first; a terminal
 // execution event, if any, is last and unique; every step.* event names
 // step_id, kind and target; every step has at most one terminal event and

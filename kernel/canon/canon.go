@@ -25,7 +25,7 @@ const (
 )
 
 // Canonical parses the JSON text raw and returns its canonical form
-// (SPEC §2):
+// (docs/identity.md):
 //
 //   - object members sorted by the UTF-8 bytes of their (unescaped) keys;
 //     this is not the UTF-16 order of RFC 8785 (JCS): U+FF61 sorts before
@@ -44,10 +44,9 @@ const (
 //     UTF-8. An input escape such as \u00e9 or \/ is decoded first, so
 //     "\u00e9" becomes "é" and "\/" becomes "/".
 //
-// Note on control characters: SPEC §2 lists "\" \\ \n \r \t, other control
-// chars as \u00XX" but names encoding/json's default escaping as the rule;
-// encoding/json writes U+0008 and U+000C as \b and \f (Go 1.22 and later;
-// verified on Go 1.26.8), and Canonical does the same. Canonical does not
+// Note on control characters: the rule (docs/identity.md) is encoding/json's
+// default escaping, which writes U+0008 and U+000C as \b and \f (Go 1.22 and
+// later; verified on Go 1.26.8), and Canonical does the same. Canonical does not
 // call encoding/json, so a future change there cannot move args hashes; the
 // tests would report the divergence.
 //
@@ -84,7 +83,7 @@ func Canonical(raw []byte) ([]byte, error) {
 }
 
 // Hash returns the lowercase hex SHA-256 of canonical, the args_hash of
-// SPEC §2. It hashes the bytes it is given; pass the output of [Canonical].
+// docs/identity.md. It hashes the bytes it is given; pass the output of [Canonical].
 func Hash(canonical []byte) string {
 	sum := sha256.Sum256(canonical)
 	var dst [2 * sha256.Size]byte
@@ -102,7 +101,7 @@ func ArgsHash(raw []byte) (canonical []byte, hash string, err error) {
 	return canonical, Hash(canonical), nil
 }
 
-// StepID returns the deterministic id of a step (SPEC §2): the lowercase hex
+// StepID returns the deterministic id of a step (docs/identity.md): the lowercase hex
 // SHA-256 of the concatenation, for each field f of
 // [executionID, kind, target, argsHash, decimal(occurrence)], of
 // decimal(len(f)) + ":" + f, where len counts bytes and decimal is the

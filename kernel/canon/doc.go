@@ -1,4 +1,4 @@
-// Package canon computes step identity (SPEC §2): the canonical form of a
+// Package canon computes step identity (docs/identity.md): the canonical form of a
 // step's JSON arguments, its args_hash, and the step id.
 //
 // The canonical form is JSON with object keys sorted by their UTF-8 bytes,

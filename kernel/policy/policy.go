@@ -56,7 +56,7 @@ func (a Action) Valid() bool {
 	return false
 }
 
-// Step kinds (SPEC §1).
+// Step kinds (docs/README.md).
 const (
 	KindToolCall = "tool_call"
 	KindLLMCall  = "llm_call"
@@ -98,7 +98,7 @@ type Execution struct {
 	CreatedAt time.Time         `json:"created_at"`
 }
 
-// Input is the document every engine evaluates (SPEC §5).
+// Input is the document every engine evaluates (docs/policy.md).
 type Input struct {
 	Tenant      string    `json:"tenant"`
 	AgentID     string    `json:"agent_id"`

@@ -15,7 +15,7 @@ import (
 var benchArgs = json.RawMessage(`{"query":"durable execution kernels for AI agents","max_results":10,"filters":{"lang":"en","after":"2024-01-01"},"safe_search":true}`)
 
 // submit is the transaction of one step submission as the kernel runs it
-// (SPEC §6: proposed + decision + executing in one commit): read the
+// (docs/durability.md: proposed + decision + executing in one commit): read the
 // execution, write the step and its occurrence counter, append three
 // events, and write the execution back with its new LastSeq and totals.
 func submit(tx kernel.Tx, tenant, execID string, n int) error {

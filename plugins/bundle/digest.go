@@ -14,8 +14,8 @@ import (
 //	    decimal(len(p)) ":" p decimal(len(content)) ":" content
 //
 // where len counts bytes and decimal is the base-10 ASCII form without
-// leading zeros. This is the same length-prefix encoding as step ids (SPEC
-// §2), so no two different file sets hash the same input.
+// leading zeros. This is the same length-prefix encoding as step ids
+// (docs/identity.md), so no two different file sets hash the same input.
 //
 // Every file counts, bundle.yaml and tests included, byte for byte as
 // stored: nothing (not even data.json) is canonicalised first, so

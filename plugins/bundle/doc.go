@@ -1,4 +1,4 @@
-// Package bundle is the policy bundle format (SPEC §5): a manifest
+// Package bundle is the policy bundle format (docs/bundles.md): a manifest
 // (bundle.yaml), one engine's policy files, optional data.json and test cases
 // under tests/. A bundle is read from a directory or a .tar.gz of one and is
 // identified by name, revision and the SHA-256 digest of its content.

@@ -183,7 +183,7 @@ func checkCase(tc *TestCase) error {
 	return nil
 }
 
-// Input builds the policy input document for the case (SPEC §5).
+// Input builds the policy input document for the case (docs/policy.md).
 //
 // Args become canonical JSON (kernel/canon) and args_hash is its SHA-256, as
 // the kernel computes them for a submitted step; absent args are {}. Empty

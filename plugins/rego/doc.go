@@ -1,4 +1,4 @@
-// Package rego is the OPA Rego policy engine for Wicket (SPEC §5, engine
+// Package rego is the OPA Rego policy engine for Wicket (docs/policy.md, engine
 // "rego"). It is the only package of the module that imports OPA.
 //
 // # Basics

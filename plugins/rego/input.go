@@ -10,7 +10,7 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 )
 
-// Keys of the input document (SPEC §5), built once.
+// Keys of the input document (docs/policy.md), built once.
 var (
 	inTenant      = ast.StringTerm("tenant")
 	inAgentID     = ast.StringTerm("agent_id")

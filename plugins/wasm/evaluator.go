@@ -281,7 +281,7 @@ func (ev *evaluator) drain() {
 	}
 }
 
-// decodeOutput validates a module's output as SPEC §5 output.
+// decodeOutput validates a module's output as the answer format of docs/policy.md.
 func decodeOutput(out []byte) (*policy.Decision, error) {
 	trimmed := strings.TrimSpace(string(out))
 	if trimmed == "" || trimmed == "null" {

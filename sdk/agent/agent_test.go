@@ -127,7 +127,7 @@ func (h *harness) status(id string, want kernel.ExecStatus) kernel.Execution {
 	return h.env.WaitStatus(id, 20*time.Second, func(s kernel.ExecStatus) bool { return s == want || (s.Terminal() && want.Terminal()) })
 }
 
-// checkLog asserts the SPEC §4 invariants on the execution's log.
+// checkLog asserts the docs/durability.md invariants on the execution's log.
 func (h *harness) checkLog(id string) []kernel.Event {
 	h.t.Helper()
 	evs := h.env.Events(id)

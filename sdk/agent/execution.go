@@ -24,7 +24,7 @@ type Lease struct {
 }
 
 // Execution is the execution context of one dispatch: the Go counterpart of
-// the seeds' ambient ExecutionContext. The Agent puts it in the handler's
+// the Rebuno SDKs' ambient ExecutionContext. The Agent puts it in the handler's
 // context.Context; Tool.Call, Step and the LLM Transport find it there, so
 // no object is threaded through the agent's code. FromContext returns it.
 //

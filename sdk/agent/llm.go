@@ -20,7 +20,7 @@ import (
 
 // RefusalMarker starts the message of every refused LLM request. Provider
 // SDKs surface an error body only as text, so the flat marker is what
-// ParseRefusal and RaiseForRefusal read back (the seeds' "rebuno_refusal").
+// ParseRefusal and RaiseForRefusal read back (Rebuno's "rebuno_refusal").
 const RefusalMarker = "rebuno_refusal"
 
 // Headers the Transport adds to the responses it hands back.
@@ -255,7 +255,7 @@ func replayed(req *http.Request, d *wire.StepDecision) (*http.Response, error) {
 	return response(req, r.Status, r.ContentType, body, map[string]string{HeaderStepID: d.StepID, HeaderReplay: "true"}), nil
 }
 
-// refusalResponse is the answer to a refused request (seeds: 403, or 429
+// refusalResponse is the answer to a refused request (as Rebuno answers: 403, or 429
 // for rate_limited, with the flat marker in the message).
 func refusalResponse(req *http.Request, decision, reason string) *http.Response {
 	msg := RefusalMarker + ": " + decision

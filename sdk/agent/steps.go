@@ -12,7 +12,7 @@ import (
 	"github.com/wicket-run/wicket/server/wire"
 )
 
-// Step kinds (SPEC §1).
+// Step kinds (docs/README.md).
 const (
 	KindToolCall = "tool_call"
 	KindLLMCall  = "llm_call"

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Decisions answered to a step submission (SPEC §3).
+// Decisions answered to a step submission (docs/protocol.md).
 const (
 	DecisionProceed           = "proceed"
 	DecisionReplay            = "replay"
@@ -126,7 +126,7 @@ type StepSubmitRequest struct {
 	Kind string `json:"kind"`
 	// Target is the tool name, model id or local name.
 	Target string `json:"target"`
-	// Args is any JSON value; it is canonicalised for the step id (SPEC §2).
+	// Args is any JSON value; it is canonicalised for the step id (docs/identity.md).
 	Args json.RawMessage `json:"args,omitempty"`
 	// Idempotency is safe_to_retry or at_most_once (default by kind).
 	Idempotency string `json:"idempotency,omitempty"`

@@ -53,7 +53,7 @@ func Verify(secret, body []byte, header string) bool {
 	return hmac.Equal(got, m.Sum(nil))
 }
 
-// Error codes of ErrorBody.Code (SPEC §3), each with one HTTP status.
+// Error codes of ErrorBody.Code (docs/protocol.md), each with one HTTP status.
 const (
 	CodeValidation       = "validation"         // 400
 	CodeUnauthenticated  = "unauthenticated"    // 401

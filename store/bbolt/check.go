@@ -161,7 +161,7 @@ var (
 	}
 )
 
-// checkEvents verifies the event log invariants of e (SPEC §4).
+// checkEvents verifies the event log invariants of e (docs/durability.md).
 func checkEvents(tx *bolt.Tx, e *kernel.Execution, c *checker) {
 	where := e.Tenant + "/" + e.ID
 	pfx := prefix(e.Tenant, e.ID)

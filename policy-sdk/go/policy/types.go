@@ -38,7 +38,7 @@ const (
 	PerTenant    = "tenant"
 )
 
-// Input is the document a policy evaluates (SPEC §5).
+// Input is the document a policy evaluates (docs/policy.md).
 type Input struct {
 	Tenant      string    `json:"tenant"`
 	AgentID     string    `json:"agent_id"`
