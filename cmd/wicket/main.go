@@ -45,13 +45,14 @@ func (e usageError) Error() string { return e.msg }
 const usage = `usage: wicket <command> [flags]
 
 commands:
-  serve     run the kernel (embedded bbolt store under --data)
+  serve     run the kernel (embedded bbolt store under --data, or --store postgres://…)
   policy    test, eval, build or inspect policy bundles
   bench     measure steps/s over HTTP against an in-process kernel
   exec      ls | create | get | events | watch | cancel executions
   agent     ls | get | put | rm agents
   approval  ls | get | grant | deny approvals
   tenant    ls | create tenants; key create | ls | rm
+  store     copy a store (embedded directory ↔ PostgreSQL), verified
   version   print the version
 `
 
@@ -76,6 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return approvalCommand(ctx, args[1:], stdout, stderr)
 	case "tenant":
 		return tenantCommand(ctx, args[1:], stdout, stderr)
+	case "store":
+		return storeCommand(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintf(stdout, "wicket %s\n", version)
 		return nil

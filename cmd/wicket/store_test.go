@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/store/bbolt"
 	"github.com/wicket-run/wicket/store/postgres"
 	"github.com/wicket-run/wicket/store/postgres/pgtest"
 )
@@ -112,5 +113,63 @@ func TestBenchReplicas(t *testing.T) {
 	}
 	if _, _, err := runCmd(t, context.Background(), "bench", "--replicas", "2"); err == nil {
 		t.Error("bench --replicas 2 on bbolt accepted")
+	}
+}
+
+// TestStoreCopy moves a kernel's data directory into PostgreSQL and back,
+// each hop verified by the command itself.
+func TestStoreCopy(t *testing.T) {
+	_, dsn := pgtest.Schema(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), bbolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := kernel.New(st, nil, nil, kernel.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.CreateTenant(ctx, kernel.Tenant{ID: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := k.CreateKey(ctx, "acme", kernel.RoleClient, "ci", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.PutAgent(ctx, kernel.Agent{ID: "a", Tenant: "acme", WebhookURL: "http://127.0.0.1:1/", Secret: "0123456789abcdef"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, _, err := k.CreateExecution(ctx, kernel.CreateExecution{Tenant: "acme", AgentID: "a", Input: []byte(fmt.Sprint(i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	out, _, err := runCmd(t, ctx, "store", "copy", "--from", dir, "--to", dsn)
+	if err != nil {
+		t.Fatalf("copy into PostgreSQL: %v", err)
+	}
+	for _, want := range []string{"(bbolt) to ", "(postgres)", "execution 3", "event 6", "api_key 1", "verified: both stores pass their checks"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	back := filepath.Join(t.TempDir(), "back")
+	out2, _, err := runCmd(t, ctx, "store", "copy", "--from", dsn, "--to", back)
+	if err != nil {
+		t.Fatalf("copy back: %v", err)
+	}
+	sum := func(s string) string { return s[strings.LastIndex(s, "records "):] }
+	if sum(out) != sum(out2) {
+		t.Errorf("the round trip changed the records:\n%s\n%s", out, out2)
+	}
+	if _, _, err := runCmd(t, ctx, "store", "copy", "--from", dir, "--to", dsn); err == nil || !strings.Contains(err.Error(), "not empty") {
+		t.Errorf("copy into a full database: %v", err)
+	}
+	if _, _, err := runCmd(t, ctx, "store", "copy", "--from", filepath.Join(dir, "missing"), "--to", t.TempDir()); err == nil {
+		t.Error("copy from a missing directory succeeded")
 	}
 }

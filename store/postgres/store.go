@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/url"
@@ -83,6 +85,10 @@ type Store struct {
 	name string // the database, for messages (no credentials)
 	opts Options
 
+	connConfig *pgx.ConnConfig // for the feed's own connection
+	channel    string          // the feed's NOTIFY channel: "wicket:" + schema
+	origin     string          // this store's id in its notifications
+
 	reqs      chan *request // unbuffered: a sender blocks until the writer takes it
 	closing   chan struct{} // closed by Close
 	stopped   chan struct{} // closed when the writer returns
@@ -92,6 +98,8 @@ type Store struct {
 	commits   atomic.Uint64 // committed write transactions
 	updates   atomic.Uint64 // Update functions committed
 	conflicts atomic.Uint64 // attempts run again after a serialization failure or deadlock
+
+	listenErrors atomic.Uint64 // feed connections lost
 }
 
 var _ kernel.Store = (*Store)(nil)
@@ -133,14 +141,26 @@ func openVersion(ctx context.Context, dsn string, opts Options, upTo int) (*Stor
 	if err != nil {
 		return nil, fmt.Errorf("postgres: open %s: %w", name, err)
 	}
-	if err := withConn(ctx, pool, func(c *pgx.Conn) error { return migrate(ctx, c, upTo) }); err != nil {
+	var schema string
+	err = withConn(ctx, pool, func(c *pgx.Conn) error {
+		if err := migrate(ctx, c, upTo); err != nil {
+			return err
+		}
+		return c.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema)
+	})
+	if err != nil {
 		pool.Close()
 		return nil, fmt.Errorf("postgres: open %s: %w", name, err)
 	}
+	var origin [8]byte
+	_, _ = rand.Read(origin[:])
 	s := &Store{
-		pool:    pool,
-		name:    name,
-		opts:    opts,
+		pool:       pool,
+		name:       name,
+		opts:       opts,
+		connConfig: cfg.ConnConfig,
+		channel:    "wicket:" + schema,
+		origin:     hex.EncodeToString(origin[:]),
 		reqs:    make(chan *request),
 		closing: make(chan struct{}),
 		stopped: make(chan struct{}),
@@ -309,6 +329,8 @@ type Stats struct {
 	Conflicts uint64
 	// Waiting is the number of Updates now waiting for the writer.
 	Waiting int64
+	// ListenErrors counts the feed's lost connections (Follow reconnects).
+	ListenErrors uint64
 	// Conns are the pool's connections: acquired and total.
 	AcquiredConns, TotalConns int32
 }
@@ -321,6 +343,7 @@ func (s *Store) Stats() Stats {
 		Updates:       s.updates.Load(),
 		Conflicts:     s.conflicts.Load(),
 		Waiting:       s.waiting.Load(),
+		ListenErrors:  s.listenErrors.Load(),
 		AcquiredConns: ps.AcquiredConns(),
 		TotalConns:    ps.TotalConns(),
 	}

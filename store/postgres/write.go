@@ -131,13 +131,14 @@ type execRef struct{ tenant, id string }
 // layer holds the buffered writes and the knowledge of one function (own)
 // or of the functions already run (batch).
 type layer struct {
-	ops    map[okey]*op
-	execs  map[execRef]execInfo
-	events map[okey]bool // events appended (flushed or not)
+	ops     map[okey]*op
+	execs   map[execRef]execInfo
+	events  map[okey]bool // events appended (flushed or not)
+	changes changes       // what other replicas are told at commit
 }
 
 func newLayer() *layer {
-	return &layer{ops: map[okey]*op{}, execs: map[execRef]execInfo{}, events: map[okey]bool{}}
+	return &layer{ops: map[okey]*op{}, execs: map[execRef]execInfo{}, events: map[okey]bool{}, changes: newChanges()}
 }
 
 // absorb moves l's writes and knowledge into dst (l's win).
@@ -151,6 +152,7 @@ func (l *layer) absorb(src *layer) {
 	for k := range src.events {
 		l.events[k] = true
 	}
+	l.changes.absorb(src.changes)
 }
 
 // statements returns the layer's buffered writes as statements, deletes
@@ -226,8 +228,11 @@ func (w *writeTx) flush() error {
 	return nil
 }
 
-// finalStatements returns what the COMMIT carries: the batch's writes.
-func (w *writeTx) finalStatements() []statement { return w.batch.statements() }
+// finalStatements returns what the COMMIT carries: the batch's writes and
+// the notifications of what they change (delivered at commit, or never).
+func (w *writeTx) finalStatements(channel, origin string) []statement {
+	return append(w.batch.statements(), w.batch.changes.notifications(channel, origin)...)
+}
 
 // lookup returns the buffered write of k, own's first.
 func (w *writeTx) lookup(k okey) (*op, bool) {
@@ -520,6 +525,9 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 		return err
 	}
 	w.put(okey{t: tExecutions, tenant: e.Tenant, id: e.ID}, o)
+	if queued(e.Dispatch.State) {
+		w.own.changes.dispatch = true
+	}
 	info.exists, info.idem = true, e.IdempotencyKey
 	w.own.execs[ref] = info
 	return nil
@@ -633,6 +641,7 @@ func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
 	w.put(k, &op{stmt: statement{sql: sqlAppendEvent,
 		args: []any{tenant, ev.ExecutionID, int64(ev.Seq), ev.Type, nanos(ev.Time), bytes.Clone(payload)}}})
 	w.own.events[k] = true
+	w.own.changes.executions[ev.ExecutionID] = true
 	return nil
 }
 
@@ -670,6 +679,7 @@ func (w *writeTx) PutAgent(a *kernel.Agent) error {
 		return err
 	}
 	w.put(okey{t: tAgents, tenant: a.Tenant, id: a.ID}, o)
+	w.own.changes.agents[kernel.Ref{Tenant: a.Tenant, Name: a.ID}] = true
 	return nil
 }
 
@@ -683,6 +693,7 @@ func (w *writeTx) DeleteAgent(tenant, id string) error {
 	}
 	w.put(okey{t: tAgents, tenant: tenant, id: id}, &op{del: true,
 		stmt: statement{sql: `DELETE FROM agents WHERE tenant = $1 AND id = $2`, args: []any{tenant, id}}})
+	w.own.changes.agents[kernel.Ref{Tenant: tenant, Name: id}] = true
 	return nil
 }
 
@@ -733,6 +744,7 @@ func (w *writeTx) PutBundle(b *kernel.BundleRecord) error {
 	}
 	w.put(okey{t: tBundles, tenant: b.Tenant, id: b.Name}, &op{doc: doc, archive: archive,
 		stmt: statement{sql: sqlPutBundle, args: []any{b.Tenant, b.Name, doc, archive}}})
+	w.own.changes.bundles[kernel.Ref{Tenant: b.Tenant, Name: b.Name}] = true
 	return nil
 }
 
@@ -746,6 +758,7 @@ func (w *writeTx) DeleteBundle(tenant, name string) error {
 	}
 	w.put(okey{t: tBundles, tenant: tenant, id: name}, &op{del: true,
 		stmt: statement{sql: `DELETE FROM bundles WHERE tenant = $1 AND name = $2`, args: []any{tenant, name}}})
+	w.own.changes.bundles[kernel.Ref{Tenant: tenant, Name: name}] = true
 	return nil
 }
 

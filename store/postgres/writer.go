@@ -242,7 +242,7 @@ func (s *Store) try(batch []*request, strict bool) (ok []*request, err error, co
 		sess.rollback()
 		return nil, nil, false
 	}
-	if err := sess.end(true, tx.finalStatements()); err != nil {
+	if err := sess.end(true, tx.finalStatements(s.channel, s.origin)); err != nil {
 		return ok, err, true
 	}
 	return ok, nil, false
