@@ -33,6 +33,11 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, Errorf(CodeValidation, "agent %s: webhook_url %q must be an absolute http(s) URL", a.ID, a.WebhookURL)
 	}
+	if v, ok := k.deliv.(WebhookValidator); ok {
+		if err := v.ValidateWebhookURL(ctx, a.WebhookURL); err != nil {
+			return nil, Errorf(CodeValidation, "agent %s: webhook_url %q is refused: %v", a.ID, a.WebhookURL, err)
+		}
+	}
 	if len(a.Secret) < 16 {
 		return nil, Errorf(CodeValidation, "agent %s: secret must be at least 16 bytes", a.ID)
 	}

@@ -317,7 +317,12 @@ func (k *Kernel) deliver(ctx context.Context, d Delivery) {
 			return nil
 		}
 		e.Dispatch.Failures++
-		if err := r.event(e, EvDispatchFailed, map[string]any{"dispatch_id": d.DispatchID, "dispatch_attempt": d.Attempt, "error": derr.Error()}); err != nil {
+		class, status := deliveryClass(derr)
+		p := map[string]any{"dispatch_id": d.DispatchID, "dispatch_attempt": d.Attempt, "error": class}
+		if status != 0 {
+			p["http_status"] = status
+		}
+		if err := r.event(e, EvDispatchFailed, p); err != nil {
 			return err
 		}
 		return k.supersede(r, e, "delivery_failed")
@@ -326,7 +331,10 @@ func (k *Kernel) deliver(ctx context.Context, d Delivery) {
 		k.log.Error("record delivery", "execution_id", d.ExecutionID, "err", err)
 	}
 	if derr != nil {
-		k.log.Debug("delivery failed", "execution_id", d.ExecutionID, "attempt", d.Attempt, "err", derr)
+		// The event records only the class; the operator gets the error.
+		class, _ := deliveryClass(derr)
+		k.log.Warn("webhook delivery failed", "tenant", d.Tenant, "agent_id", d.AgentID, "execution_id", d.ExecutionID,
+			"dispatch_id", d.DispatchID, "attempt", d.Attempt, "class", class, "err", derr)
 	}
 }
 

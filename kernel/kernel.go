@@ -24,9 +24,64 @@ type Delivery struct {
 }
 
 // Deliverer sends webhooks (internal/webhook implements it). Deliver returns
-// nil only when the agent acknowledged with a 2xx; it must honour ctx.
+// nil only when the agent acknowledged with a 2xx; it must honour ctx. A
+// failure should be a *DeliveryError: its class is what the dispatch.failed
+// event records (the full error goes to the log only).
 type Deliverer interface {
 	Deliver(ctx context.Context, d Delivery) error
+}
+
+// WebhookValidator is implemented by a Deliverer that refuses some webhook
+// URLs (addresses the kernel must not reach). PutAgent calls it; an error
+// makes the registration a 400 that quotes it.
+type WebhookValidator interface {
+	ValidateWebhookURL(ctx context.Context, rawURL string) error
+}
+
+// Classes of DeliveryError: what a dispatch.failed event says went wrong.
+// They are coarse on purpose: a tenant reads them, and the raw dial error
+// of an arbitrary URL would make the kernel a port scanner.
+const (
+	DeliveryConnectRefused   = "connect_refused"   // nothing listens there
+	DeliveryTimeout          = "timeout"           // connect or answer took longer than --dispatch-timeout
+	DeliveryForbiddenAddress = "forbidden_address" // the address policy refused the destination
+	DeliveryHTTPStatus       = "http_status"       // the agent answered non-2xx (its status is recorded)
+	DeliveryDNS              = "dns_error"         // the host name did not resolve
+	DeliveryTLS              = "tls_error"         // the TLS handshake or certificate failed
+	DeliveryUnreachable      = "unreachable"       // no route to the network or host
+	DeliveryConnection       = "connection_error"  // the connection broke (reset, closed early)
+	DeliveryInvalidURL       = "invalid_url"       // the webhook URL cannot be requested
+	DeliveryOther            = "delivery_error"    // anything else
+)
+
+// DeliveryError is a failed delivery: Class for the event log, Status for
+// DeliveryHTTPStatus, Err (logged, never recorded) for the operator.
+type DeliveryError struct {
+	Class  string
+	Status int
+	Err    error
+}
+
+func (e *DeliveryError) Error() string {
+	if e.Err == nil {
+		return e.Class
+	}
+	return e.Class + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause.
+func (e *DeliveryError) Unwrap() error { return e.Err }
+
+// deliveryClass returns the class and HTTP status of a Deliver error.
+func deliveryClass(err error) (string, int) {
+	var de *DeliveryError
+	switch {
+	case errors.As(err, &de) && de.Class != "":
+		return de.Class, de.Status
+	case errors.Is(err, context.DeadlineExceeded):
+		return DeliveryTimeout, 0
+	}
+	return DeliveryOther, 0
 }
 
 // PolicyResult is the final answer of the policy layer for one step: the

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -150,5 +152,47 @@ func TestBench(t *testing.T) {
 	}
 	if _, _, err := runCmd(t, context.Background(), "bench", "--executions", "0"); err == nil {
 		t.Error("bench with no executions accepted")
+	}
+}
+
+// TestWebhookCIDRFlags: the flags repeat, the environment twins are
+// comma-separated, flags replace the environment, and a bad prefix is a
+// usage error.
+func TestWebhookCIDRFlags(t *testing.T) {
+	t.Setenv("WICKET_WEBHOOK_DENY_CIDR", "10.0.0.0/8, 192.168.0.0/16")
+	t.Setenv("WICKET_WEBHOOK_ALLOW_CIDR", "169.254.10.0/24")
+	parse := func(args ...string) serveOptions {
+		t.Helper()
+		var o serveOptions
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		serveFlags(&o, fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	o := parse()
+	if got := o.webhookDeny.String(); got != "10.0.0.0/8,192.168.0.0/16" {
+		t.Errorf("deny from the environment: %q", got)
+	}
+	if got := o.webhookAllow.String(); got != "169.254.10.0/24" {
+		t.Errorf("allow from the environment: %q", got)
+	}
+	o = parse("--webhook-deny-cidr", "172.16.0.0/12", "--webhook-deny-cidr", "127.0.0.2")
+	if got := o.webhookDeny.String(); got != "172.16.0.0/12,127.0.0.2" {
+		t.Errorf("deny flags: %q (flags replace the environment)", got)
+	}
+	g, err := webhookGuard(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for a, refused := range map[string]bool{"172.16.1.1:80": true, "127.0.0.2:80": true, "10.1.1.1:80": false, "169.254.10.9:80": false, "169.254.11.9:80": true} {
+		if err := g.Check(netip.MustParseAddrPort(a)); refused != (err != nil) {
+			t.Errorf("%s: %v, want refused=%v", a, err, refused)
+		}
+	}
+	_, _, err = runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--webhook-allow-cidr", "10.0.0.0/99")
+	if _, ok := err.(usageError); !ok || !strings.Contains(err.Error(), "--webhook-allow-cidr") {
+		t.Errorf("a bad prefix: %T %v, want a usage error naming the flag", err, err)
 	}
 }

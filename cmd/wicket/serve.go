@@ -12,9 +12,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/wicket-run/wicket/internal/manifest"
+	"github.com/wicket-run/wicket/internal/netguard"
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
@@ -36,6 +38,42 @@ type serveOptions struct {
 	maxBody                       int64
 	noSync                        bool
 	readyFile                     string
+	webhookAllow, webhookDeny     stringList
+}
+
+// stringList is a repeatable flag whose environment twin is a
+// comma-separated list; flags given on the command line replace the
+// environment's values.
+type stringList struct {
+	vals    []string
+	fromEnv bool
+}
+
+func (l *stringList) String() string {
+	if l == nil {
+		return ""
+	}
+	return strings.Join(l.vals, ",")
+}
+
+// Set appends one value (or several, comma-separated).
+func (l *stringList) Set(v string) error {
+	if l.fromEnv {
+		l.vals, l.fromEnv = nil, false
+	}
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			l.vals = append(l.vals, s)
+		}
+	}
+	return nil
+}
+
+func envList(name string) stringList {
+	var l stringList
+	_ = l.Set(os.Getenv(name))
+	l.fromEnv = true
+	return l
 }
 
 func envString(name, def string) string {
@@ -80,6 +118,9 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.StringVar(&o.logFormat, "log-format", envString("WICKET_LOG_FORMAT", "text"), "text or json (WICKET_LOG_FORMAT)")
 	fs.Int64Var(&o.maxBody, "max-body", int64(envInt("WICKET_MAX_BODY", 1<<20)), "largest request body in bytes (WICKET_MAX_BODY)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
+	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
+	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
 }
 
@@ -145,6 +186,10 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return usageError{"serve: --admin-key must be at least 16 bytes"}
 	}
 
+	guard, err := webhookGuard(o)
+	if err != nil {
+		return err
+	}
 	if err := os.MkdirAll(o.data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
@@ -154,12 +199,19 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	defer st.Close()
 
+	// The kernel's own address is a forbidden webhook destination from the
+	// start (the manifest registers agents before the listener opens);
+	// SetSelf is called again with the bound address below.
+	if self, err := net.ResolveTCPAddr("tcp", o.addr); err == nil && self.Port != 0 {
+		guard.SetSelf(self)
+	}
+
 	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
 		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
-	sender := webhook.New()
+	sender := webhook.New(webhook.WithGuard(guard))
 	defer sender.Close()
 	k, err := kernel.New(st, sender, nil, cfg)
 	if err != nil {
@@ -189,6 +241,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
+	guard.SetSelf(ln.Addr())
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
 	hs.RegisterOnShutdown(srv.CloseStreams) // SSE clients reconnect with Last-Event-ID
 	if err := k.Start(ctx); err != nil {
@@ -222,6 +275,20 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// webhookGuard builds the webhook address policy from the
+// --webhook-allow-cidr and --webhook-deny-cidr flags.
+func webhookGuard(o serveOptions) (*netguard.Guard, error) {
+	allow, err := netguard.ParsePrefixes(o.webhookAllow.vals)
+	if err != nil {
+		return nil, usageError{"--webhook-allow-cidr: " + err.Error()}
+	}
+	deny, err := netguard.ParsePrefixes(o.webhookDeny.vals)
+	if err != nil {
+		return nil, usageError{"--webhook-deny-cidr: " + err.Error()}
+	}
+	return netguard.New(netguard.Options{Allow: allow, Deny: deny, What: "--webhook-deny-cidr"}), nil
 }
 
 // discardLogger drops every record (bench output stays readable).
