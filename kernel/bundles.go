@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 )
@@ -71,6 +70,10 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, Errorf(CodeValidation, "bundle manifest names %q but the request names %q", cb.Ref.Name, name)
 	}
 	br := &BundleRecord{Tenant: tenant, Name: cb.Ref.Name, Revision: cb.Ref.Revision, Digest: cb.Ref.Digest, Engine: cb.Ref.Engine, Archive: cb.Archive}
+	// Stored and activated under bundleMu: a replica reloading the bundle
+	// meanwhile cannot activate an older revision after this one.
+	k.sh.bundleMu.Lock()
+	defer k.sh.bundleMu.Unlock()
 	_, err = k.update(ctx, func(r *rec) error {
 		if err := k.requireTenant(r.tx, tenant); err != nil {
 			return err
@@ -82,6 +85,7 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, err
 	}
 	l.Activate(tenant, cb)
+	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest)
 	return br, nil
 }
 
@@ -126,6 +130,8 @@ func (k *Kernel) ListBundles(ctx context.Context, tenant string) ([]*BundleRecor
 // DeleteBundle removes a bundle. Agents still bound to it are then denied
 // (fail closed) until rebound.
 func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string) error {
+	k.sh.bundleMu.Lock()
+	defer k.sh.bundleMu.Unlock()
 	_, err := k.update(ctx, func(r *rec) error {
 		if _, err := r.tx.Bundle(tenant, name); err != nil {
 			if errors.Is(err, ErrNotFound) {
@@ -137,6 +143,7 @@ func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string) error {
 	})
 	if err == nil && k.bundles != nil {
 		k.bundles.Remove(tenant, name)
+		delete(k.sh.active, Ref{Tenant: tenant, Name: name})
 	}
 	return err
 }
@@ -203,22 +210,7 @@ func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rul
 // bundle that no longer compiles is logged and skipped: agents bound to it
 // are denied until it is replaced.
 func (k *Kernel) LoadBundles(ctx context.Context) error {
-	if k.bundles == nil {
-		return nil
-	}
-	recs, err := k.ListBundles(ctx, "")
-	if err != nil {
-		return fmt.Errorf("list bundles: %w", err)
-	}
-	for _, rec := range recs {
-		cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive})
-		if err != nil {
-			k.log.Error("stored bundle does not load", "tenant", rec.Tenant, "bundle", rec.Name, "err", err)
-			continue
-		}
-		k.bundles.Activate(rec.Tenant, cb)
-	}
-	return nil
+	return k.syncBundles(ctx)
 }
 
 // EvalRequest is a policy dry run.

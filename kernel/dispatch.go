@@ -11,8 +11,12 @@ const claimBatch = 64
 
 // dispatchLoop claims due dispatches and delivers them until ctx ends.
 func (k *Kernel) dispatchLoop(ctx context.Context) {
-	if err := k.recoverDeliveries(ctx); err != nil && ctx.Err() == nil {
-		k.log.Error("recover deliveries", "err", err)
+	// On a shared store the deliveries left "delivering" may be another
+	// replica's, in flight: their leases decide (replicas.go).
+	if _, shared := k.shared(); !shared {
+		if err := k.recoverDeliveries(ctx); err != nil && ctx.Err() == nil {
+			k.log.Error("recover deliveries", "err", err)
+		}
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()

@@ -159,6 +159,8 @@ type Kernel struct {
 
 	subsMu sync.Mutex
 	subs   map[string]map[chan struct{}]struct{} // execution id → watchers (SSE)
+
+	sh sharedState // following the other replicas (replicas.go)
 }
 
 type owner struct{ tenant, agentID string }
@@ -206,6 +208,10 @@ func (k *Kernel) Start(ctx context.Context) error {
 	k.wg.Add(2)
 	go func() { defer k.wg.Done(); k.dispatchLoop(ctx) }()
 	go func() { defer k.wg.Done(); k.reapLoop(ctx) }()
+	if f, ok := k.shared(); ok {
+		k.wg.Add(1)
+		go func() { defer k.wg.Done(); k.follow(ctx, f) }()
+	}
 	return nil
 }
 

@@ -1,5 +1,6 @@
 // Package testkit is the end-to-end harness: a real kernel on a real bbolt
-// file in t.TempDir(), served over real HTTP on loopback, with real agents
+// file in t.TempDir() (or on a PostgreSQL schema of its own), served over
+// real HTTP on loopback, with real agents
 // (HTTP servers that verify webhook signatures and speak the protocol), and
 // checkers for the event-log invariants of docs/durability.md.
 package testkit
@@ -21,6 +22,8 @@ import (
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/server"
 	"github.com/wicket-run/wicket/store/bbolt"
+	"github.com/wicket-run/wicket/store/postgres"
+	"github.com/wicket-run/wicket/store/postgres/pgtest"
 )
 
 // AdminKey is the admin key of every test kernel.
@@ -34,15 +37,46 @@ type Options struct {
 	DefaultPolicy string
 	// Dir reuses a data directory (restart tests); default t.TempDir().
 	Dir string
-	// Store are the store's options (default: fsync on, group commit).
+	// Store are the bbolt store's options (default: fsync on, group commit).
 	Store bbolt.Options
+	// Backend is the store: "bbolt" or "postgres" (default DefaultBackend).
+	// On "postgres" the test skips without WICKET_TEST_POSTGRES.
+	Backend string
+	// DSN, on "postgres", is the database to use (a replica of another
+	// Env, or a restart); default a new schema of the test's own.
+	DSN string
+}
+
+// Store backends.
+const (
+	Bolt     = "bbolt"
+	Postgres = "postgres"
+)
+
+// DefaultBackend is the store of an Env whose Options name none. Tests run
+// one at a time in a package (no t.Parallel), so a test may switch it for
+// the tests it runs (UseBackend).
+var DefaultBackend = Bolt
+
+// UseBackend makes backend the default store until t ends.
+func UseBackend(t testing.TB, backend string) {
+	prev := DefaultBackend
+	DefaultBackend = backend
+	t.Cleanup(func() { DefaultBackend = prev })
 }
 
 // Env is a running test kernel.
 type Env struct {
-	T      testing.TB
-	Dir    string
-	Store  *bbolt.Store
+	T   testing.TB
+	Dir string
+	// Store is the kernel's store; Bolt or PG is the same store, typed.
+	Store kernel.Store
+	Bolt  *bbolt.Store
+	PG    *postgres.Store
+	// DSN is the PostgreSQL database of a "postgres" Env.
+	DSN string
+	// Backend is "bbolt" or "postgres".
+	Backend string
 	Kernel *kernel.Kernel
 	Host   *plugins.Host
 	Server *server.Server
@@ -59,10 +93,31 @@ func Start(t testing.TB, o Options) *Env {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), o.Store)
-	if err != nil {
-		t.Fatalf("open store: %v", err)
+	e := &Env{T: t, Dir: dir, Backend: o.Backend}
+	if e.Backend == "" {
+		e.Backend = DefaultBackend
 	}
+	switch e.Backend {
+	case Bolt:
+		st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), o.Store)
+		if err != nil {
+			t.Fatalf("open store: %v", err)
+		}
+		e.Store, e.Bolt = st, st
+	case Postgres:
+		e.DSN = o.DSN
+		if e.DSN == "" {
+			_, e.DSN = pgtest.Schema(t)
+		}
+		st, err := postgres.Open(context.Background(), e.DSN, postgres.Options{})
+		if err != nil {
+			t.Fatalf("open store: %v", err)
+		}
+		e.Store, e.PG = st, st
+	default:
+		t.Fatalf("testkit: unknown store backend %q", e.Backend)
+	}
+	st := e.Store
 	k, err := kernel.New(st, webhook.New(), nil, o.Config)
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
@@ -79,7 +134,7 @@ func Start(t testing.TB, o Options) *Env {
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	e := &Env{T: t, Dir: dir, Store: st, Kernel: k, Host: host, Server: srv, HTTP: hs, URL: hs.URL}
+	e.Kernel, e.Host, e.Server, e.HTTP, e.URL = k, host, srv, hs, hs.URL
 	t.Cleanup(e.Close)
 	return e
 }
@@ -97,12 +152,22 @@ func (e *Env) Close() {
 		e.T.Errorf("kernel close: %v", err)
 	}
 	e.Host.Close()
-	if err := e.Store.Check(); err != nil {
+	if err := e.Check(); err != nil {
 		e.T.Errorf("store check: %v", err)
 	}
 	if err := e.Store.Close(); err != nil {
 		e.T.Errorf("store close: %v", err)
 	}
+}
+
+// Check runs the store's consistency checker.
+func (e *Env) Check() error {
+	if e.PG != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return e.PG.Check(ctx)
+	}
+	return e.Bolt.Check()
 }
 
 // Admin sends a bearer request with the admin key; see AdminAs.
