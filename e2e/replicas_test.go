@@ -341,4 +341,3 @@ func checkClaims(t *testing.T, id string, evs []kernel.Event) {
 		seen[k] = true
 	}
 }
-

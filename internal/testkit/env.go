@@ -77,12 +77,12 @@ type Env struct {
 	DSN string
 	// Backend is "bbolt" or "postgres".
 	Backend string
-	Kernel *kernel.Kernel
-	Host   *plugins.Host
-	Server *server.Server
-	HTTP   *httptest.Server
-	URL    string
-	closed bool
+	Kernel  *kernel.Kernel
+	Host    *plugins.Host
+	Server  *server.Server
+	HTTP    *httptest.Server
+	URL     string
+	closed  bool
 }
 
 // Start opens a kernel and serves it; everything is closed and the store

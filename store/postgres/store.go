@@ -161,9 +161,9 @@ func openVersion(ctx context.Context, dsn string, opts Options, upTo int) (*Stor
 		connConfig: cfg.ConnConfig,
 		channel:    "wicket:" + schema,
 		origin:     hex.EncodeToString(origin[:]),
-		reqs:    make(chan *request),
-		closing: make(chan struct{}),
-		stopped: make(chan struct{}),
+		reqs:       make(chan *request),
+		closing:    make(chan struct{}),
+		stopped:    make(chan struct{}),
 	}
 	go s.run()
 	return s, nil
