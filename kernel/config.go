@@ -39,6 +39,10 @@ type Config struct {
 	ReapInterval time.Duration
 	// Logger receives operational logs (default slog.Default()).
 	Logger *slog.Logger
+	// Replica names this kernel among the replicas sharing its store; the
+	// dispatch.claimed events it writes carry it ("replica"), so the log
+	// says which replica delivered each attempt. Empty: not recorded.
+	Replica string
 }
 
 // DefaultConfig returns the defaults `wicket serve` documents (README,

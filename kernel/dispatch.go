@@ -242,7 +242,11 @@ func (k *Kernel) claim(r *rec, e *Execution) (*Delivery, error) {
 	e.Dispatch.DueAt = time.Time{}
 	e.Dispatch.LeaseUntil = r.now.Add(k.cfg.LeaseTimeout)
 	e.Lease = Lease{DispatchID: e.Dispatch.ID, Attempt: e.Dispatch.Attempt}
-	if err := r.event(e, EvDispatchClaimed, map[string]any{"dispatch_id": e.Dispatch.ID, "dispatch_attempt": e.Dispatch.Attempt, "lease_until": e.Dispatch.LeaseUntil}); err != nil {
+	claimed := map[string]any{"dispatch_id": e.Dispatch.ID, "dispatch_attempt": e.Dispatch.Attempt, "lease_until": e.Dispatch.LeaseUntil}
+	if k.cfg.Replica != "" {
+		claimed["replica"] = k.cfg.Replica
+	}
+	if err := r.event(e, EvDispatchClaimed, claimed); err != nil {
 		return nil, err
 	}
 	if e.Status == ExecPending {

@@ -73,7 +73,7 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		stores = append(stores, st)
 		sender := webhook.New()
 		defer sender.Close()
-		kr, err := kernel.New(st, sender, nil, kernel.Config{Logger: discardLogger()})
+		kr, err := kernel.New(st.Store, sender, nil, kernel.Config{Logger: discardLogger()})
 		if err != nil {
 			return err
 		}

@@ -29,7 +29,7 @@ import (
 // serveOptions are the flags of `wicket serve`; each has a WICKET_* twin.
 type serveOptions struct {
 	data, addr, config, adminKey  string
-	store                         string
+	store, replica                string
 	leaseTimeout, dispatchTimeout time.Duration
 	approvalTimeout               time.Duration
 	dispatchMaxAttempts           int
@@ -105,6 +105,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	d := kernel.DefaultConfig()
 	fs.StringVar(&o.data, "data", envString("WICKET_DATA", "./wicket-data"), "data directory (WICKET_DATA)")
 	fs.StringVar(&o.store, "store", envString("WICKET_STORE", ""), "postgres://… URL of a shared PostgreSQL store; empty: the embedded store under --data (WICKET_STORE)")
+	fs.StringVar(&o.replica, "replica", envString("WICKET_REPLICA", ""), "this kernel's name among the replicas of a shared store, recorded in dispatch.claimed events (default on PostgreSQL: host-pid) (WICKET_REPLICA)")
 	fs.StringVar(&o.addr, "addr", envString("WICKET_ADDR", "127.0.0.1:8080"), "listen address (WICKET_ADDR)")
 	fs.StringVar(&o.config, "config", envString("WICKET_CONFIG", ""), "provisioning manifest (WICKET_CONFIG)")
 	fs.StringVar(&o.adminKey, "admin-key", envString("WICKET_ADMIN_KEY", ""), "admin API key (WICKET_ADMIN_KEY)")
@@ -206,14 +207,18 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		guard.SetSelf(self)
 	}
 
-	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
+	if o.replica == "" && st.kind == "postgres" {
+		host, _ := os.Hostname()
+		o.replica = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	cfg := kernel.Config{Replica: o.replica, LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
 		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
 	sender := webhook.New(webhook.WithGuard(guard))
 	defer sender.Close()
-	k, err := kernel.New(st, sender, nil, cfg)
+	k, err := kernel.New(st.Store, sender, nil, cfg) // the store itself: kernel.Feed is found on it
 	if err != nil {
 		return usageError{err.Error()}
 	}
@@ -248,7 +253,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	srv.SetReady(true)
-	log.Info("wicket serving", "addr", ln.Addr().String(), "store", st.kind, "at", st.desc, "data", o.data, "version", version, "fsync", !o.noSync)
+	log.Info("wicket serving", "addr", ln.Addr().String(), "store", st.kind, "at", st.desc, "replica", o.replica, "data", o.data, "version", version, "fsync", !o.noSync)
 	if o.readyFile != "" {
 		if err := os.WriteFile(o.readyFile, []byte(ln.Addr().String()), 0o600); err != nil {
 			return fmt.Errorf("write ready file: %w", err)
