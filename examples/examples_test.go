@@ -19,6 +19,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/sdk/agent"
 	"github.com/wicket-run/wicket/sdk/client"
+	"github.com/wicket-run/wicket/server/wire"
 )
 
 // Each test builds one example, runs it as a real process against a real
@@ -45,6 +46,14 @@ type example struct {
 // against it with agent id <name> on a free loopback port.
 func run(t *testing.T, name string) *example {
 	t.Helper()
+	return runWith(t, name, func(kernelURL, addr string) []string {
+		return []string{"--kernel", kernelURL, "--listen", addr, "--admin-key", testkit.AdminKey, "--id", name}
+	})
+}
+
+// runWith is run with the example's command line built by args.
+func runWith(t *testing.T, name string, args func(kernelURL, addr string) []string) *example {
+	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, name)
 	if out, err := exec.Command("go", "build", "-o", bin, "./"+name).CombinedOutput(); err != nil {
@@ -61,7 +70,7 @@ func run(t *testing.T, name string) *example {
 		t.Fatal(err)
 	}
 	defer out.Close()
-	e.cmd = exec.Command(bin, "--kernel", env.URL, "--listen", e.addr, "--admin-key", testkit.AdminKey, "--id", name)
+	e.cmd = exec.Command(bin, args(env.URL, e.addr)...)
 	e.cmd.Stdout, e.cmd.Stderr = out, out
 	if err := e.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -191,6 +200,32 @@ func freeAddr(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// TestEchoAgent runs the agent written against the protocol by hand, once
+// per signing scheme, registered with the matching "signing".
+func TestEchoAgent(t *testing.T) {
+	t.Parallel()
+	for _, scheme := range []string{wire.SigningV1, wire.SigningBody} {
+		t.Run(scheme, func(t *testing.T) {
+			const secret = "echo-secret-0123456789"
+			e := runWith(t, "echo-agent", func(kernelURL, addr string) []string {
+				return []string{"--kernel", kernelURL, "--listen", addr, "--id", "echo-agent", "--secret", secret, "--signing", scheme}
+			})
+			a, err := e.admin.PutAgent(context.Background(), client.AgentRequest{ID: "echo-agent", WebhookURL: "http://" + e.addr + "/webhook",
+				Secret: secret, Signing: scheme})
+			if err != nil || a.Signing != scheme {
+				t.Fatalf("register: %+v %v", a, err)
+			}
+			x := e.wait(e.create(`{"message":"hello"}`).ID)
+			var out struct {
+				Echo map[string]string `json:"echo"`
+			}
+			if err := json.Unmarshal(x.Output, &out); err != nil || out.Echo["message"] != "hello" {
+				t.Fatalf("output %s: %v", x.Output, err)
+			}
+		})
+	}
 }
 
 func TestHello(t *testing.T) {

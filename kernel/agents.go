@@ -21,7 +21,8 @@ func ValidBundleName(s string) bool { return bundlePattern.MatchString(s) }
 func ValidID(s string) bool { return idPattern.MatchString(s) }
 
 // PutAgent registers or updates an agent (upsert). The secret must be at
-// least 16 bytes.
+// least 16 bytes. An empty Signing keeps an existing agent's scheme and
+// gives a new agent SigningV1.
 func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	if a.Tenant == "" {
 		a.Tenant = DefaultTenant
@@ -41,6 +42,11 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	if len(a.Secret) < 16 {
 		return nil, Errorf(CodeValidation, "agent %s: secret must be at least 16 bytes", a.ID)
 	}
+	switch a.Signing {
+	case "", SigningV1, SigningBody:
+	default:
+		return nil, Errorf(CodeValidation, "agent %s: signing %q is invalid (want %s or %s)", a.ID, a.Signing, SigningV1, SigningBody)
+	}
 	if a.Bundle != "" && !ValidBundleName(a.Bundle) {
 		return nil, Errorf(CodeValidation, "agent %s: bundle name %q is invalid (want [a-z0-9][a-z0-9_.-]{0,62})", a.ID, a.Bundle)
 	}
@@ -56,8 +62,14 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 		n.CreatedAt, n.UpdatedAt = r.now, r.now
 		if old, err := r.tx.Agent(a.Tenant, a.ID); err == nil {
 			n.CreatedAt = old.CreatedAt
+			if n.Signing == "" {
+				n.Signing = old.SigningScheme()
+			}
 		} else if !errors.Is(err, ErrNotFound) {
 			return fmt.Errorf("read agent %s: %w", a.ID, err)
+		}
+		if n.Signing == "" {
+			n.Signing = SigningV1
 		}
 		if err := r.tx.PutAgent(&n); err != nil {
 			return fmt.Errorf("put agent %s: %w", a.ID, err)

@@ -258,7 +258,7 @@ func (k *Kernel) claim(r *rec, e *Execution) (*Delivery, error) {
 	if err := r.tx.PutExecution(e); err != nil {
 		return nil, err
 	}
-	return &Delivery{Tenant: e.Tenant, AgentID: e.AgentID, WebhookURL: agent.WebhookURL, Secret: agent.Secret,
+	return &Delivery{Tenant: e.Tenant, AgentID: e.AgentID, WebhookURL: agent.WebhookURL, Secret: agent.Secret, Signing: agent.SigningScheme(),
 		ExecutionID: e.ID, DispatchID: e.Dispatch.ID, Attempt: e.Dispatch.Attempt}, nil
 }
 

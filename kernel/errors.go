@@ -14,10 +14,13 @@ const (
 	CodeNotFound        = "not_found"
 	CodeConflict        = "conflict"
 	CodeLeaseSuperseded = "lease_superseded"
-	CodeTooLarge        = "too_large"
-	CodeRateLimited     = "rate_limited"
-	CodeInternal        = "internal"
-	CodeUnavailable     = "unavailable"
+	// CodeStepIDDivergence: the step id the agent computed and sent is not
+	// the kernel's (409); nothing was recorded.
+	CodeStepIDDivergence = "step_id_divergence"
+	CodeTooLarge         = "too_large"
+	CodeRateLimited      = "rate_limited"
+	CodeInternal         = "internal"
+	CodeUnavailable      = "unavailable"
 )
 
 // Sentinel errors callers branch on with errors.Is. Each matches a *Error

@@ -14,10 +14,13 @@ import (
 
 // Delivery is one webhook the kernel asks a Deliverer to send.
 type Delivery struct {
-	Tenant      string
-	AgentID     string
-	WebhookURL  string
-	Secret      string
+	Tenant     string
+	AgentID    string
+	WebhookURL string
+	Secret     string
+	// Signing is the agent's scheme (SigningV1 or SigningBody): how the
+	// webhook is signed.
+	Signing     string
 	ExecutionID string
 	DispatchID  string
 	Attempt     int

@@ -37,6 +37,12 @@ type StepRequest struct {
 	Args        json.RawMessage
 	Idempotency string
 	Effect      string
+	// ClaimedStepID is the step id the agent computed itself
+	// (Rebuno-Step-Id), or "". When it differs from the kernel's id the
+	// submission is refused with CodeStepIDDivergence before anything is
+	// recorded: an agent that would complete a step under another id must
+	// not run the effect.
+	ClaimedStepID string
 }
 
 // StepDecision is the kernel's answer to a submission.
@@ -192,6 +198,12 @@ func (k *Kernel) preread(tx ReadTx, req *StepRequest, argsHash, key string, pre 
 		}
 	}
 	pre.stepID = canon.StepID(e.ID, req.Kind, req.Target, argsHash, pre.occ)
+	if req.ClaimedStepID != "" && req.ClaimedStepID != pre.stepID {
+		return (&Error{Code: CodeStepIDDivergence, Message: fmt.Sprintf(
+			"the agent's step id %.16s… is not the kernel's %.16s… (occurrence %d, args_hash %.16s…): the agent computes step ids differently; nothing was recorded",
+			req.ClaimedStepID, pre.stepID, pre.occ, argsHash)}).WithDetails(map[string]any{
+			"step_id": pre.stepID, "sent_step_id": req.ClaimedStepID, "occurrence": pre.occ, "args_hash": argsHash})
+	}
 	s, err := tx.Step(e.Tenant, e.ID, pre.stepID)
 	switch {
 	case err == nil:

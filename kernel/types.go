@@ -215,13 +215,38 @@ const (
 // Agent is a registered agent. Secret is the HMAC key; it is never returned
 // over the API.
 type Agent struct {
-	ID         string    `json:"id"`
-	Tenant     string    `json:"tenant"`
-	WebhookURL string    `json:"webhook_url"`
-	Secret     string    `json:"secret,omitempty"`
-	Bundle     string    `json:"bundle,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
-	UpdatedAt  time.Time `json:"updated_at"`
+	ID         string `json:"id"`
+	Tenant     string `json:"tenant"`
+	WebhookURL string `json:"webhook_url"`
+	Secret     string `json:"secret,omitempty"`
+	Bundle     string `json:"bundle,omitempty"`
+	// Signing is how the agent signs its requests and how its webhooks are
+	// signed: SigningV1 or SigningBody. A record without it predates
+	// signing schemes and reads as SigningBody (see SigningScheme).
+	Signing   string    `json:"signing,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Signing schemes of an agent (Agent.Signing).
+const (
+	// SigningV1 is the timestamped signature that binds the method, the
+	// request target, the lease and the body (Wicket-Signature). The
+	// default for new agents.
+	SigningV1 = "v1"
+	// SigningBody is the Rebuno signature over the body alone
+	// (Rebuno-Signature), for SDKs written to that protocol.
+	SigningBody = "body"
+)
+
+// SigningScheme returns the agent's signing scheme: Signing, or
+// SigningBody for a record stored before schemes existed (those agents
+// signed their bodies, and keep working unchanged).
+func (a *Agent) SigningScheme() string {
+	if a.Signing == "" {
+		return SigningBody
+	}
+	return a.Signing
 }
 
 // Occurrence is the durable occurrence counter of one (kind, target,

@@ -36,7 +36,7 @@ func (s *Server) putAgent(c *call) (int, any, error) {
 			return 0, nil, err
 		}
 	}
-	a := kernel.Agent{ID: req.ID, Tenant: c.tenant, WebhookURL: req.WebhookURL, Secret: req.Secret}
+	a := kernel.Agent{ID: req.ID, Tenant: c.tenant, WebhookURL: req.WebhookURL, Secret: req.Secret, Signing: req.Signing}
 	if existing != nil {
 		if a.WebhookURL == "" {
 			a.WebhookURL = existing.WebhookURL

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gorilla/mux"
 
@@ -75,7 +76,7 @@ func (s *Server) authenticate(c *call, cl class) error {
 	case s.cfg.AuthDisabled && cl != classAgent:
 		c.p = Principal{Kind: PrincipalAdmin, Tenant: kernel.DefaultTenant, KeyID: "auth-disabled", Name: "admin"}
 	case cl == classAgent:
-		return errorf(kernel.CodeUnauthenticated, "this route needs an agent signature (%s and %s)", wire.HeaderAgentID, wire.HeaderSignature)
+		return errorf(kernel.CodeUnauthenticated, "this route needs an agent signature (%s and %s)", wire.HeaderAgentID, wire.HeaderWicketSignature)
 	default:
 		return errorf(kernel.CodeUnauthenticated, "missing credentials: send Authorization: Bearer <api key>")
 	}
@@ -124,13 +125,19 @@ func (s *Server) authenticateBearer(c *call, authz string) error {
 	return nil
 }
 
-// authenticateAgent checks an agent's signature over the raw body. The
-// execution in the path fixes the tenant; an agent that is not the
+// authenticateAgent checks an agent's signature under the agent's scheme
+// (kernel.Agent.SigningScheme): for v1, Wicket-Signature over the method,
+// the request target, the lease headers and the raw body, within
+// Config.SignatureTolerance of the server's clock; for body, the Rebuno
+// signature of the raw body. A request signed the other way is refused:
+// accepting both would leave v1 agents open to the body scheme's replays.
+// The execution in the path fixes the tenant; an agent that is not the
 // execution's own gets not_found, like an unknown execution.
 func (s *Server) authenticateAgent(c *call, agentID string) error {
-	sig := c.r.Header.Get(wire.HeaderSignature)
-	if sig == "" {
-		return errorf(kernel.CodeUnauthenticated, "missing %s", wire.HeaderSignature)
+	v1Header := c.r.Header.Get(wire.HeaderWicketSignature)
+	bodyHeader := c.r.Header.Get(wire.HeaderSignature)
+	if v1Header == "" && bodyHeader == "" {
+		return errorf(kernel.CodeUnauthenticated, "missing %s (or %s for agents registered with signing: body)", wire.HeaderWicketSignature, wire.HeaderSignature)
 	}
 	id := mux.Vars(c.r)["id"]
 	tenant, owner, err := s.k.ExecutionOwner(c.ctx, id)
@@ -147,8 +154,21 @@ func (s *Server) authenticateAgent(c *call, agentID string) error {
 		}
 		return err
 	}
-	if !wire.Verify([]byte(a.Secret), c.body, sig) {
-		return errorf(kernel.CodeUnauthenticated, "%s does not match the request body", wire.HeaderSignature)
+	switch scheme := a.SigningScheme(); scheme {
+	case kernel.SigningBody:
+		if bodyHeader == "" {
+			return errorf(kernel.CodeUnauthenticated, "agent %s is registered with signing: body and must send %s; this request carries %s", agentID, wire.HeaderSignature, wire.HeaderWicketSignature)
+		}
+		if !wire.Verify([]byte(a.Secret), c.body, bodyHeader) {
+			return errorf(kernel.CodeUnauthenticated, "%s does not match the request body", wire.HeaderSignature)
+		}
+	default:
+		if v1Header == "" {
+			return errorf(kernel.CodeUnauthenticated, "agent %s is registered with signing: v1 and must send %s; this request carries only %s", agentID, wire.HeaderWicketSignature, wire.HeaderSignature)
+		}
+		if err := wire.VerifyV1([]byte(a.Secret), v1Header, wire.SignedRequestOf(c.r, c.body), time.Now(), s.cfg.SignatureTolerance); err != nil {
+			return errorf(kernel.CodeUnauthenticated, "%s: %v", wire.HeaderWicketSignature, err)
+		}
 	}
 	c.p = Principal{Kind: PrincipalAgent, Tenant: tenant, AgentID: agentID, Name: agentID}
 	c.tenant = tenant
@@ -184,7 +204,7 @@ func (s *Server) authorize(c *call, cl class) error {
 		if p.Kind == PrincipalAgent {
 			return nil
 		}
-		return errorf(kernel.CodeForbidden, "this route is for the execution's agent (%s and %s)", wire.HeaderAgentID, wire.HeaderSignature)
+		return errorf(kernel.CodeForbidden, "this route is for the execution's agent (%s and %s)", wire.HeaderAgentID, wire.HeaderWicketSignature)
 	}
 	return errorf(kernel.CodeForbidden, "agents may not call this route")
 }

@@ -152,7 +152,6 @@ func TestAgentAuth(t *testing.T) {
 	steps := "/v0/executions/" + r.id + "/steps"
 	step := map[string]any{"kind": "tool_call", "target": "search", "args": map[string]any{"q": 1}}
 	body := bodyBytes(t, step)
-	sig := wire.Sign([]byte(botSecret), body)
 	lease := map[string]string{wire.HeaderDispatchID: r.lease.DispatchID, wire.HeaderDispatchAttempt: "1"}
 	with := func(kv ...string) map[string]string {
 		h := map[string]string{}
@@ -168,6 +167,13 @@ func TestAgentAuth(t *testing.T) {
 		}
 		return h
 	}
+	// signed adds a v1 signature of (method, path, the headers' lease, b)
+	// by secret to h: a request the agent really made.
+	signed := func(secret, method, path string, b []byte, h map[string]string) map[string]string {
+		h[wire.HeaderWicketSignature] = signV1(secret, method, path, h, b, time.Now())
+		return h
+	}
+	sig := signV1(botSecret, "POST", steps, lease, body, time.Now())
 	tests := []struct {
 		name string
 		path string
@@ -176,25 +182,27 @@ func TestAgentAuth(t *testing.T) {
 		st   int
 		code string
 	}{
-		{"good", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, sig), 200, ""},
+		{"good", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderWicketSignature, sig), 200, ""},
 		{"no signature", steps, body, with(wire.HeaderAgentID, "bot"), 401, wire.CodeUnauthenticated},
-		{"wrong signature", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, wire.Sign([]byte("wrong-secret-0123456"), body)), 401, wire.CodeUnauthenticated},
-		{"signature of another body", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, wire.Sign([]byte(botSecret), []byte("{}"))), 401, wire.CodeUnauthenticated},
-		{"malformed signature", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, "sha256=xyz"), 401, wire.CodeUnauthenticated},
-		{"agent of another execution", "/v0/executions/" + o.id + "/steps", body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, sig), 404, wire.CodeNotFound},
-		{"other agent, its own secret", steps, body, with(wire.HeaderAgentID, "other", wire.HeaderSignature, wire.Sign([]byte(otherSecret), body)), 404, wire.CodeNotFound},
-		{"unknown execution", "/v0/executions/01890000-0000-7000-8000-000000000000/steps", body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, sig), 404, wire.CodeNotFound},
-		{"no dispatch headers", steps, body, map[string]string{wire.HeaderAgentID: "bot", wire.HeaderSignature: sig}, 400, wire.CodeValidation},
-		{"no attempt", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, sig, wire.HeaderDispatchAttempt, ""), 400, wire.CodeValidation},
-		{"attempt not an integer", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, sig, wire.HeaderDispatchAttempt, "one"), 400, wire.CodeValidation},
-		{"attempt zero", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, sig, wire.HeaderDispatchAttempt, "0"), 400, wire.CodeValidation},
-		{"unknown dispatch", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, sig, wire.HeaderDispatchID, "nope"), 409, wire.CodeLeaseSuperseded},
+		{"wrong secret", steps, body, signed("wrong-secret-0123456", "POST", steps, body, with(wire.HeaderAgentID, "bot")), 401, wire.CodeUnauthenticated},
+		{"signature of another body", steps, body, signed(botSecret, "POST", steps, []byte("{}"), with(wire.HeaderAgentID, "bot")), 401, wire.CodeUnauthenticated},
+		{"malformed signature", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderWicketSignature, "t=1,v1=xyz"), 401, wire.CodeUnauthenticated},
+		{"body scheme for a v1 agent", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, wire.Sign([]byte(botSecret), body)), 401, wire.CodeUnauthenticated},
+		{"agent of another execution", "/v0/executions/" + o.id + "/steps", body, signed(botSecret, "POST", "/v0/executions/"+o.id+"/steps", body, with(wire.HeaderAgentID, "bot")), 404, wire.CodeNotFound},
+		{"other agent, its own secret", steps, body, signed(otherSecret, "POST", steps, body, with(wire.HeaderAgentID, "other")), 404, wire.CodeNotFound},
+		{"unknown execution", "/v0/executions/01890000-0000-7000-8000-000000000000/steps", body, with(wire.HeaderAgentID, "bot", wire.HeaderWicketSignature, sig), 404, wire.CodeNotFound},
+		{"no dispatch headers", steps, body, signed(botSecret, "POST", steps, body, map[string]string{wire.HeaderAgentID: "bot"}), 400, wire.CodeValidation},
+		{"no attempt", steps, body, signed(botSecret, "POST", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderDispatchAttempt, "")), 400, wire.CodeValidation},
+		{"attempt not an integer", steps, body, signed(botSecret, "POST", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderDispatchAttempt, "one")), 400, wire.CodeValidation},
+		{"attempt zero", steps, body, signed(botSecret, "POST", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderDispatchAttempt, "0")), 400, wire.CodeValidation},
+		{"unknown dispatch", steps, body, signed(botSecret, "POST", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderDispatchID, "nope")), 409, wire.CodeLeaseSuperseded},
+		{"the lease headers changed after signing", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderWicketSignature, sig, wire.HeaderDispatchID, "nope"), 401, wire.CodeUnauthenticated},
 		{"agent on a client route", "/v0/executions", bodyBytes(t, map[string]any{"agent_id": "bot"}),
-			map[string]string{wire.HeaderAgentID: "bot", wire.HeaderSignature: wire.Sign([]byte(botSecret), bodyBytes(t, map[string]any{"agent_id": "bot"}))}, 401, wire.CodeUnauthenticated},
+			signed(botSecret, "POST", "/v0/executions", bodyBytes(t, map[string]any{"agent_id": "bot"}), map[string]string{wire.HeaderAgentID: "bot"}), 401, wire.CodeUnauthenticated},
 		{"agent reads another execution", "/v0/executions/" + o.id, nil,
-			map[string]string{wire.HeaderAgentID: "bot", wire.HeaderSignature: wire.Sign([]byte(botSecret), nil)}, 404, wire.CodeNotFound},
+			signed(botSecret, "GET", "/v0/executions/"+o.id, nil, map[string]string{wire.HeaderAgentID: "bot"}), 404, wire.CodeNotFound},
 		{"agent read, wrong signature", "/v0/executions/" + r.id, nil,
-			map[string]string{wire.HeaderAgentID: "bot", wire.HeaderSignature: wire.Sign([]byte(otherSecret), nil)}, 401, wire.CodeUnauthenticated},
+			signed(otherSecret, "GET", "/v0/executions/"+r.id, nil, map[string]string{wire.HeaderAgentID: "bot"}), 401, wire.CodeUnauthenticated},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -268,6 +276,8 @@ func TestAuthDisabled(t *testing.T) {
 	// Agent routes still need the signature.
 	e.do("POST", "/v0/executions/"+x.ID+"/heartbeat", nil, nil).wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
 	e.do("POST", "/v0/executions/"+x.ID+"/heartbeat", nil, map[string]string{wire.HeaderAgentID: "bot", wire.HeaderSignature: "sha256=00"}).
+		wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
+	e.do("POST", "/v0/executions/"+x.ID+"/heartbeat", nil, map[string]string{wire.HeaderAgentID: "bot", wire.HeaderWicketSignature: "t=1,v1=00"}).
 		wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
 	// An empty admin key never matches.
 	e.do("GET", "/v0/executions", nil, map[string]string{"Authorization": "Bearer x"}).wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)

@@ -25,8 +25,11 @@
 //     constant time) is role admin of tenant default; any other key is looked
 //     up with kernel.AuthenticateKey and carries its tenant and role. Only
 //     admin principals may name another tenant with ?tenant=.
-//   - Agents. Rebuno-Agent-Id plus Rebuno-Signature, an HMAC-SHA256 of the
-//     raw body with the agent's secret. The execution in the path fixes the
+//   - Agents. Rebuno-Agent-Id plus a signature under the agent's scheme:
+//     Wicket-Signature (v1: timestamp, method, target, lease and body,
+//     within Config.SignatureTolerance) or, for agents registered with
+//     signing: body, Rebuno-Signature (the raw body); the other scheme is
+//     refused. The execution in the path fixes the
 //     tenant; an agent that is not the execution's own gets 404 (existence is
 //     never revealed, and nothing succeeds). Agent mutations also carry the
 //     lease in Rebuno-Dispatch-Id and Rebuno-Dispatch-Attempt.

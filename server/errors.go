@@ -15,16 +15,17 @@ import (
 // statuses maps every error code to its HTTP status: the one table of the
 // server (docs/protocol.md). A code missing here is answered as internal.
 var statuses = map[string]int{
-	kernel.CodeValidation:      http.StatusBadRequest,
-	kernel.CodeUnauthenticated: http.StatusUnauthorized,
-	kernel.CodeForbidden:       http.StatusForbidden,
-	kernel.CodeNotFound:        http.StatusNotFound,
-	kernel.CodeConflict:        http.StatusConflict,
-	kernel.CodeLeaseSuperseded: http.StatusConflict,
-	kernel.CodeTooLarge:        http.StatusRequestEntityTooLarge,
-	kernel.CodeRateLimited:     http.StatusTooManyRequests,
-	kernel.CodeInternal:        http.StatusInternalServerError,
-	kernel.CodeUnavailable:     http.StatusServiceUnavailable,
+	kernel.CodeValidation:       http.StatusBadRequest,
+	kernel.CodeUnauthenticated:  http.StatusUnauthorized,
+	kernel.CodeForbidden:        http.StatusForbidden,
+	kernel.CodeNotFound:         http.StatusNotFound,
+	kernel.CodeConflict:         http.StatusConflict,
+	kernel.CodeLeaseSuperseded:  http.StatusConflict,
+	kernel.CodeStepIDDivergence: http.StatusConflict,
+	kernel.CodeTooLarge:         http.StatusRequestEntityTooLarge,
+	kernel.CodeRateLimited:      http.StatusTooManyRequests,
+	kernel.CodeInternal:         http.StatusInternalServerError,
+	kernel.CodeUnavailable:      http.StatusServiceUnavailable,
 }
 
 // statusOf returns the HTTP status of an error code (500 for unknown codes).

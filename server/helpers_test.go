@@ -375,17 +375,31 @@ func (e *env) admin(method, path string, body any) resp {
 type agentReq struct {
 	agentID, secret string
 	lease           *kernel.Lease // nil: no dispatch headers
+	// body signs with the Rebuno body scheme instead of v1.
+	body bool
 }
 
 func (e *env) agent(a agentReq, method, path string, body any) resp {
 	e.t.Helper()
 	b := bodyBytes(e.t, body)
-	h := map[string]string{wire.HeaderAgentID: a.agentID, wire.HeaderSignature: wire.Sign([]byte(a.secret), b)}
+	h := map[string]string{wire.HeaderAgentID: a.agentID}
 	if a.lease != nil {
 		h[wire.HeaderDispatchID] = a.lease.DispatchID
 		h[wire.HeaderDispatchAttempt] = strconv.Itoa(a.lease.Attempt)
 	}
+	if a.body {
+		h[wire.HeaderSignature] = wire.Sign([]byte(a.secret), b)
+	} else {
+		h[wire.HeaderWicketSignature] = signV1(a.secret, method, path, h, b, time.Now())
+	}
 	return e.do(method, path, rawBody(b), h)
+}
+
+// signV1 is the v1 signature of a request to path (the target as sent)
+// with the dispatch headers in hdr, at time at.
+func signV1(secret, method, path string, hdr map[string]string, body []byte, at time.Time) string {
+	return wire.SignV1([]byte(secret), at, wire.SignedRequest{Method: method, Target: path,
+		DispatchID: hdr[wire.HeaderDispatchID], DispatchAttempt: hdr[wire.HeaderDispatchAttempt], Body: body})
 }
 
 // waitDelivery waits for the delivery of an execution's attempt.

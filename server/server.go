@@ -35,6 +35,10 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxBundleBytes bounds the body of PUT /v0/bundles/{name} (default 32 MiB).
 	MaxBundleBytes int64
+	// SignatureTolerance is how far the timestamp of an agent's v1
+	// signature may be from the server's clock (default 300 s); an older
+	// or newer request is 401.
+	SignatureTolerance time.Duration
 	// Logger receives request logs (debug) and internal errors (default slog.Default()).
 	Logger *slog.Logger
 }
@@ -68,6 +72,9 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.SignatureTolerance <= 0 {
+		cfg.SignatureTolerance = wire.DefaultSignatureTolerance
 	}
 	s := &Server{
 		k:         k,

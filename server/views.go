@@ -94,7 +94,7 @@ func decisionView(d *kernel.StepDecision) wire.StepDecision {
 }
 
 func agentView(a *kernel.Agent) wire.Agent {
-	return wire.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Bundle: a.Bundle, CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
+	return wire.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Bundle: a.Bundle, Signing: a.SigningScheme(), CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
 }
 
 func bundleView(b *kernel.BundleRecord) wire.Bundle {

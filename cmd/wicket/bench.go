@@ -112,7 +112,8 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	agentSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var p wire.WebhookPayload
-		if !wire.Verify([]byte(secret), body, r.Header.Get(wire.HeaderSignature)) || json.Unmarshal(body, &p) != nil {
+		if wire.VerifyV1([]byte(secret), r.Header.Get(wire.HeaderWicketSignature), wire.SignedRequestOf(r, body), time.Now(), 0) != nil ||
+			json.Unmarshal(body, &p) != nil {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}

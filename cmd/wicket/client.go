@@ -277,7 +277,7 @@ func execCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return usageError{"usage: wicket " + execUsage}
 }
 
-const agentUsage = "agent ls | get ID | rm ID | put ID --webhook-url URL --secret S [--bundle B] (--bundle '' unbinds)"
+const agentUsage = "agent ls | get ID | rm ID | put ID --webhook-url URL --secret S [--bundle B] [--signing v1|body] (--bundle '' unbinds)"
 
 func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, agentUsage)
@@ -313,11 +313,12 @@ func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		hook := fs.String("webhook-url", "", "webhook URL")
 		secret := fs.String("secret", os.Getenv("WICKET_AGENT_SECRET"), "HMAC secret (WICKET_AGENT_SECRET)")
 		bundle := fs.String("bundle", "", "bundle to bind ('' unbinds; omitted keeps the binding)")
+		signing := fs.String("signing", "", "signature scheme: v1 or body (omitted: v1 for a new agent, unchanged for an existing one)")
 		pos, err := parseArgs(fs, rest, 1, agentUsage)
 		if err != nil {
 			return err
 		}
-		req := wire.AgentRequest{ID: pos[0], WebhookURL: *hook, Secret: *secret}
+		req := wire.AgentRequest{ID: pos[0], WebhookURL: *hook, Secret: *secret, Signing: *signing}
 		if flagSet(fs, "bundle") {
 			req.Policy = bundle
 		}

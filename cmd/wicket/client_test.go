@@ -44,6 +44,12 @@ func TestClientCommands(t *testing.T) {
 	if _, err := env.Admin("POST", "/v0/policies/cli", map[string]any{"bundle": "default_action: allow\nrules:\n  - id: gate\n    priority: 1\n    when: {target: deploy}\n    then: {decision: require_approval}\n"}, nil); err != nil {
 		t.Fatal(err)
 	}
+	if out := cli("agent", "get", "cli"); !strings.Contains(out, `"signing": "v1"`) {
+		t.Errorf("a new agent's scheme: %s", out)
+	}
+	if out := cli("agent", "put", "cli-seeds", "--webhook-url", agent.WebhookURL(), "--secret", "cli-secret-0123456789", "--signing", "body"); !strings.Contains(out, `"signing": "body"`) {
+		t.Errorf("agent put --signing body: %s", out)
+	}
 	if out := cli("agent", "ls"); !strings.Contains(out, `"cli"`) {
 		t.Errorf("agent ls: %s", out)
 	}

@@ -196,3 +196,32 @@ func TestWebhookCIDRFlags(t *testing.T) {
 		t.Errorf("a bad prefix: %T %v, want a usage error naming the flag", err, err)
 	}
 }
+
+// TestSignatureToleranceFlag: the default is 300 s, WICKET_SIGNATURE_TOLERANCE
+// sets it, the flag overrides it, and a non-positive value is refused.
+func TestSignatureToleranceFlag(t *testing.T) {
+	parse := func(args ...string) serveOptions {
+		t.Helper()
+		var o serveOptions
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		serveFlags(&o, fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	if o := parse(); o.signatureTolerance != 300*time.Second {
+		t.Errorf("default %s", o.signatureTolerance)
+	}
+	t.Setenv("WICKET_SIGNATURE_TOLERANCE", "90s")
+	if o := parse(); o.signatureTolerance != 90*time.Second {
+		t.Errorf("from the environment: %s", o.signatureTolerance)
+	}
+	if o := parse("--signature-tolerance", "2m"); o.signatureTolerance != 2*time.Minute {
+		t.Errorf("flag: %s", o.signatureTolerance)
+	}
+	_, _, err := runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--signature-tolerance", "0s")
+	if _, ok := err.(usageError); !ok {
+		t.Errorf("zero tolerance: %T %v, want a usage error", err, err)
+	}
+}

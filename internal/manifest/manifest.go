@@ -16,6 +16,7 @@
 //	    tenant: acme                # default: default
 //	    webhook_url: http://127.0.0.1:5001/webhook
 //	    secret: ${RESEARCHER_SECRET}
+//	    signing: v1                 # or body; omitted: the stored agent's, v1 if new
 //	    policy: |                   # native rules inline, or policy_file, or bundle
 //	      default_action: deny
 //
@@ -80,6 +81,9 @@ type Agent struct {
 	Policy     string `yaml:"policy"`
 	PolicyFile string `yaml:"policy_file"`
 	Bundle     string `yaml:"bundle"`
+	// Signing is "v1" or "body"; empty keeps the scheme of an agent
+	// already stored and gives a new agent "v1".
+	Signing string `yaml:"signing"`
 }
 
 // Load reads and validates a manifest file, expanding ${ENV} references
@@ -194,6 +198,11 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 		if n > 1 {
 			return nil, fmt.Errorf("%s: give at most one of policy, policy_file and bundle", where)
 		}
+		switch a.Signing {
+		case "", kernel.SigningV1, kernel.SigningBody:
+		default:
+			return nil, fmt.Errorf("%s: signing %q is invalid (want %s or %s)", where, a.Signing, kernel.SigningV1, kernel.SigningBody)
+		}
 	}
 	return &m, nil
 }
@@ -222,7 +231,7 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 		}
 	}
 	for _, a := range m.Agents {
-		ag := kernel.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Secret: a.Secret, Bundle: a.Bundle}
+		ag := kernel.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Secret: a.Secret, Bundle: a.Bundle, Signing: a.Signing}
 		if a.Policy != "" || a.PolicyFile != "" {
 			ag.Bundle = kernel.AgentPolicyBundle(a.ID)
 		}

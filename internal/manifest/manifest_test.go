@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/wicket-run/wicket/internal/manifest"
 	"github.com/wicket-run/wicket/internal/testkit"
@@ -29,6 +30,7 @@ func TestParseErrors(t *testing.T) {
 		{"short key", "tenants:\n  - id: acme\n    keys: [{principal: ci, role: client, key: short}]\n", "16 bytes"},
 		{"bundle without path", "bundles:\n  - name: x\n", "path is required"},
 		{"not yaml", "agents: [\n", "parse"},
+		{"bad signing", "agents:\n  - {id: a, webhook_url: 'http://h/', secret: s, signing: hmac}\n", "signing"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := manifest.Parse([]byte(tc.src), env(nil))
@@ -132,5 +134,47 @@ func TestApplyBadPolicyFailsBoot(t *testing.T) {
 	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
 	if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), "agent a") {
 		t.Fatalf("a malformed policy must fail the boot, got %v", err)
+	}
+}
+
+// TestApplySigning: which signing scheme manifest agents get. An agent
+// stored before schemes existed (a record without the field) keeps the body
+// scheme when the manifest does not name one; a new agent gets v1; an
+// explicit field wins.
+func TestApplySigning(t *testing.T) {
+	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+	ctx := context.Background()
+	t0 := time.Now().UTC()
+	err := e.Store.Update(ctx, func(tx kernel.Tx) error {
+		return tx.PutAgent(&kernel.Agent{ID: "legacy", Tenant: "default", WebhookURL: "http://127.0.0.1:9/hook",
+			Secret: "s3cret-0123456789", CreatedAt: t0, UpdatedAt: t0})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := `
+agents:
+  - {id: legacy, webhook_url: "http://127.0.0.1:9/hook", secret: s3cret-0123456789}
+  - {id: fresh, webhook_url: "http://127.0.0.1:9/hook", secret: s3cret-0123456789}
+  - {id: seeds, webhook_url: "http://127.0.0.1:9/hook", secret: s3cret-0123456789, signing: body}
+  - {id: upgraded, webhook_url: "http://127.0.0.1:9/hook", secret: s3cret-0123456789, signing: v1}
+`
+	m, err := manifest.Parse([]byte(src), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := m.Apply(ctx, e.Kernel); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, want := range map[string]string{"legacy": "body", "fresh": "v1", "seeds": "body", "upgraded": "v1"} {
+		a, err := e.Kernel.Agent(ctx, "default", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Signing != want {
+			t.Errorf("%s: signing %q, want %q", id, a.Signing, want)
+		}
 	}
 }

@@ -24,6 +24,8 @@ type Client struct {
 	BaseURL string
 	AgentID string
 	Secret  []byte
+	// Signing is the scheme: kernel.SigningV1 (empty) or kernel.SigningBody.
+	Signing string
 	HTTP    *http.Client
 }
 
@@ -56,10 +58,14 @@ func (c *Client) Do(ctx context.Context, method, path string, lease *kernel.Leas
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(wire.HeaderAgentID, c.AgentID)
-	req.Header.Set(wire.HeaderSignature, wire.Sign(c.Secret, raw))
 	if lease != nil {
 		req.Header.Set(wire.HeaderDispatchID, lease.DispatchID)
 		req.Header.Set(wire.HeaderDispatchAttempt, strconv.Itoa(lease.Attempt))
+	}
+	if c.Signing == kernel.SigningBody {
+		req.Header.Set(wire.HeaderSignature, wire.Sign(c.Secret, raw))
+	} else {
+		wire.SignRequest(req, c.Secret, raw, time.Now())
 	}
 	hc := c.HTTP
 	if hc == nil {
@@ -179,8 +185,11 @@ var ErrAbandon = errors.New("testkit: attempt abandoned")
 
 // Agent is a real HTTP agent on loopback.
 type Agent struct {
-	ID      string
-	Secret  []byte
+	ID     string
+	Secret []byte
+	// Signing is the agent's scheme: kernel.SigningV1 (empty) or
+	// kernel.SigningBody. Set it with SetSigning before registering.
+	Signing string
 	Server  *httptest.Server
 	Client  *Client
 	Handler Handler
@@ -213,6 +222,13 @@ func NewAgent(id, secret, kernelURL string, h Handler) *Agent {
 	return a
 }
 
+// SetSigning makes the agent sign its requests and verify its webhooks
+// under scheme (register it with the same "signing").
+func (a *Agent) SetSigning(scheme string) {
+	a.Signing = scheme
+	a.Client.Signing = scheme
+}
+
 // WebhookURL is where the kernel should post dispatches.
 func (a *Agent) WebhookURL() string { return a.Server.URL + "/webhook" }
 
@@ -229,7 +245,14 @@ func (a *Agent) serveWebhook(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "read", http.StatusBadRequest)
 		return
 	}
-	if !wire.Verify(a.Secret, body, r.Header.Get(wire.HeaderSignature)) {
+	ok := false
+	if a.Signing == kernel.SigningBody {
+		ok = r.Header.Get(wire.HeaderWicketSignature) == "" && wire.Verify(a.Secret, body, r.Header.Get(wire.HeaderSignature))
+	} else {
+		ok = r.Header.Get(wire.HeaderSignature) == "" &&
+			wire.VerifyV1(a.Secret, r.Header.Get(wire.HeaderWicketSignature), wire.SignedRequestOf(r, body), time.Now(), 0) == nil
+	}
+	if !ok {
 		a.BadSigs.Add(1)
 		http.Error(w, "bad signature", http.StatusUnauthorized)
 		return

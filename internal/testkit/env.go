@@ -234,6 +234,9 @@ func BearerWithHeaders(base, key, method, path string, headers map[string]string
 func (e *Env) RegisterAgent(a *Agent, bundle string) {
 	e.T.Helper()
 	body := map[string]any{"id": a.ID, "webhook_url": a.WebhookURL(), "secret": string(a.Secret)}
+	if a.Signing != "" {
+		body["signing"] = a.Signing
+	}
 	if bundle != "" {
 		body["policy"] = bundle
 	}

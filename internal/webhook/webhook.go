@@ -95,7 +95,10 @@ func (s *Sender) ValidateWebhookURL(ctx context.Context, rawURL string) error {
 }
 
 // Deliver sends one webhook and returns nil when the agent answered 2xx,
-// or a *kernel.DeliveryError.
+// or a *kernel.DeliveryError. The webhook is signed under the agent's
+// scheme: Wicket-Signature (v1, binding POST, the webhook URL's path and
+// query, the dispatch headers and the body; the default) or, for agents
+// registered with signing: body, Rebuno-Signature over the body.
 func (s *Sender) Deliver(ctx context.Context, d kernel.Delivery) error {
 	body, err := json.Marshal(wire.WebhookPayload{ExecutionID: d.ExecutionID, DispatchID: d.DispatchID, DispatchAttempt: d.Attempt})
 	if err != nil {
@@ -106,10 +109,15 @@ func (s *Sender) Deliver(ctx context.Context, d kernel.Delivery) error {
 		return &kernel.DeliveryError{Class: kernel.DeliveryInvalidURL, Err: fmt.Errorf("webhook: request for %s: %w", d.WebhookURL, err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(wire.HeaderSignature, wire.Sign([]byte(d.Secret), body))
 	req.Header.Set(wire.HeaderAgentID, d.AgentID)
 	req.Header.Set(wire.HeaderDispatchID, d.DispatchID)
 	req.Header.Set(wire.HeaderDispatchAttempt, strconv.Itoa(d.Attempt))
+	if d.Signing == kernel.SigningBody {
+		req.Header.Set(wire.HeaderSignature, wire.Sign([]byte(d.Secret), body))
+	} else {
+		// v1 (the default): the target is the webhook URL's path and query.
+		wire.SignRequest(req, []byte(d.Secret), body, time.Now())
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return &kernel.DeliveryError{Class: Classify(err), Err: fmt.Errorf("webhook: post %s: %w", d.WebhookURL, err)}

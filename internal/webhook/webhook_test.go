@@ -23,12 +23,26 @@ import (
 )
 
 func TestDeliver(t *testing.T) {
+	for _, scheme := range []string{kernel.SigningV1, kernel.SigningBody} {
+		t.Run(scheme, func(t *testing.T) { testDeliver(t, scheme) })
+	}
+}
+
+func testDeliver(t *testing.T, scheme string) {
 	const secret = "webhook-secret-0123456789"
 	var got wire.WebhookPayload
 	status := http.StatusAccepted
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		if !wire.Verify([]byte(secret), body, r.Header.Get(wire.HeaderSignature)) {
+		v1, bodySig := r.Header.Get(wire.HeaderWicketSignature), r.Header.Get(wire.HeaderSignature)
+		ok := false
+		switch scheme {
+		case kernel.SigningV1:
+			ok = bodySig == "" && wire.VerifyV1([]byte(secret), v1, wire.SignedRequestOf(r, body), time.Now(), 0) == nil
+		case kernel.SigningBody:
+			ok = v1 == "" && wire.Verify([]byte(secret), body, bodySig)
+		}
+		if !ok {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
@@ -45,13 +59,17 @@ func TestDeliver(t *testing.T) {
 	defer srv.Close()
 	s := New()
 	defer s.Close()
-	d := kernel.Delivery{AgentID: "a", WebhookURL: srv.URL + "/hook", Secret: secret, ExecutionID: "e1", DispatchID: "d1", Attempt: 3}
+	d := kernel.Delivery{AgentID: "a", WebhookURL: srv.URL + "/hook?team=x", Secret: secret, Signing: scheme, ExecutionID: "e1", DispatchID: "d1", Attempt: 3}
 	ctx := context.Background()
 	if err := s.Deliver(ctx, d); err != nil {
 		t.Fatalf("2xx: %v", err)
 	}
 	if got != (wire.WebhookPayload{ExecutionID: "e1", DispatchID: "d1", DispatchAttempt: 3}) {
 		t.Errorf("payload %+v", got)
+	}
+	other := kernel.SigningBody
+	if scheme == kernel.SigningBody {
+		other = kernel.SigningV1
 	}
 	for _, tc := range []struct {
 		name string
@@ -61,6 +79,7 @@ func TestDeliver(t *testing.T) {
 	}{
 		{"agent refuses", func(*kernel.Delivery) {}, 500, "500"},
 		{"wrong secret is refused by the agent", func(d *kernel.Delivery) { d.Secret = "another-secret-0123456789" }, 202, "401"},
+		{"the other scheme is refused by the agent", func(d *kernel.Delivery) { d.Signing = other }, 202, "401"},
 		{"a redirect is not an acknowledgement", func(d *kernel.Delivery) { d.WebhookURL = srv.URL + "/redirect" }, 202, "302"},
 		{"nobody listening", func(d *kernel.Delivery) { d.WebhookURL = "http://127.0.0.1:1/hook" }, 202, "connect"},
 	} {

@@ -554,7 +554,7 @@ func testEventConflict(t *testing.T, s kernel.Store) {
 
 func testAgents(t *testing.T, s kernel.Store) {
 	mk := func(id, url string) *kernel.Agent {
-		return &kernel.Agent{ID: id, Tenant: "t", WebhookURL: url, Secret: "s3cret-" + id, Bundle: "b", CreatedAt: t0, UpdatedAt: t0}
+		return &kernel.Agent{ID: id, Tenant: "t", WebhookURL: url, Secret: "s3cret-" + id, Bundle: "b", Signing: kernel.SigningV1, CreatedAt: t0, UpdatedAt: t0}
 	}
 	update(t, s, func(tx kernel.Tx) error {
 		for _, id := range []string{"b", "a", "c"} {
@@ -566,6 +566,7 @@ func testAgents(t *testing.T, s kernel.Store) {
 	})
 	moved := mk("b", "http://127.0.0.1:5002/b")
 	moved.UpdatedAt = at(time.Second)
+	moved.Signing = kernel.SigningBody
 	update(t, s, func(tx kernel.Tx) error {
 		if err := tx.PutAgent(moved); err != nil {
 			return fmt.Errorf("PutAgent: %w", err)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"time"
 
@@ -64,6 +65,15 @@ type Config struct {
 	// Secret is the agent's HMAC secret: it verifies webhooks and signs
 	// every request to the kernel.
 	Secret []byte
+	// Signing is the agent's signature scheme, as registered with the
+	// kernel: wire.SigningV1 (empty means v1: timestamped signatures that
+	// bind the method, path, lease and body, both ways) or
+	// wire.SigningBody (the Rebuno scheme over the body alone). Webhooks
+	// signed the other way are refused.
+	Signing string
+	// SignatureTolerance is how far a v1 webhook's timestamp may be from
+	// this machine's clock (zero: wire.DefaultSignatureTolerance, 300 s).
+	SignatureTolerance time.Duration
 	// KernelURL is the kernel's base URL, e.g. http://127.0.0.1:8080.
 	KernelURL string
 	// Handler is the agent's work.
@@ -124,6 +134,13 @@ func New(cfg Config) (*Agent, error) {
 		return nil, errors.New("agent: Config.Handler is required")
 	case cfg.HeartbeatInterval < 0:
 		return nil, errors.New("agent: Config.HeartbeatInterval must not be negative")
+	case cfg.Signing != "" && cfg.Signing != wire.SigningV1 && cfg.Signing != wire.SigningBody:
+		return nil, fmt.Errorf("agent: Config.Signing %q is neither %q nor %q", cfg.Signing, wire.SigningV1, wire.SigningBody)
+	case cfg.SignatureTolerance < 0:
+		return nil, errors.New("agent: Config.SignatureTolerance must not be negative")
+	}
+	if cfg.Signing == "" {
+		cfg.Signing = wire.SigningV1
 	}
 	u, err := url.Parse(cfg.KernelURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -136,7 +153,7 @@ func New(cfg Config) (*Agent, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	opts := []client.Option{client.WithAgent(cfg.ID, cfg.Secret)}
+	opts := []client.Option{client.WithAgent(cfg.ID, cfg.Secret), client.WithSigning(cfg.Signing)}
 	if cfg.HTTPClient != nil {
 		opts = append(opts, client.WithHTTPClient(cfg.HTTPClient))
 	}
@@ -156,9 +173,12 @@ func New(cfg Config) (*Agent, error) {
 func (a *Agent) Kernel() *client.Client { return a.kernel }
 
 // ServeHTTP handles one webhook: 405 for a method other than POST, 401 for
-// a missing or wrong signature (checked in constant time before anything
-// else is read from the body), 400 for a malformed payload, 503 after
-// Shutdown, and 202 otherwise; the handler then runs in the background.
+// a missing, wrong or stale signature (checked in constant time, under
+// Config.Signing, before anything else is read from the body), 400 for a
+// malformed payload, 503 after Shutdown, and 202 otherwise; the handler
+// then runs in the background. A v1 signature covers the request target as
+// this server received it (r.RequestURI), so a proxy in front of the agent
+// must not rewrite the webhook URL's path.
 // A webhook for a dispatch already running is acknowledged and ignored; one
 // for a newer attempt of a running execution cancels the older handler
 // (its cause is LeaseSuperseded) and starts the new one.
@@ -177,8 +197,8 @@ func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, wire.CodeTooLarge, "webhook body over 64 KiB")
 		return
 	}
-	if !wire.Verify(a.cfg.Secret, body, r.Header.Get(wire.HeaderSignature)) {
-		writeError(w, http.StatusUnauthorized, wire.CodeUnauthenticated, "bad or missing "+wire.HeaderSignature)
+	if err := a.verify(r, body); err != nil {
+		writeError(w, http.StatusUnauthorized, wire.CodeUnauthenticated, err.Error())
 		return
 	}
 	var p wire.WebhookPayload
@@ -190,6 +210,11 @@ func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, wire.CodeValidation, "webhook payload needs execution_id, dispatch_id and dispatch_attempt >= 1")
 		return
 	}
+	if a.cfg.Signing == wire.SigningV1 && (r.Header.Get(wire.HeaderDispatchID) != p.DispatchID ||
+		r.Header.Get(wire.HeaderDispatchAttempt) != strconv.Itoa(p.DispatchAttempt)) {
+		writeError(w, http.StatusBadRequest, wire.CodeValidation, "webhook payload and dispatch headers name different leases")
+		return
+	}
 	if !a.start(p) {
 		writeError(w, http.StatusServiceUnavailable, wire.CodeUnavailable, "agent is shutting down")
 		return
@@ -197,6 +222,22 @@ func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusAccepted)
 	_, _ = io.WriteString(w, `{"accepted":true}`)
+}
+
+// verify checks a webhook's signature under the configured scheme; a
+// webhook signed the other way is refused.
+func (a *Agent) verify(r *http.Request, body []byte) error {
+	if a.cfg.Signing == wire.SigningBody {
+		if !wire.Verify(a.cfg.Secret, body, r.Header.Get(wire.HeaderSignature)) {
+			return errors.New("bad or missing " + wire.HeaderSignature + " (this agent uses signing: body)")
+		}
+		return nil
+	}
+	err := wire.VerifyV1(a.cfg.Secret, r.Header.Get(wire.HeaderWicketSignature), wire.SignedRequestOf(r, body), time.Now(), a.cfg.SignatureTolerance)
+	if err != nil {
+		return errors.New(wire.HeaderWicketSignature + ": " + err.Error())
+	}
+	return nil
 }
 
 // start registers and starts the run of p; false after Shutdown.

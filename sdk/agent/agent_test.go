@@ -81,6 +81,17 @@ func fast() kernel.Config {
 		ReapInterval: 20 * time.Millisecond, DispatchBackoff: 20 * time.Millisecond, DispatchBackoffMax: 100 * time.Millisecond}
 }
 
+// signWebhook signs a webhook request as the kernel does for a v1 agent:
+// the dispatch headers from the payload, then Wicket-Signature at time at.
+func signWebhook(req *http.Request, secret, body []byte, at time.Time) {
+	var p wire.WebhookPayload
+	if json.Unmarshal(body, &p) == nil && p.DispatchID != "" {
+		req.Header.Set(wire.HeaderDispatchID, p.DispatchID)
+		req.Header.Set(wire.HeaderDispatchAttempt, fmt.Sprint(p.DispatchAttempt))
+	}
+	wire.SignRequest(req, secret, body, at)
+}
+
 // serve starts an SDK agent on loopback and returns it with its webhook URL.
 func (h *harness) serve(id string, hb time.Duration, handler agent.Handler) (*agent.Agent, string) {
 	h.t.Helper()
@@ -178,27 +189,41 @@ func TestWebhookRequests(t *testing.T) {
 
 	good := []byte(fmt.Sprintf(`{"execution_id":%q,"dispatch_id":"d","dispatch_attempt":1}`, id))
 	big := append([]byte(`{"execution_id":"`), bytes.Repeat([]byte("x"), 70<<10)...)
+	v1 := func(sec string, at time.Duration) func(*http.Request, []byte) {
+		return func(req *http.Request, body []byte) { signWebhook(req, []byte(sec), body, time.Now().Add(at)) }
+	}
 	for name, tc := range map[string]struct {
 		method string
 		body   []byte
-		sig    string
+		sign   func(*http.Request, []byte)
 		status int
 		code   string
 	}{
-		"GET":                     {"GET", nil, "", 405, wire.CodeMethodNotAllowed},
-		"no signature":            {"POST", good, "", 401, wire.CodeUnauthenticated},
-		"wrong secret":            {"POST", good, wire.Sign([]byte("another-secret-0123456789"), good), 401, wire.CodeUnauthenticated},
-		"signature of other body": {"POST", good, wire.Sign([]byte(secret), []byte("{}")), 401, wire.CodeUnauthenticated},
-		"malformed sig":           {"POST", good, "sha256=zz", 401, wire.CodeUnauthenticated},
-		"not JSON":                {"POST", []byte("nope"), wire.Sign([]byte(secret), []byte("nope")), 400, wire.CodeValidation},
-		"missing fields":          {"POST", []byte(`{"execution_id":"e"}`), wire.Sign([]byte(secret), []byte(`{"execution_id":"e"}`)), 400, wire.CodeValidation},
-		"attempt zero":            {"POST", []byte(`{"execution_id":"e","dispatch_id":"d","dispatch_attempt":0}`), wire.Sign([]byte(secret), []byte(`{"execution_id":"e","dispatch_id":"d","dispatch_attempt":0}`)), 400, wire.CodeValidation},
-		"oversized":               {"POST", big, wire.Sign([]byte(secret), big), 413, wire.CodeTooLarge},
+		"GET":                     {"GET", nil, nil, 405, wire.CodeMethodNotAllowed},
+		"no signature":            {"POST", good, nil, 401, wire.CodeUnauthenticated},
+		"wrong secret":            {"POST", good, v1("another-secret-0123456789", 0), 401, wire.CodeUnauthenticated},
+		"signature of other body": {"POST", good, func(r *http.Request, _ []byte) { v1(secret, 0)(r, []byte("{}")) }, 401, wire.CodeUnauthenticated},
+		"signature of other path": {"POST", good, func(r *http.Request, b []byte) {
+			signWebhook(r, []byte(secret), b, time.Now())
+			r.URL.Path = "/other"
+		}, 401, wire.CodeUnauthenticated},
+		"body scheme":    {"POST", good, func(r *http.Request, b []byte) { r.Header.Set(wire.HeaderSignature, wire.Sign([]byte(secret), b)) }, 401, wire.CodeUnauthenticated},
+		"301 s old":      {"POST", good, v1(secret, -301*time.Second), 401, wire.CodeUnauthenticated},
+		"301 s ahead":    {"POST", good, v1(secret, 301*time.Second), 401, wire.CodeUnauthenticated},
+		"malformed sig":  {"POST", good, func(r *http.Request, _ []byte) { r.Header.Set(wire.HeaderWicketSignature, "t=1,v1=zz") }, 401, wire.CodeUnauthenticated},
+		"not JSON":       {"POST", []byte("nope"), v1(secret, 0), 400, wire.CodeValidation},
+		"missing fields": {"POST", []byte(`{"execution_id":"e"}`), v1(secret, 0), 400, wire.CodeValidation},
+		"attempt zero":   {"POST", []byte(`{"execution_id":"e","dispatch_id":"d","dispatch_attempt":0}`), v1(secret, 0), 400, wire.CodeValidation},
+		"headers name another lease": {"POST", good, func(r *http.Request, b []byte) {
+			r.Header.Set(wire.HeaderDispatchAttempt, "2")
+			wire.SignRequest(r, []byte(secret), b, time.Now())
+		}, 400, wire.CodeValidation},
+		"oversized": {"POST", big, v1(secret, 0), 413, wire.CodeTooLarge},
 	} {
 		t.Run(name, func(t *testing.T) {
 			req, _ := http.NewRequest(tc.method, url, bytes.NewReader(tc.body))
-			if tc.sig != "" {
-				req.Header.Set(wire.HeaderSignature, tc.sig)
+			if tc.sign != nil {
+				tc.sign(req, tc.body)
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
@@ -218,7 +243,7 @@ func TestWebhookRequests(t *testing.T) {
 	// A stale or duplicate delivery of a finished execution is acknowledged
 	// and changes nothing.
 	req, _ := http.NewRequest("POST", url, bytes.NewReader(good))
-	req.Header.Set(wire.HeaderSignature, wire.Sign([]byte(secret), good))
+	signWebhook(req, []byte(secret), good, time.Now())
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -713,7 +738,7 @@ func TestShutdownRefusesNewWebhooks(t *testing.T) {
 	}
 	body := []byte(`{"execution_id":"e","dispatch_id":"d","dispatch_attempt":1}`)
 	req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
-	req.Header.Set(wire.HeaderSignature, wire.Sign([]byte(secret), body))
+	signWebhook(req, []byte(secret), body, time.Now())
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -805,7 +830,7 @@ func TestStaleWebhookIgnored(t *testing.T) {
 	} {
 		body, _ := json.Marshal(p)
 		req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
-		req.Header.Set(wire.HeaderSignature, wire.Sign([]byte(secret), body))
+		signWebhook(req, []byte(secret), body, time.Now())
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/wicket-run/wicket/kernel/canon"
 	"github.com/wicket-run/wicket/sdk/client"
 	"github.com/wicket-run/wicket/server/wire"
 )
@@ -46,8 +47,35 @@ type Execution struct {
 	k      *client.Client
 	cancel context.CancelCauseFunc
 
-	mu     sync.Mutex // guards unwind
+	mu     sync.Mutex // guards unwind, occ
 	unwind error      // Blocked, Terminated or LeaseSuperseded, once seen
+	// occ counts this attempt's submissions of each (kind, target,
+	// args_hash), as the kernel does, to compute the step id sent in
+	// Rebuno-Step-Id.
+	occ map[string]*occurrence
+}
+
+// occurrence is the SDK's count of one (kind, target, args_hash) in this
+// dispatch attempt. Its mutex is held for a submission's round trip, so
+// identical submissions reach the kernel in the order they were numbered.
+type occurrence struct {
+	mu   sync.Mutex
+	next int
+}
+
+// occurrenceOf returns the counter of key, creating it.
+func (e *Execution) occurrenceOf(key string) *occurrence {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.occ == nil {
+		e.occ = map[string]*occurrence{}
+	}
+	o := e.occ[key]
+	if o == nil {
+		o = &occurrence{}
+		e.occ[key] = o
+	}
+	return o
 }
 
 type ctxKey struct{}
@@ -113,7 +141,13 @@ func (e *Execution) path(suffix string) string {
 // answers to the SDK's errors: lease_superseded → LeaseSuperseded (and the
 // handler is cancelled), an unreachable kernel or a 5xx → KernelError.
 func (e *Execution) mutate(ctx context.Context, op, suffix string, body, out any) error {
-	err := e.k.Do(ctx, http.MethodPost, e.path(suffix), e.leaseHeader(), body, out)
+	return e.mutateWith(ctx, op, suffix, e.leaseHeader(), body, out)
+}
+
+// mutateWith is mutate with the request headers given (the lease headers
+// and any others).
+func (e *Execution) mutateWith(ctx context.Context, op, suffix string, header http.Header, body, out any) error {
+	err := e.k.Do(ctx, http.MethodPost, e.path(suffix), header, body, out)
 	if err == nil {
 		return nil
 	}
@@ -134,13 +168,37 @@ func (e *Execution) mutate(ctx context.Context, op, suffix string, body, out any
 // the primitive under Tool.Call, Step and the Transport; use it to build
 // other integrations (a gateway, another tool framework). After a proceed
 // the caller must Complete or Fail the step.
+//
+// Submit computes the step id itself (canonical args, args_hash, and the
+// occurrence of this kind, target and args in the dispatch attempt) and
+// sends it in Rebuno-Step-Id; identical submissions are sent one at a
+// time, in order. Should the kernel compute another id, it refuses the
+// submission with 409 step_id_divergence (an *client.APIError) before
+// recording anything, so no effect runs that could not be recorded.
 func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wire.StepDecision, error) {
 	if u := e.Unwinding(); u != nil {
 		return nil, u
 	}
+	header := e.leaseHeader()
+	args := req.Args
+	if len(args) == 0 {
+		args = json.RawMessage("null")
+	}
+	var o *occurrence
+	if _, hash, err := canon.ArgsHash(args); err == nil {
+		// Args that cannot be canonicalised are sent as they are: the
+		// kernel's 400 says what is wrong with them.
+		o = e.occurrenceOf(req.Kind + "\x00" + req.Target + "\x00" + hash)
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		header.Set(wire.HeaderStepID, canon.StepID(e.ID, req.Kind, req.Target, hash, o.next))
+	}
 	var d wire.StepDecision
-	if err := e.mutate(ctx, "submit step", "/steps", req, &d); err != nil {
+	if err := e.mutateWith(ctx, "submit step", "/steps", header, req, &d); err != nil {
 		return nil, err
+	}
+	if o != nil && d.StepID != "" { // the kernel counted this submission
+		o.next = d.Occurrence + 1
 	}
 	return &d, nil
 }

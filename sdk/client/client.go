@@ -54,6 +54,7 @@ type Client struct {
 	key     string
 	agentID string
 	secret  []byte
+	signing string // wire.SigningV1 (default) or wire.SigningBody
 	tenant  string
 	ua      string
 	hc      *http.Client
@@ -80,16 +81,24 @@ func New(baseURL string, opts ...Option) *Client {
 func WithAPIKey(key string) Option { return func(c *Client) { c.key = key } }
 
 // WithAgent signs every request as the agent agentID: HeaderAgentID names
-// it and HeaderSignature carries wire.Sign(secret, body), an empty body
-// included. Signed requests may call the agent routes and read the agent's
-// own executions and steps; the event stream and admin routes need an API
-// key (Watch polls instead, see WatchWith).
+// it and wire.HeaderWicketSignature carries its v1 signature (the method,
+// the path and query, the lease headers and the body, timestamped; see
+// wire.SignV1), unless WithSigning chooses the body scheme. Signed requests
+// may call the agent routes and read the agent's own executions and steps;
+// the event stream and admin routes need an API key (Watch polls instead,
+// see WatchWith).
 func WithAgent(agentID string, secret []byte) Option {
 	return func(c *Client) {
 		c.agentID = agentID
 		c.secret = bytes.Clone(secret)
 	}
 }
+
+// WithSigning chooses the signature scheme of WithAgent: wire.SigningV1
+// (the default) or wire.SigningBody (HeaderSignature over the body alone,
+// for an agent registered with "signing": "body"). It must match the
+// agent's registration: the kernel refuses the other scheme with 401.
+func WithSigning(scheme string) Option { return func(c *Client) { c.signing = scheme } }
 
 // WithHTTPClient sends requests with hc instead of the package default,
 // which has connect and header timeouts but no overall Timeout (event
@@ -241,14 +250,18 @@ func (c *Client) newRequest(ctx context.Context, method, path string, header htt
 	if c.key != "" {
 		h.Set("Authorization", "Bearer "+c.key)
 	}
-	if c.agentID != "" {
-		h.Set(wire.HeaderAgentID, c.agentID)
-		h.Set(wire.HeaderSignature, wire.Sign(c.secret, raw))
-	}
 	for k, vs := range header {
 		h.Del(k)
 		for _, v := range vs {
 			h.Add(k, v)
+		}
+	}
+	if c.agentID != "" { // last: the v1 signature covers the lease headers
+		h.Set(wire.HeaderAgentID, c.agentID)
+		if c.signing == wire.SigningBody {
+			h.Set(wire.HeaderSignature, wire.Sign(c.secret, raw))
+		} else {
+			wire.SignRequest(req, c.secret, raw, time.Now())
 		}
 	}
 	return req, nil

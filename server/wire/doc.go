@@ -6,11 +6,21 @@
 // # Basics
 //
 // Agents authenticate with two headers: [HeaderAgentID] names the agent and
-// [HeaderSignature] carries "sha256=<hex HMAC-SHA256(secret, raw body)>",
-// computed by [Sign] and checked in constant time by [Verify]. The kernel
-// signs its webhooks ([WebhookPayload]) the same way. Mutations of an
-// execution also carry the agent's lease in [HeaderDispatchID] and
-// [HeaderDispatchAttempt].
+// a signature made with its secret, under the agent's scheme:
+//
+//   - [SigningV1] (the default): [HeaderWicketSignature] carries
+//     "t=<unix seconds>,v1=<hex>", the HMAC-SHA256 of
+//     [SignedRequest.Message] (the timestamp, method, request target, lease
+//     headers and raw body), made by [SignV1] or [SignRequest] and checked
+//     by [VerifyV1] in constant time and within a tolerance of the clock.
+//   - [SigningBody] (the Rebuno scheme): [HeaderSignature] carries
+//     "sha256=<hex HMAC-SHA256(secret, raw body)>", made by [Sign] and
+//     checked by [Verify].
+//
+// The kernel signs its webhooks ([WebhookPayload]) the same way. Mutations
+// of an execution also carry the agent's lease in [HeaderDispatchID] and
+// [HeaderDispatchAttempt]; a step submission may carry the step id the
+// agent computed in [HeaderStepID].
 //
 // Every error answer is an [ErrorBody]: {"code","message","details"?}, with
 // one of the Code* values.

@@ -269,16 +269,21 @@ type AgentRequest struct {
 	// Policy names the bundle the agent is bound to; Bundle is an alias.
 	Policy *string `json:"policy,omitempty"`
 	Bundle *string `json:"bundle,omitempty"`
+	// Signing is SigningV1 or SigningBody; empty keeps an existing agent's
+	// scheme and gives a new agent SigningV1.
+	Signing string `json:"signing,omitempty"`
 }
 
 // Agent is an agent as the API shows it: never with its secret.
 type Agent struct {
-	ID         string    `json:"id"`
-	Tenant     string    `json:"tenant"`
-	WebhookURL string    `json:"webhook_url"`
-	Bundle     string    `json:"bundle,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
-	UpdatedAt  time.Time `json:"updated_at"`
+	ID         string `json:"id"`
+	Tenant     string `json:"tenant"`
+	WebhookURL string `json:"webhook_url"`
+	Bundle     string `json:"bundle,omitempty"`
+	// Signing is the agent's scheme: SigningV1 or SigningBody.
+	Signing   string    `json:"signing"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // AgentList is the answer of GET /v0/agents.

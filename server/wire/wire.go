@@ -11,12 +11,18 @@ import (
 const (
 	// HeaderAgentID names the agent making a signed request.
 	HeaderAgentID = "Rebuno-Agent-Id"
-	// HeaderSignature carries "sha256=<lowercase hex HMAC-SHA256(agent secret, raw body)>".
+	// HeaderSignature carries "sha256=<lowercase hex HMAC-SHA256(agent secret,
+	// raw body)>": the signature of agents registered with SigningBody. v1
+	// agents use HeaderWicketSignature.
 	HeaderSignature = "Rebuno-Signature"
 	// HeaderDispatchID is the dispatch id of the caller's lease.
 	HeaderDispatchID = "Rebuno-Dispatch-Id"
 	// HeaderDispatchAttempt is the dispatch attempt (a decimal integer >= 1) of the caller's lease.
 	HeaderDispatchAttempt = "Rebuno-Dispatch-Attempt"
+	// HeaderStepID is the step id an agent computed for a submission; the
+	// kernel refuses the submission with CodeStepIDDivergence when its own
+	// id differs.
+	HeaderStepID = "Rebuno-Step-Id"
 	// HeaderIdempotencyKey makes a retried POST /v0/executions return the first execution.
 	HeaderIdempotencyKey = "Idempotency-Key"
 )
@@ -62,6 +68,7 @@ const (
 	CodeMethodNotAllowed = "method_not_allowed" // 405
 	CodeConflict         = "conflict"           // 409
 	CodeLeaseSuperseded  = "lease_superseded"   // 409
+	CodeStepIDDivergence = "step_id_divergence" // 409
 	CodeTooLarge         = "too_large"          // 413
 	CodeRateLimited      = "rate_limited"       // 429
 	CodeInternal         = "internal"           // 500

@@ -44,7 +44,9 @@
 //
 // schema.go lists the forward-only migrations: 1 creates the buckets, 2
 // rewrites the hot records of a schema 1 file (all JSON) in binary
-// (codec_v1.go keeps the schema 1 decoder for it).
+// (codec_v1.go keeps the schema 1 decoder for it), 3 marks the agents
+// stored before signing schemes existed "signing": "body"
+// (migrate_signing.go).
 //
 // # Group commit
 //

@@ -117,6 +117,14 @@ func TestMigrateV1File(t *testing.T) {
 	if err := s.View(t.Context(), func(tx kernel.ReadTx) error { return readGolden(tx, &got) }); err != nil {
 		t.Fatal(err)
 	}
+	// Migration 3 marks the agents of older files "signing": "body"; the
+	// rest of each record is what schema 1 read.
+	for _, a := range got.Agents {
+		if a.Signing != kernel.SigningBody {
+			t.Errorf("agent %s: signing %q after migration, want body", a.ID, a.Signing)
+		}
+		a.Signing = ""
+	}
 	js, err := json.MarshalIndent(got, "", "\t")
 	if err != nil {
 		t.Fatal(err)
@@ -294,4 +302,72 @@ func TestMigrateRefusesBadRecord(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestMigrateAgentSigning: a schema 2 file's agents, registered before
+// signing schemes existed, read back "signing": "body"; an agent that
+// already names a scheme keeps it; the rest of the record is unchanged.
+func TestMigrateAgentSigning(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "wicket.db")
+	db, err := bolt.Open(path, FileMode, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := migrateCreateBuckets(tx); err != nil {
+			return err
+		}
+		meta, err := tx.CreateBucketIfNotExists(bMeta)
+		if err != nil {
+			return err
+		}
+		if err := meta.Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 2}); err != nil {
+			return err
+		}
+		b := tx.Bucket(bAgents)
+		old := `{"id":"old","tenant":"t","webhook_url":"http://127.0.0.1:5001/hook","secret":"old-secret-0123456789","bundle":"b","created_at":"2025-01-02T03:04:05Z","updated_at":"2025-01-02T03:04:05Z"}`
+		if err := b.Put(key("t", "old"), []byte(old)); err != nil {
+			return err
+		}
+		explicit := `{"id":"new","tenant":"t","webhook_url":"http://127.0.0.1:5002/hook","secret":"new-secret-0123456789","signing":"v1","created_at":"2025-01-02T03:04:05Z","updated_at":"2025-01-02T03:04:05Z"}`
+		return b.Put(key("t", "new"), []byte(explicit))
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if v := fileSchema(t, s); v != SchemaVersion {
+		t.Fatalf("schema %d, want %d", v, SchemaVersion)
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+	err = s.View(t.Context(), func(tx kernel.ReadTx) error {
+		old, err := tx.Agent("t", "old")
+		if err != nil {
+			return err
+		}
+		want := kernel.Agent{ID: "old", Tenant: "t", WebhookURL: "http://127.0.0.1:5001/hook", Secret: "old-secret-0123456789",
+			Bundle: "b", Signing: kernel.SigningBody, CreatedAt: t0, UpdatedAt: t0}
+		if *old != want {
+			t.Errorf("old agent after migration: %+v, want %+v", *old, want)
+		}
+		nw, err := tx.Agent("t", "new")
+		if err != nil {
+			return err
+		}
+		if nw.Signing != kernel.SigningV1 {
+			t.Errorf("an agent with signing v1 now has %q", nw.Signing)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -10,7 +10,7 @@ import (
 
 // SchemaVersion is the schema version this binary writes: the number of
 // migrations it knows.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // ErrNewerSchema is returned by Open for a file written by a newer binary.
 var ErrNewerSchema = errors.New("store schema is newer than this binary supports")
@@ -21,6 +21,7 @@ var ErrNewerSchema = errors.New("store schema is newer than this binary supports
 var migrations = []func(tx *bolt.Tx) error{
 	0: migrateCreateBuckets,
 	1: migrateBinaryRecords, // codec_v1.go
+	2: migrateAgentSigning,  // migrate_signing.go
 }
 
 // migrateCreateBuckets creates the version 1 layout (see doc.go).

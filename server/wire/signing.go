@@ -1,0 +1,211 @@
+package wire
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Signing schemes: the "signing" field of an agent's registration.
+const (
+	// SigningV1 is the default for new agents: HeaderWicketSignature, a
+	// timestamped HMAC that binds the method, the request target, the
+	// lease and the body (SignV1).
+	SigningV1 = "v1"
+	// SigningBody is the Rebuno scheme, kept for SDKs written to it:
+	// HeaderSignature, an HMAC of the body alone (Sign). Its signatures do
+	// not expire and do not name the request they belong to.
+	SigningBody = "body"
+)
+
+// HeaderWicketSignature carries a v1 signature: "t=<unix seconds>,v1=<hex>".
+const HeaderWicketSignature = "Wicket-Signature"
+
+// DefaultSignatureTolerance is how far a v1 timestamp may be from the
+// verifier's clock, either way.
+const DefaultSignatureTolerance = 300 * time.Second
+
+// maxV1Values bounds the v1= values a header may carry (more than one lets
+// a signer send signatures under an old and a new secret during rotation).
+const maxV1Values = 4
+
+// Errors of VerifyV1, each wrapped with detail. A verifier answers all of
+// them 401.
+var (
+	// ErrSignatureMissing: no signature header.
+	ErrSignatureMissing = errors.New("signature missing")
+	// ErrSignatureMalformed: the header is not "t=<unix seconds>,v1=<64 hex digits>".
+	ErrSignatureMalformed = errors.New("signature malformed")
+	// ErrSignatureExpired: the timestamp is outside the tolerance (a stale
+	// or replayed request, or a clock that is off).
+	ErrSignatureExpired = errors.New("signature timestamp outside the tolerance")
+	// ErrSignatureMismatch: no v1 value is the HMAC of this request.
+	ErrSignatureMismatch = errors.New("signature does not match the request")
+)
+
+// SignedRequest is what a v1 signature covers.
+type SignedRequest struct {
+	// Method is the HTTP method, e.g. "POST".
+	Method string
+	// Target is the request target exactly as sent: the path and, if any,
+	// "?" and the query ("/v0/executions/x/steps"). For a webhook it is the
+	// path and query of the agent's webhook URL.
+	Target string
+	// DispatchID and DispatchAttempt are the values of HeaderDispatchID and
+	// HeaderDispatchAttempt as sent ("" when absent).
+	DispatchID      string
+	DispatchAttempt string
+	// Body is the raw body (nil for none).
+	Body []byte
+}
+
+// Message returns the bytes a v1 signature at unix time t is the HMAC of:
+//
+//	"v1\n" + t + "\n" + Method + "\n" + Target + "\n" + DispatchID + "\n" +
+//	DispatchAttempt + "\n" + Body
+func (m SignedRequest) Message(t int64) []byte {
+	ts := strconv.FormatInt(t, 10)
+	b := make([]byte, 0, 3+len(ts)+len(m.Method)+len(m.Target)+len(m.DispatchID)+len(m.DispatchAttempt)+5+len(m.Body))
+	b = append(b, "v1\n"...)
+	b = append(b, ts...)
+	b = append(b, '\n')
+	b = append(b, m.Method...)
+	b = append(b, '\n')
+	b = append(b, m.Target...)
+	b = append(b, '\n')
+	b = append(b, m.DispatchID...)
+	b = append(b, '\n')
+	b = append(b, m.DispatchAttempt...)
+	b = append(b, '\n')
+	return append(b, m.Body...)
+}
+
+func (m SignedRequest) mac(secret []byte, t int64) []byte {
+	h := hmac.New(sha256.New, secret)
+	h.Write(m.Message(t))
+	return h.Sum(nil)
+}
+
+// SignV1 returns the HeaderWicketSignature value of m signed at time t:
+// "t=<unix seconds>,v1=<lowercase hex HMAC-SHA256(secret, m.Message(t))>".
+func SignV1(secret []byte, t time.Time, m SignedRequest) string {
+	ts := t.Unix()
+	return "t=" + strconv.FormatInt(ts, 10) + ",v1=" + hex.EncodeToString(m.mac(secret, ts))
+}
+
+// VerifyV1 checks a HeaderWicketSignature value against m: the timestamp
+// must be within tolerance of now (zero tolerance: DefaultSignatureTolerance)
+// and one v1 value must be the HMAC of m under secret, compared in constant
+// time (hmac.Equal). Unknown keys in the header are ignored, so that later
+// schemes can be sent alongside. It returns nil or an error matching one of
+// the ErrSignature* values.
+func VerifyV1(secret []byte, header string, m SignedRequest, now time.Time, tolerance time.Duration) error {
+	if header == "" {
+		return ErrSignatureMissing
+	}
+	if len(secret) == 0 {
+		return ErrSignatureMismatch
+	}
+	if tolerance <= 0 {
+		tolerance = DefaultSignatureTolerance
+	}
+	ts, sigs, err := parseV1(header)
+	if err != nil {
+		return err
+	}
+	skew := now.Sub(time.Unix(ts, 0))
+	if skew > tolerance || skew < -tolerance {
+		return &sigError{ErrSignatureExpired, "t=" + strconv.FormatInt(ts, 10) + " is " + skew.Round(time.Second).String() +
+			" from the verifier's clock (tolerance " + tolerance.String() + ")"}
+	}
+	want := m.mac(secret, ts)
+	ok := false
+	for _, s := range sigs {
+		ok = hmac.Equal(s, want) || ok // every value is compared: no early exit
+	}
+	if !ok {
+		return ErrSignatureMismatch
+	}
+	return nil
+}
+
+// parseV1 splits "t=<ts>,v1=<hex>[,v1=<hex>...]" (other keys ignored).
+func parseV1(header string) (int64, [][]byte, error) {
+	var ts int64
+	seenT := false
+	var sigs [][]byte
+	for _, part := range strings.Split(header, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return 0, nil, &sigError{ErrSignatureMalformed, "element " + strconv.Quote(part) + " is not key=value"}
+		}
+		switch k {
+		case "t":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || seenT || n < 0 || len(v) > 12 {
+				return 0, nil, &sigError{ErrSignatureMalformed, "t must be one decimal unix time in seconds"}
+			}
+			ts, seenT = n, true
+		case "v1":
+			if len(v) != 2*sha256.Size || len(sigs) == maxV1Values {
+				return 0, nil, &sigError{ErrSignatureMalformed, "v1 must be 64 hex digits (at most " + strconv.Itoa(maxV1Values) + " values)"}
+			}
+			b, err := hex.DecodeString(v)
+			if err != nil {
+				return 0, nil, &sigError{ErrSignatureMalformed, "v1 must be 64 hex digits"}
+			}
+			sigs = append(sigs, b)
+		}
+	}
+	if !seenT || len(sigs) == 0 {
+		return 0, nil, &sigError{ErrSignatureMalformed, `want "t=<unix seconds>,v1=<hex>"`}
+	}
+	return ts, sigs, nil
+}
+
+// sigError is a signature error with detail; errors.Is matches its kind.
+type sigError struct {
+	kind   error
+	detail string
+}
+
+func (e *sigError) Error() string { return e.kind.Error() + ": " + e.detail }
+func (e *sigError) Unwrap() error { return e.kind }
+
+// RequestTarget returns the target of an incoming request as the client
+// sent it: r.RequestURI (for the rare absolute-form request line, its path
+// and query).
+func RequestTarget(r *http.Request) string {
+	if strings.HasPrefix(r.RequestURI, "/") || r.RequestURI == "*" {
+		return r.RequestURI
+	}
+	if r.URL != nil {
+		return r.URL.RequestURI()
+	}
+	return r.RequestURI
+}
+
+// SignedRequestOf returns what a v1 signature of the incoming request r
+// with raw body must cover.
+func SignedRequestOf(r *http.Request, body []byte) SignedRequest {
+	return SignedRequest{Method: r.Method, Target: RequestTarget(r), DispatchID: r.Header.Get(HeaderDispatchID),
+		DispatchAttempt: r.Header.Get(HeaderDispatchAttempt), Body: body}
+}
+
+// SignRequest sets HeaderWicketSignature on an outgoing request whose body
+// is body, at time now. Set the dispatch headers first: they are signed.
+// The target is req.URL.RequestURI(), which is what net/http sends.
+func SignRequest(req *http.Request, secret, body []byte, now time.Time) {
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	m := SignedRequest{Method: method, Target: req.URL.RequestURI(), DispatchID: req.Header.Get(HeaderDispatchID),
+		DispatchAttempt: req.Header.Get(HeaderDispatchAttempt), Body: body}
+	req.Header.Set(HeaderWicketSignature, SignV1(secret, now, m))
+}
