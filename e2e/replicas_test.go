@@ -107,14 +107,16 @@ func replicas(t *testing.T, n int, o testkit.Options) []*testkit.Env {
 	return envs
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) {
+// eventually polls cond until it holds or the deadline passes, and
+// returns how long it took.
+func eventually(t *testing.T, within time.Duration, what string, cond func() (bool, string)) time.Duration {
 	t.Helper()
-	deadline := time.Now().Add(within)
+	start := time.Now()
+	deadline := start.Add(within)
 	for {
 		ok, state := cond()
 		if ok {
-			return
+			return time.Since(start)
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%s: not within %s (%s)", what, within, state)
@@ -176,13 +178,14 @@ rules:
 	if _, err := a.Admin("POST", "/v0/agents", map[string]any{"id": "shared", "webhook_url": agent.WebhookURL(), "secret": secret, "policy": "agent-shared"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "B decides with the bundle uploaded to A", func() (bool, string) {
+	took := eventually(t, 10*time.Second, "B decides with the bundle uploaded to A", func() (bool, string) {
 		res, err := b.Kernel.EvalPolicy(ctx, kernel.EvalRequest{Tenant: "default", AgentID: "shared", Kind: "tool_call", Target: "deploy"})
 		if err != nil {
 			return false, err.Error()
 		}
 		return res.Bundle.Digest == br.Digest && string(res.Decision) == "require_approval", fmt.Sprintf("%+v", res)
 	})
+	t.Logf("bundle uploaded to A decides on B after %s", took)
 
 	// Executions through both replicas: 10 × 5 calls against a limit of 25.
 	var ids []string
@@ -286,13 +289,14 @@ rules:
 	if _, err := b.Admin("PUT", "/v0/bundles/agent-shared", map[string]any{"files": files}, &br2); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "A decides with the revision uploaded to B", func() (bool, string) {
+	took = eventually(t, 10*time.Second, "A decides with the revision uploaded to B", func() (bool, string) {
 		res, err := a.Kernel.EvalPolicy(ctx, kernel.EvalRequest{Tenant: "default", AgentID: "shared", Kind: "tool_call", Target: "x"})
 		if err != nil {
 			return false, err.Error()
 		}
 		return res.Bundle.Digest == br2.Digest, res.Bundle.Digest
 	})
+	t.Logf("revision uploaded to B decides on A after %s", took)
 	for i := range lb.served {
 		if lb.served[i].Load() == 0 {
 			t.Errorf("replica %d answered no request through the balancer", i)
