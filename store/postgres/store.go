@@ -33,8 +33,9 @@ type Options struct {
 	// (created if missing); otherwise the connection's search_path decides
 	// (by default the public schema).
 	Schema string
-	// MaxConns bounds the connection pool (zero: DefaultMaxConns). One
-	// connection runs the writes; the others serve View.
+	// MaxConns bounds the pool of connections that serve View (zero:
+	// DefaultMaxConns). The writer and the feed have one connection each
+	// besides.
 	MaxConns int32
 	// MaxBatch caps how many Update functions share one transaction (zero:
 	// DefaultMaxBatch; 1 disables group commit).
@@ -85,7 +86,8 @@ type Store struct {
 	name string // the database, for messages (no credentials)
 	opts Options
 
-	connConfig *pgx.ConnConfig // for the feed's own connection
+	connConfig *pgx.ConnConfig // for the writer's and the feed's own connections
+	wconn      *pgx.Conn       // the writer's connection (the writer goroutine's alone)
 	channel    string          // the feed's NOTIFY channel: "wicket:" + schema
 	origin     string          // this store's id in its notifications
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/wicket-run/wicket/kernel"
@@ -33,10 +34,16 @@ func (e *PanicError) Error() string {
 	return fmt.Sprintf("postgres: update function panicked: %v", e.Value)
 }
 
-// run is the writer goroutine: it owns every write transaction. It returns
-// when Close is called, after committing the requests already waiting.
+// run is the writer goroutine: it owns every write transaction and its
+// connection. It returns when Close is called, after committing the
+// requests already waiting.
 func (s *Store) run() {
 	defer close(s.stopped)
+	defer func() {
+		if s.wconn != nil {
+			_ = s.wconn.Close(context.Background())
+		}
+	}()
 	batch := make([]*request, 0, s.opts.MaxBatch)
 	for {
 		select {
@@ -206,16 +213,22 @@ func pause(attempt int) {
 func (s *Store) try(batch []*request, strict bool) (ok []*request, err error, committing bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.TxTimeout)
 	defer cancel()
-	c, err := s.pool.Acquire(ctx)
+	conn, err := s.writerConn(ctx)
 	if err != nil {
 		return batch, fmt.Errorf("connect: %w", err), false
 	}
-	defer c.Release() // a connection left inside a transaction is destroyed
+	defer func() {
+		// A connection left inside a transaction, or broken, is replaced.
+		if conn.IsClosed() || conn.PgConn().TxStatus() != 'I' {
+			_ = conn.Close(context.WithoutCancel(ctx))
+			s.wconn = nil
+		}
+	}()
 	begin := "BEGIN ISOLATION LEVEL REPEATABLE READ"
 	if s.opts.Serializable {
 		begin = "BEGIN ISOLATION LEVEL SERIALIZABLE"
 	}
-	sess := newSession(ctx, c.Conn(), begin)
+	sess := newSession(ctx, conn, begin)
 	tx := newWriteTx(sess, strict)
 	ok = make([]*request, 0, len(batch))
 	for i, r := range batch {
@@ -246,6 +259,20 @@ func (s *Store) try(batch []*request, strict bool) (ok []*request, err error, co
 		return ok, err, true
 	}
 	return ok, nil, false
+}
+
+// writerConn returns the writer's own connection, connecting when it has
+// none: writes never wait for a connection that Views hold.
+func (s *Store) writerConn(ctx context.Context) (*pgx.Conn, error) {
+	if s.wconn != nil && !s.wconn.IsClosed() {
+		return s.wconn, nil
+	}
+	c, err := pgx.ConnectConfig(ctx, s.connConfig.Copy())
+	if err != nil {
+		return nil, err
+	}
+	s.wconn = c
+	return c, nil
 }
 
 // call runs fn, turning a panic into a *PanicError.
