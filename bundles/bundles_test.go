@@ -88,7 +88,7 @@ func TestMain(m *testing.M) {
 	shared.dir = dir
 	shared.rules = rules.New()
 	shared.rego = rego.New()
-	shared.wasm = wasm.New(wasm.Config{CacheDir: filepath.Join(dir, "wasm-cache")})
+	shared.wasm = wasm.New(wasm.Config{CacheDir: filepath.Join(dir, "wasm-cache"), Builtins: rego.NewHostBuiltins()})
 	shared.compiled = make(map[string]*compiled)
 
 	code := m.Run()

@@ -49,8 +49,11 @@ func wicketBinary(t *testing.T) string {
 type process struct {
 	cmd    *exec.Cmd
 	url    string
-	stderr *bytes.Buffer
+	stderr *syncBuffer
 }
+
+// stderrString is what the process has logged so far.
+func (p *process) stderrString() string { return p.stderr.String() }
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
@@ -69,12 +72,12 @@ func startServe(t *testing.T, dir, addr string, extra ...string) *process {
 	args := append([]string{"serve", "--data", dir, "--addr", addr, "--admin-key", testkit.AdminKey,
 		"--ready-file", ready, "--lease-timeout", "1s", "--dispatch-timeout", "300ms", "--log-level", "warn"}, extra...)
 	cmd := exec.Command(wicketBinary(t), args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &process{cmd: cmd, url: "http://" + addr, stderr: &stderr}
+	p := &process{cmd: cmd, url: "http://" + addr, stderr: stderr}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if _, err := os.Stat(ready); err == nil {

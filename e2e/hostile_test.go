@@ -11,6 +11,7 @@ import (
 	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/wasm"
 )
 
@@ -24,7 +25,7 @@ func TestHostileWasm(t *testing.T) {
 	forbidden := buildWasm(t, "forbidden-wasm")
 	cfg := fast()
 	cfg.LeaseTimeout, cfg.DispatchTimeout = 10*time.Second, time.Second // evaluations may take a while here
-	env := testkit.Start(t, testkit.Options{Config: cfg, Engines: []plugins.Engine{wasm.New(wasm.Config{CacheDir: wasmCache})}})
+	env := testkit.Start(t, testkit.Options{Config: cfg, Engines: []plugins.Engine{wasm.New(wasm.Config{CacheDir: wasmCache, Builtins: rego.NewHostBuiltins()})}})
 	upload := func(name string, archive []byte) (int, error) {
 		return testkit.BearerWithHeaders(env.URL, testkit.AdminKey, "PUT", "/v0/bundles/"+name, map[string]string{"Content-Type": "application/gzip"}, archive, nil)
 	}

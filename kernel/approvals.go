@@ -43,8 +43,13 @@ type Resolution struct {
 	Tenant     string
 	ApprovalID string
 	Grant      bool
-	DecidedBy  string
-	Rationale  string
+	// DecidedBy is who decides (checked against the approval's approvers);
+	// KeyID and Principal are the key that authenticated the decision and
+	// its principal (the same as DecidedBy unless an admin acts for someone).
+	DecidedBy string
+	KeyID     string
+	Principal string
+	Rationale string
 	// RequestHash, when set, must equal the approval's (the approver saw this exact request).
 	RequestHash string
 }
@@ -88,10 +93,12 @@ func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval
 		}
 		t := r.now
 		a.Status, a.DecidedBy, a.Rationale, a.DecidedAt = st, res.DecidedBy, res.Rationale, &t
+		a.DecidedByKey, a.DecidedByPrincipal = res.KeyID, res.Principal
 		if err := r.tx.PutApproval(a); err != nil {
 			return err
 		}
-		if err := r.event(e, typ, map[string]any{"approval_id": a.ID, "step_id": a.StepID, "decided_by": res.DecidedBy, "rationale": res.Rationale}); err != nil {
+		if err := r.event(e, typ, map[string]any{"approval_id": a.ID, "step_id": a.StepID, "decided_by": res.DecidedBy,
+			"decided_by_key": res.KeyID, "decided_by_principal": res.Principal, "rationale": res.Rationale}); err != nil {
 			return err
 		}
 		if !res.Grant {

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 )
@@ -15,6 +17,9 @@ import (
 type BundleSource struct {
 	Archive []byte
 	Files   map[string][]byte
+	// Name is the name the bundle is put under; it names a bundle whose own
+	// manifest gives none (an OPA bundle as `opa build` writes it).
+	Name string
 }
 
 // CompiledBundle is a validated, compiled bundle that is not live yet.
@@ -50,13 +55,27 @@ func (k *Kernel) loader() (BundleLoader, error) {
 	return k.bundles, nil
 }
 
-// PutBundle validates and compiles a bundle, stores it, and makes it live.
-// If name is set it must match the manifest's name. A bundle that fails to
-// load is refused whole; the running revision stays.
-func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleSource) (*BundleRecord, error) {
+// PutBundle validates and compiles a bundle, stores it as owner's, and
+// makes it live. If name is set it must match the manifest's name. A bundle
+// that fails to load is refused whole; the running revision stays. The
+// tenant (BundleOwnerTenant) may not replace a bundle the admin owns
+// (forbidden); a bundle the admin stores becomes the admin's.
+func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleSource, owner BundleOwner) (*BundleRecord, error) {
+	if err := validOwner(owner); err != nil {
+		return nil, err
+	}
 	l, err := k.loader()
 	if err != nil {
 		return nil, err
+	}
+	if src.Name == "" {
+		src.Name = name
+	}
+	// Refuse before compiling what would be refused after.
+	if name != "" {
+		if err := k.store.View(ctx, func(tx ReadTx) error { return mayWriteBundle(tx, tenant, name, owner) }); err != nil {
+			return nil, err
+		}
 	}
 	cb, err := l.Compile(ctx, tenant, src)
 	if err != nil {
@@ -69,7 +88,8 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	if name != "" && cb.Ref.Name != name {
 		return nil, Errorf(CodeValidation, "bundle manifest names %q but the request names %q", cb.Ref.Name, name)
 	}
-	br := &BundleRecord{Tenant: tenant, Name: cb.Ref.Name, Revision: cb.Ref.Revision, Digest: cb.Ref.Digest, Engine: cb.Ref.Engine, Archive: cb.Archive}
+	br := &BundleRecord{Tenant: tenant, Name: cb.Ref.Name, Revision: cb.Ref.Revision, Digest: cb.Ref.Digest, Engine: cb.Ref.Engine,
+		Owner: owner, Archive: cb.Archive}
 	// Stored and activated under bundleMu: a replica reloading the bundle
 	// meanwhile cannot activate an older revision after this one.
 	k.sh.bundleMu.Lock()
@@ -78,7 +98,13 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		if err := k.requireTenant(r.tx, tenant); err != nil {
 			return err
 		}
+		if err := mayWriteBundle(r.tx, tenant, br.Name, owner); err != nil {
+			return err
+		}
 		br.UpdatedAt = r.now
+		if old, err := r.tx.Bundle(tenant, br.Name); err == nil {
+			br.Source = old.Source // a new revision keeps its bundle server
+		}
 		return r.tx.PutBundle(br)
 	})
 	if err != nil {
@@ -87,6 +113,132 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	l.Activate(tenant, cb)
 	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest)
 	return br, nil
+}
+
+// BundlePull names the bundle server a bundle is pulled from (OPA's bundle
+// service protocol) and the random delay between polls.
+type BundlePull struct {
+	URL      string `json:"url"`
+	MinDelay string `json:"min_delay,omitempty"` // a Go duration; default 60s
+	MaxDelay string `json:"max_delay,omitempty"` // default 120s
+	// Owner is whose the downloads are (the setter's: admin or tenant);
+	// empty reads as the bundle's owner.
+	Owner BundleOwner `json:"owner,omitempty"`
+}
+
+// BundlePuller keeps bundles in sync with bundle servers (plugins/pull
+// implements it). Watch downloads the bundle now, activating it through
+// PutBundle, and keeps polling; when the first download fails it registers
+// nothing and says why. Unwatch stops polling (the live revision stays).
+type BundlePuller interface {
+	Watch(ctx context.Context, tenant, name string, src BundlePull) error
+	Unwatch(tenant, name string)
+}
+
+// SetBundlePuller installs the puller (call before serving).
+func (k *Kernel) SetBundlePuller(p BundlePuller) { k.puller = p }
+
+// SetBundleSource makes the bundle tenant/name follow a bundle server: the
+// first download must load (it becomes the live revision, owner's), then
+// the puller polls. A nil src stops pulling and forgets the source. A
+// tenant (BundleOwnerTenant) may not touch a bundle the admin owns. Who
+// may call it at all is the caller's to check (admins; tenant-admins whose
+// tenant allows bundle sources).
+func (k *Kernel) SetBundleSource(ctx context.Context, tenant, name string, src *BundlePull, owner BundleOwner) (*BundleRecord, error) {
+	if k.puller == nil {
+		return nil, Errorf(CodeUnavailable, "this kernel does not pull bundles")
+	}
+	if !ValidID(name) {
+		return nil, Errorf(CodeValidation, "bundle name %q is invalid", name)
+	}
+	if err := validOwner(owner); err != nil {
+		return nil, err
+	}
+	if err := k.store.View(ctx, func(tx ReadTx) error { return mayWriteBundle(tx, tenant, name, owner) }); err != nil {
+		return nil, err
+	}
+	if src != nil {
+		c := *src
+		c.Owner = owner
+		src = &c
+	}
+	if src == nil {
+		k.puller.Unwatch(tenant, name)
+	} else if err := k.puller.Watch(ctx, tenant, name, *src); err != nil {
+		var ke *Error
+		if errors.As(err, &ke) {
+			return nil, err
+		}
+		return nil, Errorf(CodeValidation, "bundle source refused: %v", err)
+	}
+	var out *BundleRecord
+	_, err := k.update(ctx, func(r *rec) error {
+		b, err := r.tx.Bundle(tenant, name)
+		if errors.Is(err, ErrNotFound) {
+			return Errorf(CodeNotFound, "bundle %s not found", name)
+		}
+		if err != nil {
+			return err
+		}
+		if err := mayWriteBundle(r.tx, tenant, name, owner); err != nil {
+			return err
+		}
+		b.Source = src
+		out = b
+		return r.tx.PutBundle(b)
+	})
+	if err != nil && src != nil {
+		k.puller.Unwatch(tenant, name)
+	}
+	return out, err
+}
+
+// BundleSources lists every stored bundle that names a bundle server, of
+// every tenant (to resume pulling at boot).
+func (k *Kernel) BundleSources(ctx context.Context) ([]*BundleRecord, error) {
+	tenants, err := k.ListTenants(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*BundleRecord
+	for _, t := range tenants {
+		bs, err := k.ListBundles(ctx, t.ID)
+		if err != nil {
+			return nil, err
+		}
+		for _, b := range bs {
+			if b.Source != nil {
+				out = append(out, b)
+			}
+		}
+	}
+	return out, nil
+}
+
+func validOwner(o BundleOwner) error {
+	if o != BundleOwnerAdmin && o != BundleOwnerTenant {
+		return fmt.Errorf("kernel: bundle owner %q is invalid", o)
+	}
+	return nil
+}
+
+// mayWriteBundle refuses the tenant's change of a bundle the admin owns.
+func mayWriteBundle(tx ReadTx, tenant, name string, by BundleOwner) error {
+	if by == BundleOwnerAdmin {
+		return nil
+	}
+	old, err := tx.Bundle(tenant, name)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if old.OwnedBy() == BundleOwnerAdmin {
+		return (&Error{Code: CodeForbidden, Message: fmt.Sprintf("bundle %s of tenant %s is owned by the admin: a tenant-admin key may not replace or delete it", name, tenant)}).
+			WithDetails(map[string]any{"bundle": name, "owner": string(BundleOwnerAdmin)})
+	}
+	return nil
 }
 
 func (k *Kernel) requireTenant(tx ReadTx, tenant string) error {
@@ -127,9 +279,14 @@ func (k *Kernel) ListBundles(ctx context.Context, tenant string) ([]*BundleRecor
 	return out, err
 }
 
-// DeleteBundle removes a bundle. Agents still bound to it are then denied
-// (fail closed) until rebound.
-func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string) error {
+// DeleteBundle removes a bundle; by is who asks. Agents still bound to it
+// are then denied (fail closed) until rebound. The tenant may not delete a
+// bundle the admin owns (forbidden), and nobody may delete one of the
+// tenant's guards (conflict: remove it from the guards first).
+func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string, by BundleOwner) error {
+	if err := validOwner(by); err != nil {
+		return err
+	}
 	k.sh.bundleMu.Lock()
 	defer k.sh.bundleMu.Unlock()
 	_, err := k.update(ctx, func(r *rec) error {
@@ -139,11 +296,24 @@ func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string) error {
 			}
 			return err
 		}
+		if err := mayWriteBundle(r.tx, tenant, name, by); err != nil {
+			return err
+		}
+		t, err := r.tx.Tenant(tenant)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		if t != nil && slices.Contains(t.Guards, name) {
+			return Errorf(CodeConflict, "bundle %s is a guard of tenant %s: remove it from the tenant's guards first (PUT /v0/tenants/%s)", name, tenant, tenant)
+		}
 		return r.tx.DeleteBundle(tenant, name)
 	})
 	if err == nil && k.bundles != nil {
 		k.bundles.Remove(tenant, name)
 		delete(k.sh.active, Ref{Tenant: tenant, Name: name})
+	}
+	if err == nil && k.puller != nil {
+		k.puller.Unwatch(tenant, name)
 	}
 	return err
 }
@@ -177,9 +347,9 @@ func AgentPolicyBundle(agentID string) string {
 	return string(b)
 }
 
-// SetAgentPolicy stores native YAML rules as the agent's own bundle and binds
-// the agent to it.
-func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rulesYAML []byte) (*BundleRecord, error) {
+// SetAgentPolicy stores native YAML rules as the agent's own bundle, owned
+// by owner (see PutBundle), and binds the agent to it.
+func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rulesYAML []byte, owner BundleOwner) (*BundleRecord, error) {
 	l, err := k.loader()
 	if err != nil {
 		return nil, err
@@ -192,7 +362,7 @@ func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rul
 	if err != nil {
 		return nil, &Error{Code: CodeValidation, Message: "policy refused: " + err.Error()}
 	}
-	rec, err := k.PutBundle(ctx, tenant, AgentPolicyBundle(agentID), src)
+	rec, err := k.PutBundle(ctx, tenant, AgentPolicyBundle(agentID), src, owner)
 	if err != nil {
 		return nil, err
 	}

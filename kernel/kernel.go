@@ -131,6 +131,16 @@ func (p DefaultPolicy) Decide(_ context.Context, _ *Agent, in *policy.Input) (Po
 	return PolicyResult{Decision: *d, Bundle: DefaultBundleRef}, nil
 }
 
+// CheckWritable commits an empty transaction: it fails when the store
+// cannot write (a read-only or full file system, an I/O error, a closed
+// store or an unreachable database), which reads alone would not show.
+func (k *Kernel) CheckWritable(ctx context.Context) error {
+	if err := k.store.Update(ctx, func(Tx) error { return nil }); err != nil {
+		return fmt.Errorf("store write check: %w", err)
+	}
+	return nil
+}
+
 // Kernel is the domain service. Create it with New, call Start to run the
 // dispatcher and reapers, and Close to stop them.
 type Kernel struct {
@@ -138,6 +148,7 @@ type Kernel struct {
 	deliv   Deliverer
 	policy  Policy
 	bundles BundleLoader
+	puller  BundlePuller
 	cfg     Config
 	log     *slog.Logger
 	ids     idGen

@@ -115,7 +115,7 @@ func (k *Kernel) activateStored(ctx context.Context, rec *BundleRecord) error {
 	if d, live := k.sh.active[ref]; live && d == rec.Digest {
 		return nil
 	}
-	cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive})
+	cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive, Name: rec.Name})
 	if err != nil {
 		return err
 	}

@@ -58,23 +58,66 @@ type ApprovalRef struct {
 	At         time.Time
 }
 
-// BundleRecord is a stored bundle: its identity and its archive (a
-// reproducible .tar.gz of the bundle files).
+// BundleRecord is a stored bundle: its identity, its owner and its archive
+// (a reproducible .tar.gz of the bundle files).
 type BundleRecord struct {
-	Tenant    string    `json:"tenant"`
-	Name      string    `json:"name"`
-	Revision  string    `json:"revision"`
-	Digest    string    `json:"sha256"`
-	Engine    string    `json:"engine"`
-	Archive   []byte    `json:"archive"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Tenant   string `json:"tenant"`
+	Name     string `json:"name"`
+	Revision string `json:"revision"`
+	Digest   string `json:"sha256"`
+	Engine   string `json:"engine"`
+	// Owner is who controls the bundle (BundleOwnerAdmin or
+	// BundleOwnerTenant); a store returns what it was given, and a record
+	// stored without one reads as the tenant's (BundleRecord.OwnedBy).
+	Owner     BundleOwner `json:"owner,omitempty"`
+	Archive   []byte      `json:"archive"`
+	UpdatedAt time.Time   `json:"updated_at"`
+	// Source, when set, is the bundle server the bundle is pulled from.
+	Source *BundlePull `json:"source,omitempty"`
+}
+
+// BundleOwner is who controls a stored bundle.
+type BundleOwner string
+
+// Bundle owners.
+const (
+	// BundleOwnerAdmin: stored with an admin key (PUT ?tenant=) or by the
+	// provisioning manifest. A tenant-admin may not replace or delete it;
+	// only such a bundle may be one of its tenant's guards.
+	BundleOwnerAdmin BundleOwner = "admin"
+	// BundleOwnerTenant: stored by the tenant (a tenant-admin key).
+	BundleOwnerTenant BundleOwner = "tenant"
+)
+
+// OwnedBy returns the bundle's owner; a record without one (stored before
+// owners existed, by a store that does not migrate it) is the tenant's.
+func (b *BundleRecord) OwnedBy() BundleOwner {
+	if b.Owner == "" {
+		return BundleOwnerTenant
+	}
+	return b.Owner
 }
 
 // Tenant is an isolated namespace.
 type Tenant struct {
-	ID        string    `json:"id"`
-	Guards    []string  `json:"guards,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	ID     string   `json:"id"`
+	Guards []string `json:"guards,omitempty"`
+	// BundleKeys verify the signatures of the tenant's bundles, beside the
+	// kernel's own keys; with any key, its bundles must be signed.
+	BundleKeys []BundleKey `json:"bundle_keys,omitempty"`
+	// AllowBundleSources lets the tenant's tenant-admins point its bundles
+	// at bundle servers (admins always may).
+	AllowBundleSources bool      `json:"allow_bundle_sources,omitempty"`
+	CreatedAt          time.Time `json:"created_at"`
+}
+
+// BundleKey is a key that verifies bundle signatures (OPA's key config): a
+// PEM public key, or the shared secret of an HS* algorithm.
+type BundleKey struct {
+	ID        string `json:"id"`
+	Algorithm string `json:"algorithm,omitempty"`
+	Key       string `json:"key"`
+	Scope     string `json:"scope,omitempty"`
 }
 
 // Key roles.
@@ -82,6 +125,9 @@ const (
 	RoleAdmin       = "admin"
 	RoleTenantAdmin = "tenant-admin"
 	RoleClient      = "client"
+	// RoleApprover reads and decides approvals and reads executions of its
+	// tenant, and nothing else.
+	RoleApprover = "approver"
 )
 
 // APIKey is a stored API key; only the sha256 of the secret is kept.

@@ -21,6 +21,9 @@ func HashKey(secret string) string {
 }
 
 // CreateTenant creates a tenant; creating an existing one is a conflict.
+// Its guards are checked as by SetTenantGuards; a new tenant has no bundles
+// yet, so in practice a tenant is created bare and given guards once the
+// admin has stored them into it.
 func (k *Kernel) CreateTenant(ctx context.Context, t Tenant) (*Tenant, error) {
 	if !ValidID(t.ID) {
 		return nil, Errorf(CodeValidation, "tenant id %q is invalid", t.ID)
@@ -29,6 +32,9 @@ func (k *Kernel) CreateTenant(ctx context.Context, t Tenant) (*Tenant, error) {
 		if _, err := r.tx.Tenant(t.ID); err == nil || t.ID == DefaultTenant {
 			return Errorf(CodeConflict, "tenant %s already exists", t.ID)
 		} else if !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		if err := checkGuards(r.tx, t.ID, t.Guards); err != nil {
 			return err
 		}
 		t.CreatedAt = r.now
@@ -40,21 +46,89 @@ func (k *Kernel) CreateTenant(ctx context.Context, t Tenant) (*Tenant, error) {
 	return &t, nil
 }
 
-// UpsertTenant creates or updates a tenant (manifest provisioning).
-func (k *Kernel) UpsertTenant(ctx context.Context, t Tenant) error {
-	if !ValidID(t.ID) {
-		return Errorf(CodeValidation, "tenant id %q is invalid", t.ID)
+// EnsureTenant creates a tenant without guards unless it exists; an
+// existing one is left as it is (manifest provisioning).
+func (k *Kernel) EnsureTenant(ctx context.Context, id string) error {
+	if !ValidID(id) {
+		return Errorf(CodeValidation, "tenant id %q is invalid", id)
+	}
+	if id == DefaultTenant {
+		return nil
 	}
 	_, err := k.update(ctx, func(r *rec) error {
-		if old, err := r.tx.Tenant(t.ID); err == nil {
-			t.CreatedAt = old.CreatedAt
-		} else {
-			t.CreatedAt = r.now
+		if _, err := r.tx.Tenant(id); err == nil {
+			return nil
+		} else if !errors.Is(err, ErrNotFound) {
+			return err
 		}
-		return r.tx.PutTenant(&t)
+		return r.tx.PutTenant(&Tenant{ID: id, CreatedAt: r.now})
 	})
 	return err
 }
+
+// SetTenantGuards replaces a tenant's guard bundles (the default tenant
+// included). Every guard must name a bundle of that tenant that the admin
+// owns (BundleOwnerAdmin): a guard the tenant could replace or delete would
+// guard nothing. Anything else is a validation error naming the guard.
+func (k *Kernel) SetTenantGuards(ctx context.Context, tenant string, guards []string) (*Tenant, error) {
+	var out *Tenant
+	_, err := k.update(ctx, func(r *rec) error {
+		t, err := r.tx.Tenant(tenant)
+		switch {
+		case errors.Is(err, ErrNotFound) && tenant == DefaultTenant:
+			t = &Tenant{ID: DefaultTenant, CreatedAt: r.now}
+		case errors.Is(err, ErrNotFound):
+			return Errorf(CodeNotFound, "tenant %s not found", tenant)
+		case err != nil:
+			return err
+		}
+		if err := checkGuards(r.tx, tenant, guards); err != nil {
+			return err
+		}
+		t.Guards = slices.Clone(guards)
+		if len(t.Guards) == 0 {
+			t.Guards = nil
+		}
+		out = t
+		return r.tx.PutTenant(t)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// checkGuards checks the guards of tenant against its stored bundles.
+func checkGuards(tx ReadTx, tenant string, guards []string) error {
+	if len(guards) > MaxGuards {
+		return Errorf(CodeValidation, "a tenant may have at most %d guards, got %d", MaxGuards, len(guards))
+	}
+	for i, g := range guards {
+		if !ValidID(g) {
+			return Errorf(CodeValidation, "guard %q is not a valid bundle name", g)
+		}
+		if slices.Contains(guards[:i], g) {
+			return Errorf(CodeValidation, "guard %q is listed twice", g)
+		}
+		b, err := tx.Bundle(tenant, g)
+		if errors.Is(err, ErrNotFound) {
+			return (&Error{Code: CodeValidation, Message: fmt.Sprintf("guard %q: tenant %s has no bundle %s (store it with the admin key: PUT /v0/bundles/%s?tenant=%s)", g, tenant, g, g, tenant)}).
+				WithDetails(map[string]any{"guard": g})
+		}
+		if err != nil {
+			return err
+		}
+		if b.OwnedBy() != BundleOwnerAdmin {
+			return (&Error{Code: CodeValidation, Message: fmt.Sprintf("guard %q: bundle %s of tenant %s is owned by the tenant, and a guard must be owned by the admin (store it with the admin key: PUT /v0/bundles/%s?tenant=%s)", g, g, tenant, g, tenant)}).
+				WithDetails(map[string]any{"guard": g, "owner": string(b.OwnedBy())})
+		}
+	}
+	return nil
+}
+
+// MaxGuards bounds the guard bundles of one tenant (each is evaluated on
+// every step of the tenant).
+const MaxGuards = 16
 
 // ListTenants lists tenants; default is always first.
 func (k *Kernel) ListTenants(ctx context.Context) ([]*Tenant, error) {
@@ -90,14 +164,76 @@ func (k *Kernel) TenantGuards(ctx context.Context, tenant string) ([]string, err
 	return g, err
 }
 
+// SetTenantBundleTrust sets the keys that verify a tenant's bundle
+// signatures and whether its tenant-admins may set bundle sources (an
+// admin's decision: the manifest's bundle_keys and allow_bundle_sources).
+func (k *Kernel) SetTenantBundleTrust(ctx context.Context, tenant string, keys []BundleKey, allowSources bool) error {
+	_, err := k.update(ctx, func(r *rec) error {
+		t, err := r.tx.Tenant(tenant)
+		switch {
+		case errors.Is(err, ErrNotFound) && tenant == DefaultTenant:
+			t = &Tenant{ID: DefaultTenant, CreatedAt: r.now}
+		case errors.Is(err, ErrNotFound):
+			return Errorf(CodeNotFound, "tenant %s not found", tenant)
+		case err != nil:
+			return err
+		}
+		t.BundleKeys = slices.Clone(keys)
+		t.AllowBundleSources = allowSources
+		return r.tx.PutTenant(t)
+	})
+	return err
+}
+
+// TenantBundleKeys returns the keys that verify a tenant's bundles (none
+// for an unknown tenant or one without keys).
+func (k *Kernel) TenantBundleKeys(ctx context.Context, tenant string) ([]BundleKey, error) {
+	var keys []BundleKey
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		t, err := tx.Tenant(tenant)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		keys = t.BundleKeys
+		return nil
+	})
+	return keys, err
+}
+
+// TenantAllowsBundleSources reports whether a tenant's tenant-admins may
+// point bundles at bundle servers (set by an admin; default no).
+func (k *Kernel) TenantAllowsBundleSources(ctx context.Context, tenant string) (bool, error) {
+	allow := false
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		t, err := tx.Tenant(tenant)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		allow = t.AllowBundleSources
+		return nil
+	})
+	return allow, err
+}
+
 // CreateKey issues an API key for a tenant. The secret is returned once;
 // only its hash is stored. A non-empty secret (manifest provisioning) is
 // used as given.
 func (k *Kernel) CreateKey(ctx context.Context, tenant, role, principal, secret string) (*APIKey, string, error) {
 	switch role {
-	case RoleAdmin, RoleTenantAdmin, RoleClient:
+	case RoleAdmin:
+		if tenant != DefaultTenant {
+			// An admin key acts on every tenant; it belongs to none but default.
+			return nil, "", Errorf(CodeValidation, "an admin key belongs to the default tenant, not %s (admin keys act on every tenant)", tenant)
+		}
+	case RoleTenantAdmin, RoleClient, RoleApprover:
 	default:
-		return nil, "", Errorf(CodeValidation, "role %q is invalid (want admin, tenant-admin or client)", role)
+		return nil, "", Errorf(CodeValidation, "role %q is invalid (want admin, tenant-admin, client or approver)", role)
 	}
 	if principal == "" {
 		return nil, "", Errorf(CodeValidation, "principal is required")

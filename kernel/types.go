@@ -286,8 +286,14 @@ type Approval struct {
 	Reason      string         `json:"reason,omitempty"`
 	RuleID      string         `json:"rule_id,omitempty"`
 	ExpiresAt   time.Time      `json:"expires_at"`
-	DecidedBy   string         `json:"decided_by,omitempty"`
-	Rationale   string         `json:"rationale,omitempty"`
-	CreatedAt   time.Time      `json:"created_at"`
-	DecidedAt   *time.Time     `json:"decided_at,omitempty"`
+	// DecidedBy is who decided: the deciding key's principal, or the
+	// person an admin key named (decided_by) when it acted for them.
+	DecidedBy string `json:"decided_by,omitempty"`
+	// DecidedByKey is the id of the API key that decided, and
+	// DecidedByPrincipal that key's principal.
+	DecidedByKey       string     `json:"decided_by_key,omitempty"`
+	DecidedByPrincipal string     `json:"decided_by_principal,omitempty"`
+	Rationale          string     `json:"rationale,omitempty"`
+	CreatedAt          time.Time  `json:"created_at"`
+	DecidedAt          *time.Time `json:"decided_at,omitempty"`
 }

@@ -49,6 +49,10 @@ type Options struct {
 	DefaultPolicy string
 	// Guards returns a tenant's guard bundles (nil: none).
 	Guards func(ctx context.Context, tenant string) ([]string, error)
+	// BundleKeys returns the keys that verify a tenant's bundle signatures
+	// (the kernel's and the tenant's). With any key, an unsigned or
+	// tampered bundle is refused; nil or none: signatures are not checked.
+	BundleKeys func(ctx context.Context, tenant string) ([]bundle.Key, error)
 }
 
 // Host implements kernel.Policy and kernel.BundleLoader.
@@ -83,6 +87,32 @@ type declaredLimit struct {
 	rule    kernel.RateLimitRule
 	targets []*bundle.Glob
 	kind    string
+}
+
+// KernelAndTenantKeys makes an Options.BundleKeys of the kernel's keys and
+// each tenant's own (tenant returns them, e.g. Kernel.TenantBundleKeys). A
+// tenant key may not reuse a kernel key's id: its bundles are then refused
+// with an error saying so, rather than verified against the wrong key.
+func KernelAndTenantKeys(kernelKeys []bundle.Key, tenant func(ctx context.Context, tenant string) ([]kernel.BundleKey, error)) func(context.Context, string) ([]bundle.Key, error) {
+	return func(ctx context.Context, t string) ([]bundle.Key, error) {
+		keys := append([]bundle.Key(nil), kernelKeys...)
+		if tenant == nil {
+			return keys, nil
+		}
+		tk, err := tenant(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		for _, k := range tk {
+			for _, kk := range kernelKeys {
+				if kk.ID == k.ID {
+					return nil, fmt.Errorf("tenant %s has a bundle key with id %q, which is also a kernel key's id: rename one", t, k.ID)
+				}
+			}
+			keys = append(keys, bundle.Key{ID: k.ID, Algorithm: k.Algorithm, Key: k.Key, Scope: k.Scope})
+		}
+		return keys, nil
+	}
 }
 
 // NewHost builds a host with the given engines. A duplicate engine name panics.
@@ -123,11 +153,19 @@ func (h *Host) CompileBundle(ctx context.Context, b *bundle.Bundle) (policy.Eval
 func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSource) (*kernel.CompiledBundle, error) {
 	var b *bundle.Bundle
 	var err error
+	opts := bundle.Options{Name: src.Name}
+	if h.opts.BundleKeys != nil {
+		keys, err := h.opts.BundleKeys(ctx, tenant)
+		if err != nil {
+			return nil, fmt.Errorf("cannot read the bundle verification keys: %w", err)
+		}
+		opts.Keys = keys
+	}
 	switch {
 	case src.Archive != nil:
-		b, err = bundle.LoadTarGz(bytes.NewReader(src.Archive))
+		b, err = opts.LoadTarGz(bytes.NewReader(src.Archive))
 	case src.Files != nil:
-		b, err = bundle.LoadFiles(src.Files)
+		b, err = opts.LoadFiles(src.Files)
 	default:
 		return nil, fmt.Errorf("empty bundle")
 	}

@@ -93,7 +93,7 @@ func (s *Server) setPolicy(c *call) (int, any, error) {
 		return 0, nil, errorf(kernel.CodeValidation, "bundle is required: the agent's native YAML rules, as a string")
 	}
 	agentID := c.vars("agent_id")
-	rec, err := s.k.SetAgentPolicy(c.ctx, c.tenant, agentID, []byte(req.Bundle))
+	rec, err := s.k.SetAgentPolicy(c.ctx, c.tenant, agentID, []byte(req.Bundle), c.p.bundleOwner())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -135,17 +135,27 @@ func (s *Server) getApproval(c *call) (int, any, error) {
 func (s *Server) grantApproval(c *call) (int, any, error) { return s.resolveApproval(c, true) }
 func (s *Server) denyApproval(c *call) (int, any, error)  { return s.resolveApproval(c, false) }
 
-// resolveApproval grants or denies; decided_by defaults to the key's principal.
+// resolveApproval grants or denies. The decider is the key's principal: a
+// body decided_by that names anyone else is 403, except for admin keys,
+// which may decide for a named person (both are recorded).
 func (s *Server) resolveApproval(c *call, grant bool) (int, any, error) {
 	var req wire.ResolveApprovalRequest
 	if err := decode(c.body, &req); err != nil {
 		return 0, nil, err
 	}
-	if req.DecidedBy == "" {
-		req.DecidedBy = c.p.Name
+	by := c.p.Name
+	if req.DecidedBy != "" && req.DecidedBy != by {
+		if c.p.Kind != PrincipalAdmin {
+			// Another tenant's approval, or none, is 404 as on every route.
+			if _, err := s.k.GetApproval(c.ctx, c.tenant, c.vars("approval_id")); err != nil {
+				return 0, nil, err
+			}
+			return 0, nil, errorf(kernel.CodeForbidden, "decided_by %q is not this key's principal %q: a decision is made by the key's holder (only admin keys may decide for someone else)", req.DecidedBy, by)
+		}
+		by = req.DecidedBy
 	}
 	a, err := s.k.ResolveApproval(c.ctx, kernel.Resolution{Tenant: c.tenant, ApprovalID: c.vars("approval_id"), Grant: grant,
-		DecidedBy: req.DecidedBy, Rationale: req.Rationale, RequestHash: req.RequestHash})
+		DecidedBy: by, KeyID: c.p.KeyID, Principal: c.p.Name, Rationale: req.Rationale, RequestHash: req.RequestHash})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -159,17 +169,30 @@ func (s *Server) createTenant(c *call) (int, any, error) {
 	if err := decode(c.body, &req); err != nil {
 		return 0, nil, err
 	}
-	for _, g := range req.Guards {
-		if !kernel.ValidID(g) {
-			return 0, nil, errorf(kernel.CodeValidation, "guard bundle name %q is invalid", g)
-		}
-	}
 	t, err := s.k.CreateTenant(c.ctx, kernel.Tenant{ID: req.ID, Guards: req.Guards})
 	if err != nil {
 		return 0, nil, err
 	}
 	c.w.Header().Set("Location", "/v0/tenants/"+t.ID)
 	return http.StatusCreated, tenantView(t), nil
+}
+
+// updateTenant sets a tenant's guards: PUT /v0/tenants/{tenant}
+// {"guards": [...]} ([] removes them). Each must name an admin-owned bundle
+// of that tenant.
+func (s *Server) updateTenant(c *call) (int, any, error) {
+	var req wire.TenantUpdateRequest
+	if err := decode(c.body, &req); err != nil {
+		return 0, nil, err
+	}
+	if req.Guards == nil {
+		return 0, nil, errorf(kernel.CodeValidation, `guards is required: the tenant's guard bundles ([] removes them all)`)
+	}
+	t, err := s.k.SetTenantGuards(c.ctx, c.vars("tenant"), *req.Guards)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, tenantView(t), nil
 }
 
 func (s *Server) listTenants(c *call) (int, any, error) {
@@ -180,12 +203,22 @@ func (s *Server) listTenants(c *call) (int, any, error) {
 	return http.StatusOK, wire.TenantList{Tenants: mapSlice(ts, tenantView)}, nil
 }
 
+// createKey issues a key. An admin may issue any role for any tenant (an
+// admin key only in the default tenant); a tenant-admin only keys of its own
+// tenant, and never an admin key.
 func (s *Server) createKey(c *call) (int, any, error) {
 	var req wire.KeyRequest
 	if err := decode(c.body, &req); err != nil {
 		return 0, nil, err
 	}
-	key, secret, err := s.k.CreateKey(c.ctx, c.vars("tenant"), req.Role, req.Principal, "")
+	tenant := c.vars("tenant")
+	if err := s.ownKeys(c, tenant); err != nil {
+		return 0, nil, err
+	}
+	if c.p.Kind != PrincipalAdmin && req.Role == kernel.RoleAdmin {
+		return 0, nil, errorf(kernel.CodeForbidden, "a %s key may not issue admin keys", c.p.Kind)
+	}
+	key, secret, err := s.k.CreateKey(c.ctx, tenant, req.Role, req.Principal, "")
 	if err != nil {
 		return 0, nil, err
 	}
@@ -193,8 +226,19 @@ func (s *Server) createKey(c *call) (int, any, error) {
 		Tenant: key.Tenant, CreatedAt: key.CreatedAt}, nil
 }
 
+// ownKeys holds a tenant-admin to the keys of its own tenant.
+func (s *Server) ownKeys(c *call, tenant string) error {
+	if c.p.Kind != PrincipalAdmin && tenant != c.p.Tenant {
+		return errorf(kernel.CodeForbidden, "a %s key manages the keys of its own tenant (%s) only", c.p.Kind, c.p.Tenant)
+	}
+	return nil
+}
+
 func (s *Server) listKeys(c *call) (int, any, error) {
 	t := c.vars("tenant")
+	if err := s.ownKeys(c, t); err != nil {
+		return 0, nil, err
+	}
 	if err := s.requireTenant(c, t); err != nil {
 		return 0, nil, err
 	}
@@ -205,9 +249,29 @@ func (s *Server) listKeys(c *call) (int, any, error) {
 	return http.StatusOK, wire.KeyList{Keys: mapSlice(keys, keyView)}, nil
 }
 
+// deleteKey revokes a key and ends the event streams it opened. A
+// tenant-admin may revoke keys of its own tenant, but not an admin key.
 func (s *Server) deleteKey(c *call) (int, any, error) {
-	if err := s.k.DeleteKey(c.ctx, c.vars("tenant"), c.vars("key_id")); err != nil {
+	tenant, id := c.vars("tenant"), c.vars("key_id")
+	if err := s.ownKeys(c, tenant); err != nil {
 		return 0, nil, err
+	}
+	if c.p.Kind != PrincipalAdmin {
+		keys, err := s.k.ListKeys(c.ctx, tenant)
+		if err != nil {
+			return 0, nil, err
+		}
+		for _, k := range keys {
+			if k.ID == id && k.Role == kernel.RoleAdmin {
+				return 0, nil, errorf(kernel.CodeForbidden, "a %s key may not revoke an admin key", c.p.Kind)
+			}
+		}
+	}
+	if err := s.k.DeleteKey(c.ctx, tenant, id); err != nil {
+		return 0, nil, err
+	}
+	if n := s.streams.revoke(tenant, id); n > 0 {
+		s.log.Info("key revoked: event streams closed", "tenant", tenant, "key_id", id, "streams", n)
 	}
 	return http.StatusNoContent, nil, nil
 }

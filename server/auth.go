@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,7 +18,7 @@ import (
 // PrincipalKind is who a request acts as.
 type PrincipalKind string
 
-// Principal kinds. The first three are the roles of bearer keys.
+// Principal kinds. All but PrincipalAgent are the roles of bearer keys.
 const (
 	// PrincipalAdmin administers the whole kernel and may name ?tenant=.
 	PrincipalAdmin PrincipalKind = kernel.RoleAdmin
@@ -25,6 +26,9 @@ const (
 	PrincipalTenantAdmin PrincipalKind = kernel.RoleTenantAdmin
 	// PrincipalClient runs and reads executions of one tenant.
 	PrincipalClient PrincipalKind = kernel.RoleClient
+	// PrincipalApprover reads and decides approvals and reads executions of
+	// one tenant.
+	PrincipalApprover PrincipalKind = kernel.RoleApprover
 	// PrincipalAgent is an agent that signed its request; it may touch only
 	// its own executions.
 	PrincipalAgent PrincipalKind = "agent"
@@ -53,6 +57,15 @@ func (p Principal) String() string {
 }
 
 func (p Principal) bearer() bool { return p.Kind != PrincipalAgent }
+
+// bundleOwner is who owns the bundles p stores, and the rights p has over
+// stored ones: admin keys act as the admin, everything else as the tenant.
+func (p Principal) bundleOwner() kernel.BundleOwner {
+	if p.Kind == PrincipalAdmin {
+		return kernel.BundleOwnerAdmin
+	}
+	return kernel.BundleOwnerTenant
+}
 
 func sha256Sum(s string) [32]byte { return sha256.Sum256([]byte(s)) }
 
@@ -117,12 +130,45 @@ func (s *Server) authenticateBearer(c *call, authz string) error {
 		return err
 	}
 	switch key.Role {
-	case kernel.RoleAdmin, kernel.RoleTenantAdmin, kernel.RoleClient:
+	case kernel.RoleAdmin, kernel.RoleTenantAdmin, kernel.RoleClient, kernel.RoleApprover:
 	default:
 		return errorf(kernel.CodeForbidden, "API key %s has unknown role %q", key.ID, key.Role)
 	}
 	c.p = Principal{Kind: PrincipalKind(key.Role), Tenant: key.Tenant, KeyID: key.ID, Name: key.Principal}
+	c.token = token
 	return nil
+}
+
+// agentCall reports whether r authenticates as an agent on a route of
+// class cl: the test authenticate makes.
+func agentCall(r *http.Request, cl class) bool {
+	return r.Header.Get(wire.HeaderAgentID) != "" && (cl == classAgent || cl == classExecRead) && r.Header.Get("Authorization") == ""
+}
+
+// agentOf finds the agent a request names, from its headers alone (the
+// server calls it before reading the body): a signature header must be
+// there; the execution in the path fixes the tenant; an agent that is not
+// the execution's own gets not_found, like an unknown execution.
+func (s *Server) agentOf(c *call, agentID string) (*kernel.Agent, string, error) {
+	if c.r.Header.Get(wire.HeaderWicketSignature) == "" && c.r.Header.Get(wire.HeaderSignature) == "" {
+		return nil, "", errorf(kernel.CodeUnauthenticated, "missing %s (or %s for agents registered with signing: body)", wire.HeaderWicketSignature, wire.HeaderSignature)
+	}
+	id := mux.Vars(c.r)["id"]
+	tenant, owner, err := s.k.ExecutionOwner(c.ctx, id)
+	if err != nil {
+		return nil, "", err
+	}
+	if owner != agentID {
+		return nil, "", errorf(kernel.CodeNotFound, "execution %s not found", id)
+	}
+	a, err := s.k.Agent(c.ctx, tenant, agentID)
+	if err != nil {
+		if kernel.CodeOf(err) == kernel.CodeNotFound {
+			return nil, "", errorf(kernel.CodeUnauthenticated, "agent %s is not registered", agentID)
+		}
+		return nil, "", err
+	}
+	return a, tenant, nil
 }
 
 // authenticateAgent checks an agent's signature under the agent's scheme
@@ -131,29 +177,14 @@ func (s *Server) authenticateBearer(c *call, authz string) error {
 // Config.SignatureTolerance of the server's clock; for body, the Rebuno
 // signature of the raw body. A request signed the other way is refused:
 // accepting both would leave v1 agents open to the body scheme's replays.
-// The execution in the path fixes the tenant; an agent that is not the
-// execution's own gets not_found, like an unknown execution.
+// See agentOf for who the agent may be.
 func (s *Server) authenticateAgent(c *call, agentID string) error {
+	a, tenant, err := s.agentOf(c, agentID)
+	if err != nil {
+		return err
+	}
 	v1Header := c.r.Header.Get(wire.HeaderWicketSignature)
 	bodyHeader := c.r.Header.Get(wire.HeaderSignature)
-	if v1Header == "" && bodyHeader == "" {
-		return errorf(kernel.CodeUnauthenticated, "missing %s (or %s for agents registered with signing: body)", wire.HeaderWicketSignature, wire.HeaderSignature)
-	}
-	id := mux.Vars(c.r)["id"]
-	tenant, owner, err := s.k.ExecutionOwner(c.ctx, id)
-	if err != nil {
-		return err
-	}
-	if owner != agentID {
-		return errorf(kernel.CodeNotFound, "execution %s not found", id)
-	}
-	a, err := s.k.Agent(c.ctx, tenant, agentID)
-	if err != nil {
-		if kernel.CodeOf(err) == kernel.CodeNotFound {
-			return errorf(kernel.CodeUnauthenticated, "agent %s is not registered", agentID)
-		}
-		return err
-	}
 	switch scheme := a.SigningScheme(); scheme {
 	case kernel.SigningBody:
 		if bodyHeader == "" {
@@ -175,38 +206,46 @@ func (s *Server) authenticateAgent(c *call, agentID string) error {
 	return nil
 }
 
+// roles lists, for each class of bearer route, the key roles it admits
+// (agents are admitted by classAgent and classExecRead only).
+var roles = map[class][]PrincipalKind{
+	classClient:    {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient},
+	classRead:      {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient, PrincipalApprover},
+	classExecRead:  {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient, PrincipalApprover},
+	classApprovals: {PrincipalAdmin, PrincipalTenantAdmin, PrincipalApprover},
+	classAdmin:     {PrincipalAdmin, PrincipalTenantAdmin},
+	classKeys:      {PrincipalAdmin, PrincipalTenantAdmin},
+	classTenants:   {PrincipalAdmin},
+}
+
 // authorize checks c.p against the route's class. It is the only place
-// roles are checked.
+// roles are checked (tenant-admins on key routes are held to their own
+// tenant by the key handlers).
 func (s *Server) authorize(c *call, cl class) error {
 	p := c.p
 	switch cl {
-	case classOpen, classExecRead:
+	case classOpen:
 		return nil
-	case classClient:
-		if p.bearer() {
-			return nil
-		}
-	case classAdmin:
-		if p.Kind == PrincipalAdmin || p.Kind == PrincipalTenantAdmin {
-			return nil
-		}
-		if p.bearer() {
-			return errorf(kernel.CodeForbidden, "this route needs a tenant-admin or admin key; this key is %s", p.Kind)
-		}
-	case classTenants:
-		if p.Kind == PrincipalAdmin {
-			return nil
-		}
-		if p.bearer() {
-			return errorf(kernel.CodeForbidden, "this route needs an admin key; this key is %s", p.Kind)
-		}
 	case classAgent:
 		if p.Kind == PrincipalAgent {
 			return nil
 		}
 		return errorf(kernel.CodeForbidden, "this route is for the execution's agent (%s and %s)", wire.HeaderAgentID, wire.HeaderWicketSignature)
 	}
-	return errorf(kernel.CodeForbidden, "agents may not call this route")
+	if p.Kind == PrincipalAgent {
+		if cl == classExecRead {
+			return nil
+		}
+		return errorf(kernel.CodeForbidden, "agents may not call this route")
+	}
+	if slices.Contains(roles[cl], p.Kind) {
+		return nil
+	}
+	names := make([]string, len(roles[cl]))
+	for i, k := range roles[cl] {
+		names[i] = string(k)
+	}
+	return errorf(kernel.CodeForbidden, "this route needs a key of role %s; this key is %s", strings.Join(names, ", "), p.Kind)
 }
 
 // leaseOf reads the caller's lease from the dispatch headers.

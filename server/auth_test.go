@@ -84,9 +84,11 @@ func TestBearerAuth(t *testing.T) {
 func TestTenantsAndKeys(t *testing.T) {
 	e := newEnv(t)
 	var tn wire.Tenant
+	// A new tenant has no bundles, so it cannot name guards yet.
 	e.admin("POST", "/v0/tenants", map[string]any{"id": "acme", "guards": []string{"no-destructive"}}).
-		want(t, http.StatusCreated).decode(t, &tn)
-	if tn.ID != "acme" || len(tn.Guards) != 1 {
+		wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	e.admin("POST", "/v0/tenants", map[string]any{"id": "acme"}).want(t, http.StatusCreated).decode(t, &tn)
+	if tn.ID != "acme" || len(tn.Guards) != 0 {
 		t.Fatalf("tenant %+v", tn)
 	}
 	e.admin("POST", "/v0/tenants", map[string]any{"id": "acme"}).wantErr(t, http.StatusConflict, wire.CodeConflict)

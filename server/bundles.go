@@ -18,12 +18,18 @@ import (
 	"github.com/wicket-run/wicket/server/wire"
 )
 
-// manifestFile is the bundle manifest's path inside a bundle.
-const manifestFile = "bundle.yaml"
+// manifestFile is the bundle manifest's path inside a bundle; opaManifestFile
+// OPA's.
+const (
+	manifestFile    = "bundle.yaml"
+	opaManifestFile = ".manifest"
+)
 
 var engineName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 
-// putBundle stores a bundle and makes it live. The body is a .tar.gz
+// putBundle stores a bundle and makes it live. An admin key stores an
+// admin-owned bundle (it may then be a guard); a tenant-admin key stores the
+// tenant's own and may not replace an admin-owned one (403). The body is a .tar.gz
 // (Content-Type application/gzip, application/x-gzip or
 // application/octet-stream) or the JSON form wire.BundleFilesRequest.
 // The kernel's loader validates it whole; a refused bundle changes nothing.
@@ -55,7 +61,7 @@ func (s *Server) putBundle(c *call) (int, any, error) {
 	default:
 		return 0, nil, errorf(kernel.CodeValidation, "Content-Type %q is not supported: send application/gzip (a .tar.gz) or application/json ({engine, files})", mt)
 	}
-	rec, err := s.k.PutBundle(c.ctx, c.tenant, name, src)
+	rec, err := s.k.PutBundle(c.ctx, c.tenant, name, src, c.p.bundleOwner())
 	if err != nil {
 		return 0, nil, err
 	}
@@ -107,12 +113,18 @@ func bundleFiles(name string, body []byte) (map[string][]byte, error) {
 		return files, nil
 	}
 	if req.Engine == "" {
-		return nil, errorf(kernel.CodeValidation, "engine is required when the files have no %s", manifestFile)
+		// An OPA bundle: the loader infers the engine from the files and
+		// names the bundle after the URL.
+		return files, nil
 	}
 	if !engineName.MatchString(req.Engine) {
 		return nil, errorf(kernel.CodeValidation, "engine %q is invalid", req.Engine)
 	}
-	files[manifestFile] = []byte("name: " + strconv.Quote(name) + "\nrevision: " + strconv.Quote(contentRevision(files)) + "\nengine: " + req.Engine + "\n")
+	m := "name: " + strconv.Quote(name) + "\nengine: " + req.Engine + "\n"
+	if _, ok := files[opaManifestFile]; !ok { // else .manifest's revision
+		m += "revision: " + strconv.Quote(contentRevision(files)) + "\n"
+	}
+	files[manifestFile] = []byte(m)
 	return files, nil
 }
 
@@ -195,8 +207,57 @@ func (s *Server) getBundle(c *call) (int, any, error) {
 }
 
 func (s *Server) deleteBundle(c *call) (int, any, error) {
-	if err := s.k.DeleteBundle(c.ctx, c.tenant, c.vars("name")); err != nil {
+	if err := s.k.DeleteBundle(c.ctx, c.tenant, c.vars("name"), c.p.bundleOwner()); err != nil {
 		return 0, nil, err
 	}
 	return http.StatusNoContent, nil, nil
+}
+
+// putBundleSource points a bundle at a bundle server: the first download
+// must load (it becomes the live revision), then the kernel polls it.
+// Admins may; tenant-admins when their tenant allows bundle sources.
+func (s *Server) putBundleSource(c *call) (int, any, error) {
+	if err := s.mayPullBundles(c); err != nil {
+		return 0, nil, err
+	}
+	var req wire.BundleSource
+	if err := decode(c.body, &req); err != nil {
+		return 0, nil, err
+	}
+	if req.URL == "" {
+		return 0, nil, errorf(kernel.CodeValidation, "url is required")
+	}
+	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), &kernel.BundlePull{URL: req.URL, MinDelay: req.MinDelay, MaxDelay: req.MaxDelay}, c.p.bundleOwner())
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, bundleView(rec), nil
+}
+
+// deleteBundleSource stops pulling a bundle; its live revision stays.
+func (s *Server) deleteBundleSource(c *call) (int, any, error) {
+	if err := s.mayPullBundles(c); err != nil {
+		return 0, nil, err
+	}
+	rec, err := s.k.SetBundleSource(c.ctx, c.tenant, c.vars("name"), nil, c.p.bundleOwner())
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, bundleView(rec), nil
+}
+
+// mayPullBundles: bundle server URLs make the kernel fetch from the
+// network, so beyond admins only tenants an admin allowed may set them.
+func (s *Server) mayPullBundles(c *call) error {
+	if c.p.Kind == PrincipalAdmin {
+		return nil
+	}
+	ok, err := s.k.TenantAllowsBundleSources(c.ctx, c.tenant)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errorf(kernel.CodeForbidden, "tenant %s may not pull bundles from bundle servers: an admin can allow it (allow_bundle_sources)", c.tenant)
+	}
+	return nil
 }

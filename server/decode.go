@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/wicket-run/wicket/kernel"
@@ -19,7 +21,12 @@ import (
 //   - no object, at any depth, may have the same key twice (compared after
 //     unescaping): encoding/json would silently keep the last one, and what
 //     a caller meant is then ambiguous;
-//   - a field of the wrong type is an error that names the field.
+//   - a field of the wrong type is an error that names the field;
+//   - field names are matched exactly: encoding/json matches them without
+//     regard to case, so {"agent_id": "a", "AGENT_ID": "b"} would decode as
+//     "b"; a key that differs from a field's name only in case (Unicode
+//     case folding, as encoding/json folds) is an error naming both, at any
+//     depth of the request type.
 //
 // Unknown fields are ignored, so that a newer client works against an older
 // kernel (DisallowUnknownFields would refuse every field added later). Free
@@ -45,11 +52,126 @@ func decode(body []byte, v any) error {
 	if rest := bytes.TrimLeft(body[dec.InputOffset():], " \t\r\n"); len(rest) > 0 {
 		return errorf(kernel.CodeValidation, "malformed JSON: unexpected data after the top-level object at byte offset %d", dec.InputOffset())
 	}
-	if err := checkDuplicateKeys(body); err != nil {
+	if err := checkKeys(body, schemaOf(reflect.TypeOf(v))); err != nil {
 		return err
 	}
 	return nil
 }
+
+// schema is what decode knows of a JSON value from the Go type it decodes
+// into: for a struct, its fields by exact JSON name; for a slice or array,
+// its elements. A nil *schema is a free-form value (maps, raw JSON, scalars).
+type schema struct {
+	fields map[string]*schema
+	names  []string // the keys of fields, for case-folded comparisons
+	elem   *schema
+}
+
+var schemas sync.Map // reflect.Type → *schema
+
+// schemaOf returns the schema of values of type t (cached).
+func schemaOf(t reflect.Type) *schema {
+	if t == nil {
+		return nil
+	}
+	if sc, ok := schemas.Load(t); ok {
+		return sc.(*schema)
+	}
+	sc := buildSchema(t, map[reflect.Type]bool{})
+	schemas.Store(t, sc)
+	return sc
+}
+
+var unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+
+func buildSchema(t reflect.Type, seen map[reflect.Type]bool) *schema {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) || seen[t] {
+		return nil // decodes itself (time.Time, json.RawMessage…), or recursive
+	}
+	switch t.Kind() {
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return nil // []byte: base64
+		}
+		if e := buildSchema(t.Elem(), seen); e != nil {
+			return &schema{elem: e}
+		}
+		return nil
+	case reflect.Struct:
+	default:
+		return nil
+	}
+	seen[t] = true
+	defer delete(seen, t)
+	sc := &schema{fields: map[string]*schema{}}
+	var add func(st reflect.Type)
+	add = func(st reflect.Type) {
+		for i := range st.NumField() {
+			f := st.Field(i)
+			tag := f.Tag.Get("json")
+			if tag == "-" {
+				continue
+			}
+			name, _, _ := strings.Cut(tag, ",")
+			if f.Anonymous && name == "" {
+				ft := f.Type
+				if ft.Kind() == reflect.Pointer {
+					ft = ft.Elem()
+				}
+				if ft.Kind() == reflect.Struct {
+					add(ft) // promoted fields
+					continue
+				}
+			}
+			if !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			sc.fields[name] = buildSchema(f.Type, seen)
+			sc.names = append(sc.names, name)
+		}
+	}
+	add(t)
+	return sc
+}
+
+// foldedField returns the field of sc whose name equals key without regard
+// to case, when key is not itself a field.
+func (sc *schema) foldedField(key string) (string, bool) {
+	if sc == nil || sc.fields == nil {
+		return "", false
+	}
+	if _, ok := sc.fields[key]; ok {
+		return "", false
+	}
+	for _, n := range sc.names {
+		if strings.EqualFold(n, key) {
+			return n, true
+		}
+	}
+	return "", false
+}
+
+// child returns the schema of the value under key (objects) or of an
+// element (arrays).
+func (sc *schema) child(key string, obj bool) *schema {
+	switch {
+	case sc == nil:
+		return nil
+	case obj:
+		return sc.fields[key]
+	default:
+		return sc.elem
+	}
+}
+
+// checkDuplicateKeys is checkKeys without a schema.
+func checkDuplicateKeys(b []byte) error { return checkKeys(b, nil) }
 
 // decodeError describes an encoding/json error for a client.
 func decodeError(err error) error {
@@ -109,15 +231,17 @@ func jsonKind(c byte) string {
 	return fmt.Sprintf("%q", c)
 }
 
-// checkDuplicateKeys scans valid JSON and reports the first object that has
-// a key twice, naming the path of that object.
-func checkDuplicateKeys(b []byte) error {
+// checkKeys scans valid JSON and reports the first object that has a key
+// twice, or a key that matches a field of sc (the schema of the top-level
+// value) only without regard to case, naming the path of that object.
+func checkKeys(b []byte, sc *schema) error {
 	type frame struct {
 		obj  bool
 		keys []string       // the object's keys so far, while few
 		set  map[string]int // the same, once there are many
 		path string
-		idx  int // array index
+		idx  int     // array index
+		sc   *schema // what the object's keys or the array's elements are
 	}
 	var stack []frame
 	var lastKey string
@@ -138,7 +262,12 @@ func checkDuplicateKeys(b []byte) error {
 		switch c {
 		case '{', '[':
 			p := childPath()
-			stack = append(stack, frame{obj: c == '{', path: p})
+			vsc := sc // the top-level value
+			if len(stack) > 0 {
+				f := &stack[len(stack)-1]
+				vsc = f.sc.child(lastKey, f.obj)
+			}
+			stack = append(stack, frame{obj: c == '{', path: p, sc: vsc})
 			expectKey = c == '{'
 			i++
 		case '}', ']':
@@ -192,12 +321,15 @@ func checkDuplicateKeys(b []byte) error {
 						f.keys = nil
 					}
 				}
+				where := f.path
+				if where == "" {
+					where = "the top-level object"
+				}
 				if dup {
-					where := f.path
-					if where == "" {
-						where = "the top-level object"
-					}
 					return errorf(kernel.CodeValidation, "malformed JSON: duplicate key %q in %s at byte offset %d", key, where, i)
+				}
+				if name, ok := f.sc.foldedField(key); ok {
+					return errorf(kernel.CodeValidation, "field %q in %s is not %q: field names are case-sensitive", key, where, name)
 				}
 				lastKey = key
 				expectKey = false

@@ -14,11 +14,14 @@ func TestDecode(t *testing.T) {
 		B int `json:"b"`
 	}
 	type req struct {
-		A string          `json:"a"`
-		N int             `json:"n"`
-		I inner           `json:"i"`
-		L []int           `json:"l"`
-		M map[string]bool `json:"m"`
+		A  string          `json:"a"`
+		N  int             `json:"n"`
+		I  inner           `json:"i"`
+		L  []int           `json:"l"`
+		M  map[string]bool `json:"m"`
+		IS []inner         `json:"is"`
+		IP *inner          `json:"ip"`
+		Sk string          `json:"sk"`
 	}
 	tests := []struct {
 		name    string
@@ -46,6 +49,16 @@ func TestDecode(t *testing.T) {
 		{"wrong type", `{"n":"one"}`, "field n: expected an integer, got JSON string"},
 		{"wrong nested type", `{"i":{"b":true}}`, "field i.b: expected an integer, got JSON bool"},
 		{"invalid utf-8", "{\"a\":\"\xff\"}", "not valid UTF-8"},
+		// Field names are case-sensitive: encoding/json would take "A" for
+		// "a" (and the last of the two would win).
+		{"case variant overrides", `{"a":"x","A":"y"}`, `field "A" in the top-level object is not "a"`},
+		{"case variant alone", `{"N":1}`, `field "N" in the top-level object is not "n"`},
+		{"case variant nested", `{"i":{"B":1}}`, `field "B" in i is not "b"`},
+		{"case variant through a pointer", `{"ip":{"B":1}}`, `field "B" in ip is not "b"`},
+		{"case variant in an array of objects", `{"is":[{"b":1},{"B":2}]}`, `field "B" in is[1] is not "b"`},
+		{"case variant by Unicode folding", "{\"\u017fk\":\"x\"}", `is not "sk"`}, // ſ folds to s
+		{"case variant escaped", `{"\u0041":"y"}`, `field "A"`},
+		{"free-form keys keep their case", `{"m":{"X":true,"x":false},"future":{"A":1,"a":2}}`, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -154,4 +167,28 @@ func TestDefaultBodyLimit(t *testing.T) {
 	e := newEnv(t)
 	big := `{"agent_id":"bot","input":"` + strings.Repeat("x", 1<<20) + `"}`
 	e.admin("POST", "/v0/executions", rawBody(big)).wantErr(t, http.StatusRequestEntityTooLarge, wire.CodeTooLarge)
+}
+
+// TestCaseVariantFieldsRefused: over HTTP, a body that names a field in
+// another case is refused and records nothing. Before, encoding/json took
+// {"agent_id": "bot", "AGENT_ID": "other"} as agent "other" (the last one).
+func TestCaseVariantFieldsRefused(t *testing.T) {
+	e := newEnv(t)
+	res := e.admin("POST", "/v0/executions", rawBody(`{"agent_id":"bot","AGENT_ID":"other"}`))
+	if msg := res.wantErr(t, http.StatusBadRequest, wire.CodeValidation).Message; !strings.Contains(msg, `"AGENT_ID"`) || !strings.Contains(msg, `"agent_id"`) {
+		t.Fatalf("message %q must name both", msg)
+	}
+	var l wire.ExecutionList
+	e.admin("GET", "/v0/executions", nil).want(t, http.StatusOK).decode(t, &l)
+	if len(l.Executions) != 0 {
+		t.Fatalf("an execution was created: %+v", l.Executions)
+	}
+	// The same in a nested object and on an agent route.
+	e.admin("POST", "/v0/policy/eval", rawBody(`{"agent_id":"bot","step":{"kind":"tool_call","target":"x","Target":"wire_money"}}`)).
+		wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	r := e.start("bot")
+	e.agent(r.as, "POST", "/v0/executions/"+r.id+"/steps", rawBody(`{"kind":"tool_call","target":"x","TARGET":"forbidden"}`)).
+		wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	// An approval decided_by in another case cannot slip past the decider check.
+	e.admin("POST", "/v0/approvals/nope/grant", rawBody(`{"Decided_By":"alice"}`)).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 }

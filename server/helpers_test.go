@@ -212,6 +212,8 @@ type envOpts struct {
 	loader kernel.BundleLoader
 	// noAgents skips registering the default agents.
 	noAgents bool
+	// store wraps the bbolt store the kernel uses (fault injection).
+	store func(kernel.Store) kernel.Store
 }
 
 func newEnv(t *testing.T, opt ...func(*envOpts)) *env {
@@ -231,7 +233,11 @@ func newEnv(t *testing.T, opt ...func(*envOpts)) *env {
 		t.Fatalf("open store: %v", err)
 	}
 	d := &recDeliverer{}
-	k, err := kernel.New(st, d, o.pol, o.kcfg)
+	var ks kernel.Store = st
+	if o.store != nil {
+		ks = o.store(st)
+	}
+	k, err := kernel.New(ks, d, o.pol, o.kcfg)
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
 	}
@@ -242,7 +248,12 @@ func newEnv(t *testing.T, opt ...func(*envOpts)) *env {
 		t.Fatalf("start kernel: %v", err)
 	}
 	srv := New(k, o.scfg)
-	ts := httptest.NewServer(srv.Handler())
+	// The server as `wicket serve` runs it: its timeouts, connection limit
+	// and idle eviction.
+	ts := httptest.NewUnstartedServer(srv.Handler())
+	ts.Config = srv.HTTPServer()
+	ts.Listener = srv.Listener(ts.Listener)
+	ts.Start()
 	e := &env{t: t, k: k, srv: srv, ts: ts, deliv: d}
 	t.Cleanup(func() {
 		ts.Close()

@@ -33,8 +33,21 @@ type Config struct {
 	AuthDisabled bool
 	// MaxBodyBytes bounds request bodies (default 1 MiB); more is 413.
 	MaxBodyBytes int64
-	// MaxBundleBytes bounds the body of PUT /v0/bundles/{name} (default 32 MiB).
+	// MaxBundleBytes bounds the body of PUT /v0/bundles/{name} (default
+	// 32 MiB) for admin and tenant-admin keys; everyone else is held to
+	// MaxBodyBytes, and nobody's body is read before the headers
+	// authenticated it.
 	MaxBundleBytes int64
+	// ReadHeaderTimeout, ReadTimeout and IdleTimeout are those of the
+	// http.Server HTTPServer returns (defaults 10 s, 60 s, 120 s). Once a
+	// request is authenticated and its body read, the read deadline is
+	// lifted: a long handler or an event stream is not cut at ReadTimeout.
+	ReadHeaderTimeout, ReadTimeout, IdleTimeout time.Duration
+	// MaxConns bounds open connections (default 4096; see Listener).
+	MaxConns int
+	// MaxStreamsPerTenant bounds the open event streams of one tenant
+	// (default 256); one more is 429.
+	MaxStreamsPerTenant int
 	// SignatureTolerance is how far the timestamp of an agent's v1
 	// signature may be from the server's clock (default 300 s); an older
 	// or newer request is 401.
@@ -60,6 +73,12 @@ type Server struct {
 	// closing is closed by CloseStreams; event streams end when it is.
 	closing   chan struct{}
 	closeOnce sync.Once
+	// conns counts connections and evicts idle ones (HTTPServer, Listener).
+	conns *connGuard
+	// streams are the open event streams, by tenant and by key.
+	streams *streamSet
+	// storeCheck is /v0/ready's store write check.
+	storeCheck writeCheck
 }
 
 // New builds a server for k.
@@ -73,17 +92,35 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.ReadHeaderTimeout <= 0 {
+		cfg.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.MaxStreamsPerTenant <= 0 {
+		cfg.MaxStreamsPerTenant = DefaultMaxStreamsPerTenant
+	}
 	if cfg.SignatureTolerance <= 0 {
 		cfg.SignatureTolerance = wire.DefaultSignatureTolerance
 	}
 	s := &Server{
-		k:         k,
-		cfg:       cfg,
-		log:       cfg.Logger,
-		metrics:   newMetrics(),
-		deltas:    newHub(),
-		heartbeat: SSEHeartbeat,
-		closing:   make(chan struct{}),
+		k:          k,
+		cfg:        cfg,
+		log:        cfg.Logger,
+		metrics:    newMetrics(),
+		deltas:     newHub(),
+		heartbeat:  SSEHeartbeat,
+		closing:    make(chan struct{}),
+		conns:      newConnGuard(cfg.MaxConns),
+		streams:    newStreamSet(cfg.MaxStreamsPerTenant),
+		storeCheck: writeCheck{interval: time.Second, timeout: 5 * time.Second},
 	}
 	if cfg.AdminKey != "" {
 		s.adminHash = sha256Sum(cfg.AdminKey)
@@ -111,12 +148,15 @@ func (s *Server) CloseStreams() { s.closeOnce.Do(func() { close(s.closing) }) }
 type class int
 
 const (
-	classOpen     class = iota // no authentication
-	classClient                // bearer: client, tenant-admin, admin
-	classAdmin                 // bearer: tenant-admin, admin
-	classTenants               // bearer: admin
-	classAgent                 // the execution's agent (signed)
-	classExecRead              // bearer of the execution's tenant, or the execution's agent
+	classOpen      class = iota // no authentication
+	classClient                 // bearer: client, tenant-admin, admin (executions: create, cancel)
+	classRead                   // bearer: also approver (executions: list, stream)
+	classApprovals              // bearer: approver, tenant-admin, admin
+	classAdmin                  // bearer: tenant-admin, admin
+	classKeys                   // bearer: admin; tenant-admin for its own tenant
+	classTenants                // bearer: admin
+	classAgent                  // the execution's agent (signed)
+	classExecRead               // any bearer of the execution's tenant, or the execution's agent
 )
 
 // routeOpts are per-route settings.
@@ -130,10 +170,13 @@ type routeOpts struct {
 // routes builds the router. Every route is registered here, in one table.
 func (s *Server) routes() *mux.Router {
 	r := mux.NewRouter()
+	// Neither reads a body: like every refusal, they close the connection
+	// rather than drain one.
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		s.writeError(w, req, &kernel.Error{Code: kernel.CodeNotFound, Message: "no route for " + req.Method + " " + req.URL.Path})
+		s.refuse(&call{w: w, r: req}, &kernel.Error{Code: kernel.CodeNotFound, Message: "no route for " + req.Method + " " + req.URL.Path})
 	})
 	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		closeUnread(&call{w: w, r: req})
 		s.writeJSON(w, http.StatusMethodNotAllowed, wire.ErrorBody{Code: wire.CodeMethodNotAllowed,
 			Message: "method " + req.Method + " is not allowed on " + req.URL.Path})
 	})
@@ -150,10 +193,10 @@ func (s *Server) routes() *mux.Router {
 		{"GET", "/metrics", classOpen, s.metricsz, routeOpts{}},
 
 		{"POST", "/v0/executions", classClient, s.createExecution, routeOpts{}},
-		{"GET", "/v0/executions", classClient, s.listExecutions, routeOpts{}},
+		{"GET", "/v0/executions", classRead, s.listExecutions, routeOpts{}},
 		{"GET", "/v0/executions/{id}", classExecRead, s.getExecution, routeOpts{}},
 		{"GET", "/v0/executions/{id}/events", classExecRead, s.listEvents, routeOpts{}},
-		{"GET", "/v0/executions/{id}/stream", classClient, s.stream, routeOpts{}},
+		{"GET", "/v0/executions/{id}/stream", classRead, s.stream, routeOpts{}},
 		{"POST", "/v0/executions/{id}/cancel", classClient, s.cancelExecution, routeOpts{}},
 
 		{"POST", "/v0/executions/{id}/steps", classAgent, s.submitStep, mutation},
@@ -175,17 +218,20 @@ func (s *Server) routes() *mux.Router {
 		{"GET", "/v0/bundles", classAdmin, s.listBundles, routeOpts{}},
 		{"GET", "/v0/bundles/{name}", classAdmin, s.getBundle, routeOpts{}},
 		{"DELETE", "/v0/bundles/{name}", classAdmin, s.deleteBundle, routeOpts{}},
+		{"PUT", "/v0/bundles/{name}/source", classAdmin, s.putBundleSource, routeOpts{}},
+		{"DELETE", "/v0/bundles/{name}/source", classAdmin, s.deleteBundleSource, routeOpts{}},
 		{"POST", "/v0/policy/eval", classAdmin, s.evalPolicy, routeOpts{}},
-		{"GET", "/v0/approvals", classAdmin, s.listApprovals, routeOpts{}},
-		{"GET", "/v0/approvals/{approval_id}", classAdmin, s.getApproval, routeOpts{}},
-		{"POST", "/v0/approvals/{approval_id}/grant", classAdmin, s.grantApproval, routeOpts{}},
-		{"POST", "/v0/approvals/{approval_id}/deny", classAdmin, s.denyApproval, routeOpts{}},
+		{"GET", "/v0/approvals", classApprovals, s.listApprovals, routeOpts{}},
+		{"GET", "/v0/approvals/{approval_id}", classApprovals, s.getApproval, routeOpts{}},
+		{"POST", "/v0/approvals/{approval_id}/grant", classApprovals, s.grantApproval, routeOpts{}},
+		{"POST", "/v0/approvals/{approval_id}/deny", classApprovals, s.denyApproval, routeOpts{}},
 
 		{"POST", "/v0/tenants", classTenants, s.createTenant, routeOpts{}},
 		{"GET", "/v0/tenants", classTenants, s.listTenants, routeOpts{}},
-		{"POST", "/v0/tenants/{tenant}/keys", classTenants, s.createKey, routeOpts{}},
-		{"GET", "/v0/tenants/{tenant}/keys", classTenants, s.listKeys, routeOpts{}},
-		{"DELETE", "/v0/tenants/{tenant}/keys/{key_id}", classTenants, s.deleteKey, routeOpts{}},
+		{"PUT", "/v0/tenants/{tenant}", classTenants, s.updateTenant, routeOpts{}},
+		{"POST", "/v0/tenants/{tenant}/keys", classKeys, s.createKey, routeOpts{}},
+		{"GET", "/v0/tenants/{tenant}/keys", classKeys, s.listKeys, routeOpts{}},
+		{"DELETE", "/v0/tenants/{tenant}/keys/{key_id}", classKeys, s.deleteKey, routeOpts{}},
 	} {
 		r.Handle(x.path, s.wrap(x.path, x.cl, x.o, x.h)).Methods(x.method)
 	}
@@ -204,6 +250,10 @@ type call struct {
 	tenant string
 	// lease is the caller's lease (agent mutations only).
 	lease kernel.Lease
+	// bodyRead is set once body holds the whole request body.
+	bodyRead bool
+	// token is the bearer key as sent (bearer principals only).
+	token string
 }
 
 // vars returns a path variable.
@@ -214,42 +264,18 @@ func (c *call) vars(name string) string { return mux.Vars(c.r)[name] }
 // itself returns status 0.
 type handlerFunc func(c *call) (int, any, error)
 
-// wrap turns a handlerFunc into an http.Handler: it reads the body within
-// its limit, authenticates, authorises, runs the handler and writes the
-// answer or the error envelope.
+// wrap turns a handlerFunc into an http.Handler: it admits the call
+// (authentication, authorisation, then the body within the caller's limit),
+// runs the handler and writes the answer or the error envelope.
 func (s *Server) wrap(template string, cl class, o routeOpts, h handlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if rec, ok := w.(*recorder); ok {
 			rec.route = template
 		}
-		limit := s.cfg.MaxBodyBytes
-		if o.bundle {
-			limit = s.cfg.MaxBundleBytes
-		}
-		body, err := readBody(w, r, limit)
-		if err != nil {
-			s.writeError(w, r, err)
+		c := &call{w: w, r: r, ctx: r.Context()}
+		if err := s.admit(c, cl, o); err != nil {
+			s.refuse(c, err)
 			return
-		}
-		c := &call{w: w, r: r, ctx: r.Context(), body: body}
-		if cl != classOpen {
-			if err := s.authenticate(c, cl); err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-			if rec, ok := w.(*recorder); ok {
-				rec.principal = c.p.String()
-			}
-			if err := s.authorize(c, cl); err != nil {
-				s.writeError(w, r, err)
-				return
-			}
-			if o.lease {
-				if c.lease, err = leaseOf(r); err != nil {
-					s.writeError(w, r, err)
-					return
-				}
-			}
 		}
 		status, v, err := h(c)
 		switch {
@@ -265,17 +291,125 @@ func (s *Server) wrap(template string, cl class, o routeOpts, h handlerFunc) htt
 	})
 }
 
+// admit authenticates and authorises c, and reads its body. Bearer
+// credentials are checked from the headers before a byte of the body is
+// read, and the body's limit follows the role: MaxBundleBytes only for
+// admin and tenant-admin keys on bundle uploads, MaxBodyBytes otherwise. An
+// agent's signature covers its body, so for agents the headers are checked
+// first (the execution is the agent's, the agent is registered) and the
+// body, held to MaxBodyBytes, is read before the signature is verified.
+// Open routes read no body.
+func (s *Server) admit(c *call, cl class, o routeOpts) error {
+	if cl == classOpen {
+		return nil
+	}
+	agent := agentCall(c.r, cl)
+	if agent {
+		if _, _, err := s.agentOf(c, c.r.Header.Get(wire.HeaderAgentID)); err != nil {
+			return err
+		}
+		if err := s.readBody(c, s.cfg.MaxBodyBytes); err != nil {
+			return err
+		}
+	}
+	if err := s.authenticate(c, cl); err != nil {
+		return err
+	}
+	if rec, ok := c.w.(*recorder); ok {
+		rec.principal = c.p.String()
+	}
+	if err := s.authorize(c, cl); err != nil {
+		return err
+	}
+	if !agent {
+		limit := s.cfg.MaxBodyBytes
+		if o.bundle && (c.p.Kind == PrincipalAdmin || c.p.Kind == PrincipalTenantAdmin) {
+			limit = s.cfg.MaxBundleBytes
+		}
+		if err := s.readBody(c, limit); err != nil {
+			return err
+		}
+	}
+	if o.lease {
+		var err error
+		if c.lease, err = leaseOf(c.r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readBody reads c's body within limit, and then lifts the read deadline
+// (ReadTimeout bounds reading the request; what the handler does next, or
+// how long an event stream lasts, is not a read).
+func (s *Server) readBody(c *call, limit int64) error {
+	b, err := readBody(c.w, c.r, limit)
+	if err != nil {
+		return err
+	}
+	c.body, c.bodyRead = b, true
+	_ = http.NewResponseController(c.w).SetReadDeadline(time.Time{})
+	return nil
+}
+
+// refuse answers a call that was not admitted (or failed). When its body
+// was not read, the connection is closed after the answer rather than
+// drained: a refused caller's upload, stalled or not, costs nothing more.
+func (s *Server) refuse(c *call, err error) {
+	closeUnread(c)
+	s.writeError(c.w, c.r, err)
+}
+
+// closeUnread makes net/http close c's connection after the answer instead
+// of reading the rest of a body the handler did not read.
+func closeUnread(c *call) {
+	if !c.bodyRead && c.r.ContentLength != 0 {
+		c.w.Header().Set("Connection", "close")
+		_ = http.NewResponseController(c.w).SetReadDeadline(time.Now())
+	}
+}
+
 // open routes
 
 func (s *Server) health(*call) (int, any, error) {
 	return http.StatusOK, wire.Status{Status: "ok"}, nil
 }
 
-func (s *Server) readyz(*call) (int, any, error) {
+// readyz answers 503 while the server is not ready, and when the store
+// cannot write: a kernel that cannot record steps must not be sent any.
+func (s *Server) readyz(c *call) (int, any, error) {
 	if !s.ready.Load() {
 		return 0, nil, &kernel.Error{Code: kernel.CodeUnavailable, Message: "not ready"}
 	}
+	if err := s.storeCheck.check(c.ctx, s.k.CheckWritable); err != nil {
+		s.log.Warn("not ready: the store cannot write", "err", err)
+		return 0, nil, &kernel.Error{Code: kernel.CodeUnavailable, Message: "not ready: the store cannot write (see the kernel log)"}
+	}
 	return http.StatusOK, wire.Status{Status: "ready"}, nil
+}
+
+// writeCheck runs a store write check at most once per interval, whatever
+// the rate of /v0/ready (an open route): callers within the interval share
+// the last result, and one check runs at a time, under a deadline.
+type writeCheck struct {
+	interval, timeout time.Duration
+
+	mu  sync.Mutex // held during a check
+	at  time.Time
+	err error
+}
+
+func (w *writeCheck) check(ctx context.Context, f func(context.Context) error) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.at.IsZero() && time.Since(w.at) < w.interval {
+		return w.err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.timeout)
+	defer cancel()
+	w.err = f(ctx)
+	w.at = time.Now()
+	return w.err
 }
 
 func (s *Server) metricsz(c *call) (int, any, error) {

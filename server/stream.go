@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -79,8 +80,9 @@ func (h *hub) count() int {
 // they are committed, and step deltas as "step.delta" events (no id: they
 // are not stored and cannot be resumed). Each stored event has id = seq,
 // event = type and data = the event JSON. The stream ends after the
-// execution's terminal event, or at CloseStreams; an idle stream gets a
-// comment every 15s.
+// execution's terminal event, at CloseStreams, or when the key that opened
+// it is revoked; an idle stream gets a comment every 15s. A tenant has at
+// most Config.MaxStreamsPerTenant streams open (one more is 429).
 func (s *Server) stream(c *call) (int, any, error) {
 	id := c.vars("id")
 	after, err := seqParam(c.r.URL.Query().Get("after_seq"), "after_seq")
@@ -96,6 +98,15 @@ func (s *Server) stream(c *call) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	// The stream counts against its tenant's limit, and ends when its key
+	// is revoked: at once on this kernel, at the next heartbeat otherwise.
+	ctx, cancel := context.WithCancel(c.ctx)
+	defer cancel()
+	reg, err := s.streams.open(c.tenant, c.p, cancel)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer s.streams.close(reg)
 	// Subscribe before reading, so nothing committed in between is missed.
 	wake, stopWatch := s.k.Watch(id)
 	defer stopWatch()
@@ -103,7 +114,6 @@ func (s *Server) stream(c *call) (int, any, error) {
 	defer stopDeltas()
 
 	rc := http.NewResponseController(c.w)
-	_ = rc.SetWriteDeadline(time.Time{}) // a stream outlives any write timeout
 	h := c.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -111,7 +121,10 @@ func (s *Server) stream(c *call) (int, any, error) {
 	h.Set("X-Accel-Buffering", "no")
 	c.w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(c.w)
+	// Each flush has its own write deadline: a client that stops reading
+	// loses its stream instead of holding it (and its slot) forever.
 	flush := func() bool {
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 		return bw.Flush() == nil && rc.Flush() == nil
 	}
 	if !flush() {
@@ -123,9 +136,9 @@ func (s *Server) stream(c *call) (int, any, error) {
 	// terminal event was sent, and false in ok when the client is gone.
 	send := func() (done, ok bool) {
 		for {
-			evs, err := s.k.Events(c.ctx, c.tenant, id, last, 1000)
+			evs, err := s.k.Events(ctx, c.tenant, id, last, 1000)
 			if err != nil {
-				if c.ctx.Err() == nil {
+				if ctx.Err() == nil {
 					s.log.Error("event stream: read events", "execution_id", id, "err", err)
 				}
 				return false, false
@@ -161,7 +174,7 @@ func (s *Server) stream(c *call) (int, any, error) {
 	defer tick.Stop()
 	for {
 		select {
-		case <-c.ctx.Done():
+		case <-ctx.Done():
 			return 0, nil, nil
 		case <-s.closing:
 			return 0, nil, nil
@@ -181,6 +194,11 @@ func (s *Server) stream(c *call) (int, any, error) {
 				return 0, nil, nil
 			}
 		case <-tick.C:
+			if c.token != "" {
+				if _, err := s.k.AuthenticateKey(ctx, c.token); kernel.CodeOf(err) == kernel.CodeUnauthenticated {
+					return 0, nil, nil // revoked (on another replica)
+				}
+			}
 			bw.WriteString(": heartbeat\n\n")
 			if !flush() {
 				return 0, nil, nil

@@ -98,8 +98,12 @@ func agentView(a *kernel.Agent) wire.Agent {
 }
 
 func bundleView(b *kernel.BundleRecord) wire.Bundle {
-	return wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine,
+	v := wire.Bundle{Tenant: b.Tenant, Name: b.Name, Revision: b.Revision, Digest: b.Digest, Engine: b.Engine, Owner: string(b.OwnedBy()),
 		Size: len(b.Archive), UpdatedAt: b.UpdatedAt}
+	if s := b.Source; s != nil {
+		v.Source = &wire.BundleSource{URL: s.URL, MinDelay: s.MinDelay, MaxDelay: s.MaxDelay}
+	}
+	return v
 }
 
 func approvalView(a *kernel.Approval) wire.Approval {
@@ -107,6 +111,7 @@ func approvalView(a *kernel.Approval) wire.Approval {
 		ID: a.ID, Tenant: a.Tenant, ExecutionID: a.ExecutionID, AgentID: a.AgentID, StepID: a.StepID, Kind: a.Kind,
 		Target: a.Target, Args: a.Args, RequestHash: a.RequestHash, Status: string(a.Status), Approvers: a.Approvers,
 		Message: a.Message, Reason: a.Reason, RuleID: a.RuleID, ExpiresAt: a.ExpiresAt, DecidedBy: a.DecidedBy,
+		DecidedByKey: a.DecidedByKey, DecidedByPrincipal: a.DecidedByPrincipal,
 		Rationale: a.Rationale, CreatedAt: a.CreatedAt, DecidedAt: a.DecidedAt,
 	}
 }

@@ -328,7 +328,7 @@ func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return usageError{"usage: wicket " + agentUsage}
 }
 
-const approvalUsage = "approval ls [--status S] | get ID | grant ID --by NAME [--rationale R] [--request-hash H] | deny ID --by NAME [--rationale R] [--request-hash H]"
+const approvalUsage = "approval ls [--status S] | get ID | grant ID [--rationale R] [--request-hash H] [--by NAME] | deny ID [--rationale R] [--request-hash H] [--by NAME]"
 
 func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, approvalUsage)
@@ -354,7 +354,7 @@ func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		a, err := o.client().Approval(ctx, pos[0])
 		return printAnswer(stdout, a, err)
 	case "grant", "deny":
-		by := fs.String("by", os.Getenv("USER"), "who decides")
+		by := fs.String("by", "", "admin keys only: the person the decision is made for (otherwise the key's principal decides)")
 		rationale := fs.String("rationale", "", "why")
 		hash := fs.String("request-hash", "", "the request hash the approver saw")
 		pos, err := parseArgs(fs, rest, 1, approvalUsage)
@@ -372,7 +372,7 @@ func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	return usageError{"usage: wicket " + approvalUsage}
 }
 
-const tenantUsage = "tenant ls | create ID [--guards a,b] | key create TENANT --role R --principal P | key ls TENANT | key rm TENANT KEY_ID"
+const tenantUsage = "tenant ls | create ID | guards TENANT --set a,b (\"\" removes them) | key create TENANT --role R --principal P | key ls TENANT | key rm TENANT KEY_ID"
 
 func tenantCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, tenantUsage)
@@ -395,8 +395,23 @@ func tenantCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 		ts, err := o.client().Tenants(ctx)
 		return printAnswer(stdout, wire.TenantList{Tenants: ts}, err)
+	case "guards":
+		set := fs.String("set", "", "comma-separated guard bundles: admin-owned bundles of the tenant (\"\" removes them)")
+		pos, err := parseArgs(fs, rest, 1, tenantUsage)
+		if err != nil {
+			return err
+		}
+		if !flagSet(fs, "set") {
+			return usageError{"tenant guards: --set is required (--set \"\" removes every guard)"}
+		}
+		var guards []string
+		if *set != "" {
+			guards = strings.Split(*set, ",")
+		}
+		t, err := o.client().SetTenantGuards(ctx, pos[0], guards)
+		return printAnswer(stdout, t, err)
 	case "create":
-		guards := fs.String("guards", "", "comma-separated guard bundles")
+		guards := fs.String("guards", "", "comma-separated guard bundles (they must exist in the tenant already: use tenant guards)")
 		pos, err := parseArgs(fs, rest, 1, tenantUsage)
 		if err != nil {
 			return err
@@ -408,7 +423,7 @@ func tenantCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		t, err := o.client().CreateTenant(ctx, req)
 		return printAnswer(stdout, t, err)
 	case "key create":
-		role := fs.String("role", wire.RoleClient, "client, tenant-admin or admin")
+		role := fs.String("role", wire.RoleClient, "client, approver, tenant-admin or admin (admin: an admin key, in the default tenant)")
 		principal := fs.String("principal", "", "who holds the key")
 		pos, err := parseArgs(fs, rest, 1, tenantUsage)
 		if err != nil {

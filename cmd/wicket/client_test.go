@@ -67,7 +67,17 @@ func TestClientCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(cli("approval", "ls", "--status", "pending")), &list); err != nil || len(list.Approvals) != 1 {
 		t.Fatalf("approval ls: %+v %v", list, err)
 	}
-	if out := cli("approval", "grant", list.Approvals[0].ID, "--by", "ops", "--rationale", "ok"); !strings.Contains(out, `"status": "granted"`) {
+	// An approver key decides as itself: no --by needed, and naming someone
+	// else is refused.
+	var ak struct{ Key string }
+	if _, err := env.Admin("POST", "/v0/tenants/default/keys", map[string]any{"role": "approver", "principal": "ops"}, &ak); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runCmd(t, ctx, "approval", "grant", list.Approvals[0].ID, "--by", "someone-else", "--url", env.URL, "--key", ak.Key); err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("approval grant --by another person with an approver key: %v", err)
+	}
+	if out, _, err := runCmd(t, ctx, "approval", "grant", list.Approvals[0].ID, "--rationale", "ok", "--url", env.URL, "--key", ak.Key); err != nil ||
+		!strings.Contains(out, `"status": "granted"`) || !strings.Contains(out, `"decided_by": "ops"`) {
 		t.Errorf("grant: %s", out)
 	}
 	if got := env.WaitTerminal(x.ID, 10*time.Second); got.Status != kernel.ExecCompleted {
@@ -90,6 +100,19 @@ func TestClientCommands(t *testing.T) {
 	}
 
 	cli("tenant", "create", "acme")
+	// Guards: an admin-owned bundle of the tenant, set and removed.
+	if _, err := env.Admin("PUT", "/v0/bundles/no-rm?tenant=acme", map[string]any{"engine": "rules", "files": map[string]string{"rules.yaml": "rules: []\n"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if out := cli("tenant", "guards", "acme", "--set", "no-rm"); !strings.Contains(out, `"no-rm"`) {
+		t.Errorf("tenant guards --set: %s", out)
+	}
+	if _, _, err := runCmd(t, ctx, "tenant", "guards", "acme", "--set", "ghost", "--url", env.URL, "--key", testkit.AdminKey); err == nil || !strings.Contains(err.Error(), "400") {
+		t.Errorf("tenant guards naming no bundle: %v", err)
+	}
+	if out := cli("tenant", "guards", "acme", "--set", ""); strings.Contains(out, "no-rm") {
+		t.Errorf("tenant guards --set \"\": %s", out)
+	}
 	var key struct{ KeyID, Key string }
 	out := cli("tenant", "key", "create", "acme", "--role", "client", "--principal", "ci")
 	if err := json.Unmarshal([]byte(out), &struct {
@@ -97,6 +120,9 @@ func TestClientCommands(t *testing.T) {
 		Key   *string `json:"key"`
 	}{&key.KeyID, &key.Key}); err != nil || key.Key == "" {
 		t.Fatalf("key create: %s %v", out, err)
+	}
+	if out := cli("tenant", "key", "create", "acme", "--role", "approver", "--principal", "alice"); !strings.Contains(out, `"role": "approver"`) {
+		t.Errorf("approver key: %s", out)
 	}
 	if out := cli("tenant", "key", "ls", "acme"); !strings.Contains(out, key.KeyID) || strings.Contains(out, key.Key) {
 		t.Errorf("key ls must list the key but never its secret: %s", out)

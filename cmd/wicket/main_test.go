@@ -155,6 +155,36 @@ func TestBench(t *testing.T) {
 	}
 }
 
+func TestServeAdminKeyFileErrors(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "key")
+	for _, tc := range []struct {
+		name, content string
+		args          []string
+		want          string
+	}{
+		{"both flags", "admin-key-0123456789\n", []string{"--admin-key", "admin-key-0123456789"}, "not both"},
+		{"empty file", "\n", nil, "is empty"},
+		{"two lines", "admin-key-0123456789\nsecond-line\n", nil, "more than one line"},
+		{"short key", "short\n", nil, "at least 16 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(key, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			args := append([]string{"serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--admin-key-file", key}, tc.args...)
+			_, _, err := runCmd(t, context.Background(), args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error mentioning %q", err, tc.want)
+			}
+		})
+	}
+	_, _, err := runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--admin-key-file", filepath.Join(dir, "missing"))
+	if err == nil || !strings.Contains(err.Error(), "--admin-key-file") {
+		t.Fatalf("a missing key file: %v", err)
+	}
+}
+
 // TestWebhookCIDRFlags: the flags repeat, the environment twins are
 // comma-separated, flags replace the environment, and a bad prefix is a
 // usage error.

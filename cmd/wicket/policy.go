@@ -23,11 +23,16 @@ import (
 
 const policyUsage = `usage: wicket policy <test|eval|build|inspect> ...
 
-  test    BUNDLE...                 run each bundle's tests/*.yaml cases; exit 1 on a failure
+  test    [-v] BUNDLE...            run each bundle's tests/*.yaml cases and Rego unit tests
+                                    (test_ rules, OPA's runner); exit 1 on a failure
   eval    --bundle BUNDLE [--input FILE|-]
                                     evaluate one input document (docs/policy.md) and print the decision
-  build   BUNDLE -o OUT.tar.gz      write the bundle's reproducible archive and print its digest
-  inspect BUNDLE                    print the manifest, digest, files and test count
+  build   BUNDLE -o OUT.tar.gz [--signing-key KEY [--signing-alg RS256] [--signing-key-id ID]]
+                                    write the bundle's reproducible archive (signed: OPA's
+                                    .signatures.json) and print its digest
+  inspect [--verification-key PUB] BUNDLE
+                                    print the manifest, roots, data files, signature state,
+                                    digest, files and test count
 
 BUNDLE is a bundle directory or a .tar.gz of one.
 `
@@ -52,20 +57,65 @@ func policyCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 }
 
-// loadBundle reads a bundle directory or archive.
-func loadBundle(path string) (*bundle.Bundle, error) {
+// loadBundle reads a bundle directory or archive. A bundle without a
+// bundle.yaml (OPA's layout) is named after the directory or archive.
+func loadBundle(path string, keys ...bundle.Key) (*bundle.Bundle, error) {
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, err
 	}
+	opts := bundle.Options{Name: bundleNameFromPath(path), Keys: keys}
 	if st.IsDir() {
-		return bundle.LoadDir(path)
+		return opts.LoadDir(path)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	return bundle.LoadTarGz(bytes.NewReader(data))
+	return opts.LoadTarGz(bytes.NewReader(data))
+}
+
+// verifyFlags are --verification-key and its companions.
+type verifyFlags struct{ file, id, alg *string }
+
+func verificationFlags(fs *flag.FlagSet) verifyFlags {
+	return verifyFlags{
+		file: fs.String("verification-key", "", "verify .signatures.json with this PEM public key (or HMAC secret) file; an unsigned or tampered bundle is then refused"),
+		id:   fs.String("verification-key-id", bundle.DefaultKeyID, "key id (kid) of --verification-key"),
+		alg:  fs.String("verification-alg", bundle.DefaultAlgorithm, "algorithm of --verification-key"),
+	}
+}
+
+func (v verifyFlags) keys() ([]bundle.Key, error) {
+	if *v.file == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(*v.file)
+	if err != nil {
+		return nil, fmt.Errorf("--verification-key: %w", err)
+	}
+	keys := []bundle.Key{{ID: *v.id, Algorithm: *v.alg, Key: string(pem)}}
+	if err := bundle.ValidateKeys(keys); err != nil {
+		return nil, fmt.Errorf("--verification-key %s: %w", *v.file, err)
+	}
+	return keys, nil
+}
+
+// bundleNameFromPath makes a bundle name of a directory or archive name
+// ("authz/", "authz.tar.gz" → "authz"), or "" when it cannot be one.
+func bundleNameFromPath(path string) string {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return ""
+	}
+	base := strings.ToLower(filepath.Base(abs))
+	for _, ext := range []string{".tar.gz", ".tgz"} {
+		base = strings.TrimSuffix(base, ext)
+	}
+	if !bundle.ValidName(base) {
+		return ""
+	}
+	return base
 }
 
 // cliHost builds an engine host for offline use; wasm modules are cached
@@ -75,7 +125,7 @@ func cliHost() (*plugins.Host, func()) {
 	if d, err := os.UserCacheDir(); err == nil {
 		cache = filepath.Join(d, "wicket", "wasm-cache")
 	}
-	w := wasm.New(wasm.Config{CacheDir: cache})
+	w := wasm.New(wasm.Config{CacheDir: cache, Builtins: rego.NewHostBuiltins()})
 	h := plugins.NewHost(plugins.Options{}, rules.New(), rego.New(), w)
 	return h, func() { h.Close(); _ = w.Close() }
 }
@@ -84,7 +134,13 @@ func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flag.NewFlagSet("policy test", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	verbose := fs.Bool("v", false, "print every case, not only failures")
+	timeout := fs.Duration("timeout", rego.DefaultTestTimeout, "deadline of one Rego unit test")
+	vk := verificationFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	keys, err := vk.keys()
+	if err != nil {
 		return err
 	}
 	if fs.NArg() == 0 {
@@ -92,40 +148,117 @@ func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	host, closeHost := cliHost()
 	defer closeHost()
-	passed, failed := 0, 0
+	regoEngine := rego.New()
+	passed, failed, skipped := 0, 0, 0
 	for _, path := range fs.Args() {
-		b, err := loadBundle(path)
+		b, err := loadBundle(path, keys...)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
-		cases, err := b.TestCases()
+		results, err := runBundleTests(ctx, host, regoEngine, b, *timeout)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
-		ev, err := host.CompileBundle(ctx, b)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		for _, tc := range cases {
-			err := checkCase(ctx, ev, b.DefaultAction(), tc)
-			name := fmt.Sprintf("%s/%s", b.Manifest.Name, tc.Name)
-			if err != nil {
-				failed++
-				fmt.Fprintf(stdout, "FAIL %s (%s): %v\n", name, tc.SourceFile, err)
-			} else {
+		for _, r := range results {
+			name := b.Manifest.Name + "/" + r.Name
+			switch {
+			case r.Skipped:
+				skipped++
+				if *verbose {
+					fmt.Fprintf(stdout, "SKIP %s (%s)\n", name, r.Where)
+				}
+			case r.Passed:
 				passed++
 				if *verbose {
 					fmt.Fprintf(stdout, "ok   %s\n", name)
 				}
+			default:
+				failed++
+				fmt.Fprintf(stdout, "FAIL %s (%s): %s\n", name, r.Where, r.Message)
 			}
+		}
+	}
+	summary := fmt.Sprintf("%d passed, %d failed", passed, failed)
+	if skipped > 0 {
+		summary += fmt.Sprintf(", %d skipped", skipped)
+	}
+	fmt.Fprintln(stdout, summary)
+	if failed > 0 {
+		return fmt.Errorf("policy test: %d test(s) failed", failed)
+	}
+	return nil
+}
+
+// testResult is one test of a bundle: a tests/*.yaml case or a Rego unit
+// test, in one shape so both count alike (and can be reported alike).
+type testResult struct {
+	// Kind is "case" (tests/*.yaml) or "rego" (a test_ rule).
+	Kind string
+	// Name is the case name, or the Rego test's data.pkg.test_name.
+	Name string
+	// Where is file or file:line.
+	Where   string
+	Passed  bool
+	Skipped bool
+	// Message says why a test failed (and what a Rego test printed).
+	Message  string
+	Duration time.Duration
+}
+
+// runBundleTests runs a bundle's tests/*.yaml cases through its engine and,
+// when it has .rego files, its Rego unit tests with OPA's test runner.
+func runBundleTests(ctx context.Context, host *plugins.Host, re *rego.Engine, b *bundle.Bundle, timeout time.Duration) ([]testResult, error) {
+	cases, err := b.TestCases()
+	if err != nil {
+		return nil, err
+	}
+	var out []testResult
+	if len(cases) > 0 {
+		ev, err := host.CompileBundle(ctx, b)
+		if err != nil {
+			return nil, err
+		}
+		for _, tc := range cases {
+			start := time.Now()
+			err := checkCase(ctx, ev, b.DefaultAction(), tc)
+			r := testResult{Kind: "case", Name: tc.Name, Where: tc.SourceFile, Passed: err == nil, Duration: time.Since(start)}
+			if err != nil {
+				r.Message = err.Error()
+			}
+			out = append(out, r)
 		}
 		_ = ev.Close()
 	}
-	fmt.Fprintf(stdout, "%d passed, %d failed\n", passed, failed)
-	if failed > 0 {
-		return fmt.Errorf("policy test: %d case(s) failed", failed)
+	if !hasRegoFiles(b) {
+		return out, nil
 	}
-	return nil
+	rt, err := re.RunTests(ctx, b, timeout)
+	if err != nil {
+		return nil, fmt.Errorf("rego tests: %w", err)
+	}
+	for _, t := range rt {
+		r := testResult{Kind: "rego", Name: t.Name, Where: fmt.Sprintf("%s:%d", t.File, t.Line), Passed: t.Passed, Skipped: t.Skipped, Duration: t.Duration}
+		switch {
+		case t.Error != "":
+			r.Message = t.Error
+		case !t.Passed && !t.Skipped:
+			r.Message = "test rule is false or undefined"
+		}
+		if !t.Passed && t.Output != "" {
+			r.Message += "; printed: " + strings.TrimSpace(t.Output)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func hasRegoFiles(b *bundle.Bundle) bool {
+	for p := range b.Files {
+		if strings.HasSuffix(p, ".rego") {
+			return true
+		}
+	}
+	return false
 }
 
 // checkCase evaluates one test case and compares it with its expectation.
@@ -153,14 +286,18 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.SetOutput(stderr)
 	bpath := fs.String("bundle", "", "bundle directory or .tar.gz")
 	input := fs.String("input", "-", "input document (JSON file, or - for stdin)")
+	vk := verificationFlags(fs)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	keys, err := vk.keys()
+	if err != nil {
 		return err
 	}
 	if *bpath == "" {
 		return usageError{"policy eval: --bundle is required"}
 	}
 	var raw []byte
-	var err error
 	if *input == "-" {
 		raw, err = io.ReadAll(os.Stdin)
 	} else {
@@ -175,7 +312,7 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := dec.Decode(&in); err != nil {
 		return fmt.Errorf("input is not a policy input document: %w", err)
 	}
-	b, err := loadBundle(*bpath)
+	b, err := loadBundle(*bpath, keys...)
 	if err != nil {
 		return err
 	}
@@ -202,6 +339,11 @@ func policyBuild(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("policy build", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "", "output .tar.gz")
+	var sk bundle.SigningKey
+	fs.StringVar(&sk.Key, "signing-key", "", "sign the bundle (.signatures.json) with this PEM private key or HMAC secret file, as opa build --signing-key")
+	fs.StringVar(&sk.Algorithm, "signing-alg", bundle.DefaultAlgorithm, "signature algorithm (RS256, PS256, ES256, HS256, ...)")
+	fs.StringVar(&sk.KeyID, "signing-key-id", bundle.DefaultKeyID, "key id (kid) verifiers look the key up by")
+	fs.StringVar(&sk.ClaimsFile, "claims-file", "", "JSON file of extra claims (e.g. scope)")
 	// Accept the bundle before or after the flags.
 	var pos []string
 	for len(args) > 0 {
@@ -221,6 +363,14 @@ func policyBuild(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if sk.Key != "" {
+		if _, err := os.Stat(sk.Key); err != nil {
+			return fmt.Errorf("--signing-key: %w", err)
+		}
+		if b, err = b.Signed(sk); err != nil {
+			return err
+		}
+	}
 	data, err := b.TarGz()
 	if err != nil {
 		return err
@@ -228,15 +378,29 @@ func policyBuild(args []string, stdout, stderr io.Writer) error {
 	if err := os.WriteFile(*out, data, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s %s rev %s sha256:%s (%d bytes)\n", *out, b.Manifest.Name, b.Manifest.Revision, b.Digest, len(data))
+	signed := ""
+	if sk.Key != "" {
+		signed = ", signed " + sk.Algorithm + " kid " + sk.KeyID
+	}
+	fmt.Fprintf(stdout, "%s %s rev %s sha256:%s (%d bytes%s)\n", *out, b.Manifest.Name, b.Manifest.Revision, b.Digest, len(data), signed)
 	return nil
 }
 
 func policyInspect(args []string, stdout, stderr io.Writer) error {
-	if len(args) != 1 {
+	fs := flag.NewFlagSet("policy inspect", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	vk := verificationFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
 		return usageError{"policy inspect: want one BUNDLE"}
 	}
-	b, err := loadBundle(args[0])
+	keys, err := vk.keys()
+	if err != nil {
+		return err
+	}
+	b, err := loadBundle(fs.Arg(0), keys...)
 	if err != nil {
 		return err
 	}
@@ -260,6 +424,37 @@ func policyInspect(args []string, stdout, stderr io.Writer) error {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	if o := b.OPA; o != nil {
+		if _, ok := b.Files[bundle.OPAManifestFile]; ok {
+			roots := "(all of data)"
+			if len(o.Roots) > 0 {
+				roots = strings.Join(o.Roots, ", ")
+			}
+			fmt.Fprintf(stdout, "roots:          %s\n", roots)
+			if o.RegoVersion != nil {
+				fmt.Fprintf(stdout, "rego_version:   %d\n", *o.RegoVersion)
+			}
+			if len(o.Metadata) > 0 {
+				md, _ := json.Marshal(o.Metadata)
+				fmt.Fprintf(stdout, "metadata:       %s\n", md)
+			}
+		}
+		for _, f := range o.DataFiles {
+			under := "data"
+			if d := filepath.ToSlash(filepath.Dir(f)); d != "." {
+				under += "." + strings.ReplaceAll(d, "/", ".")
+			}
+			fmt.Fprintf(stdout, "data:           %s → %s\n", f, under)
+		}
+	}
+	switch b.Signature.State {
+	case bundle.SignatureVerified:
+		fmt.Fprintf(stdout, "signature:      verified (%d files)\n", b.Signature.Files)
+	case bundle.SignatureUnverified:
+		fmt.Fprintln(stdout, "signature:      unverified (.signatures.json present, not checked: give --verification-key)")
+	default:
+		fmt.Fprintln(stdout, "signature:      none")
+	}
 	fmt.Fprintln(stdout, "files:")
 	for _, n := range names {
 		fmt.Fprintf(stdout, "  %-40s %d bytes\n", n, len(b.Files[n]))

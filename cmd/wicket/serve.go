@@ -20,6 +20,8 @@ import (
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/pull"
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
@@ -31,6 +33,7 @@ import (
 type serveOptions struct {
 	data, addr, config, adminKey  string
 	store, replica                string
+	adminKeyFile                  string
 	leaseTimeout, dispatchTimeout time.Duration
 	approvalTimeout               time.Duration
 	dispatchMaxAttempts           int
@@ -39,8 +42,19 @@ type serveOptions struct {
 	maxBody                       int64
 	noSync                        bool
 	readyFile                     string
+	bundleKeyFile, bundleKeyID    string
+	bundleKeyAlg                  string
+	net                           netLimits
 	webhookAllow, webhookDeny     stringList
 	signatureTolerance            time.Duration
+}
+
+// netLimits are what an unauthenticated caller may cost: the request
+// limits of `serve` (server.Config).
+type netLimits struct {
+	maxBundleBody                           int64
+	readHeaderTimeout, readTimeout, idleTmo time.Duration
+	maxConns, maxStreamsPerTenant           int
 }
 
 // stringList is a repeatable flag whose environment twin is a
@@ -110,7 +124,8 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.StringVar(&o.replica, "replica", envString("WICKET_REPLICA", ""), "this kernel's name among the replicas of a shared store, recorded in dispatch.claimed events (default on PostgreSQL: host-pid) (WICKET_REPLICA)")
 	fs.StringVar(&o.addr, "addr", envString("WICKET_ADDR", "127.0.0.1:8080"), "listen address (WICKET_ADDR)")
 	fs.StringVar(&o.config, "config", envString("WICKET_CONFIG", ""), "provisioning manifest (WICKET_CONFIG)")
-	fs.StringVar(&o.adminKey, "admin-key", envString("WICKET_ADMIN_KEY", ""), "admin API key (WICKET_ADMIN_KEY)")
+	fs.StringVar(&o.adminKey, "admin-key", envString("WICKET_ADMIN_KEY", ""), "admin API key (WICKET_ADMIN_KEY); prefer --admin-key-file, which keeps it out of ps")
+	fs.StringVar(&o.adminKeyFile, "admin-key-file", envString("WICKET_ADMIN_KEY_FILE", ""), "read the admin API key from this file (WICKET_ADMIN_KEY_FILE)")
 	fs.DurationVar(&o.leaseTimeout, "lease-timeout", envDuration("WICKET_LEASE_TIMEOUT", d.LeaseTimeout), "dispatch lease without heartbeat (WICKET_LEASE_TIMEOUT)")
 	fs.DurationVar(&o.dispatchTimeout, "dispatch-timeout", envDuration("WICKET_DISPATCH_TIMEOUT", d.DispatchTimeout), "timeout of one webhook POST (WICKET_DISPATCH_TIMEOUT)")
 	fs.IntVar(&o.dispatchMaxAttempts, "dispatch-max-attempts", envInt("WICKET_DISPATCH_MAX_ATTEMPTS", d.DispatchMaxAttempts), "delivery attempts before dispatch_exhausted (WICKET_DISPATCH_MAX_ATTEMPTS)")
@@ -119,8 +134,17 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.StringVar(&o.defaultPolicy, "default-policy", envString("WICKET_DEFAULT_POLICY", "allow"), "policy of agents bound to no bundle: allow, deny or a bundle name (WICKET_DEFAULT_POLICY)")
 	fs.StringVar(&o.logLevel, "log-level", envString("WICKET_LOG_LEVEL", "info"), "debug, info, warn or error (WICKET_LOG_LEVEL)")
 	fs.StringVar(&o.logFormat, "log-format", envString("WICKET_LOG_FORMAT", "text"), "text or json (WICKET_LOG_FORMAT)")
-	fs.Int64Var(&o.maxBody, "max-body", int64(envInt("WICKET_MAX_BODY", 1<<20)), "largest request body in bytes (WICKET_MAX_BODY)")
+	fs.Int64Var(&o.maxBody, "max-body", int64(envInt("WICKET_MAX_BODY", 1<<20)), "largest request body in bytes, bundles aside (WICKET_MAX_BODY)")
+	fs.Int64Var(&o.net.maxBundleBody, "max-bundle-body", int64(envInt("WICKET_MAX_BUNDLE_BODY", int(server.DefaultMaxBundleBytes))), "largest bundle upload in bytes, admin and tenant-admin keys only (WICKET_MAX_BUNDLE_BODY)")
+	fs.DurationVar(&o.net.readHeaderTimeout, "read-header-timeout", envDuration("WICKET_READ_HEADER_TIMEOUT", server.DefaultReadHeaderTimeout), "time to read a request's headers (WICKET_READ_HEADER_TIMEOUT)")
+	fs.DurationVar(&o.net.readTimeout, "read-timeout", envDuration("WICKET_READ_TIMEOUT", server.DefaultReadTimeout), "time to read a whole request, body included (WICKET_READ_TIMEOUT)")
+	fs.DurationVar(&o.net.idleTmo, "idle-timeout", envDuration("WICKET_IDLE_TIMEOUT", server.DefaultIdleTimeout), "how long a keep-alive connection may idle (WICKET_IDLE_TIMEOUT)")
+	fs.IntVar(&o.net.maxConns, "max-conns", envInt("WICKET_MAX_CONNS", server.DefaultMaxConns), "open connections at most, lowered to fit the file descriptor limit; idle ones are closed for room (WICKET_MAX_CONNS)")
+	fs.IntVar(&o.net.maxStreamsPerTenant, "max-streams-per-tenant", envInt("WICKET_MAX_STREAMS_PER_TENANT", server.DefaultMaxStreamsPerTenant), "open event streams per tenant at most (WICKET_MAX_STREAMS_PER_TENANT)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.StringVar(&o.bundleKeyFile, "bundle-verification-key", envString("WICKET_BUNDLE_VERIFICATION_KEY", ""), "PEM public key (or HMAC secret) file that verifies bundle signatures; every bundle must then be signed (WICKET_BUNDLE_VERIFICATION_KEY)")
+	fs.StringVar(&o.bundleKeyID, "bundle-verification-key-id", envString("WICKET_BUNDLE_VERIFICATION_KEY_ID", bundle.DefaultKeyID), "key id signatures name (kid) (WICKET_BUNDLE_VERIFICATION_KEY_ID)")
+	fs.StringVar(&o.bundleKeyAlg, "bundle-verification-alg", envString("WICKET_BUNDLE_VERIFICATION_ALG", bundle.DefaultAlgorithm), "signature algorithm: RS256, ES256, HS256, ... (WICKET_BUNDLE_VERIFICATION_ALG)")
 	fs.DurationVar(&o.signatureTolerance, "signature-tolerance", envDuration("WICKET_SIGNATURE_TOLERANCE", wire.DefaultSignatureTolerance),
 		"how far an agent's v1 signature timestamp may be from this clock (WICKET_SIGNATURE_TOLERANCE)")
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
@@ -178,6 +202,14 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			return err
 		}
 	}
+	if o.adminKeyFile != "" {
+		if o.adminKey != "" {
+			return usageError{"serve: give --admin-key or --admin-key-file, not both"}
+		}
+		if o.adminKey, err = readKeyFile(o.adminKeyFile, log); err != nil {
+			return err
+		}
+	}
 	keysConfigured := o.adminKey != ""
 	if man != nil {
 		for _, t := range man.Tenants {
@@ -229,9 +261,13 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return usageError{err.Error()}
 	}
-	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache")})
+	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), Builtins: rego.NewHostBuiltins()})
 	defer wasmEngine.Close()
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards}, rules.New(), rego.New(), wasmEngine)
+	kernelKeys, err := o.verificationKeys()
+	if err != nil {
+		return err
+	}
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards, BundleKeys: plugins.KernelAndTenantKeys(kernelKeys, k.TenantBundleKeys)}, rules.New(), rego.New(), wasmEngine)
 	defer host.Close()
 	k.SetPolicy(host)
 	k.SetBundleLoader(host)
@@ -244,9 +280,36 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		log.Info("manifest applied", "path", o.config, "agents", len(man.Agents), "tenants", len(man.Tenants), "bundles", len(man.Bundles))
 	}
+	// Bundles pulled from bundle servers (OPA's protocol). Every connection
+	// is checked after DNS, redirects included.
+	// The same address policy as webhook URLs (--webhook-deny-cidr,
+	// --webhook-allow-cidr; the kernel's own listener refused).
+	puller := pull.New(pull.KernelActivator(k), pull.Options{Logger: log, Client: pull.GuardedClient(guard.Control), CheckURL: guard.CheckURL})
+	defer puller.Close()
+	k.SetBundlePuller(puller)
+	stored, err := k.BundleSources(ctx)
+	if err != nil {
+		return err
+	}
+	for _, b := range stored { // set over the API before this boot
+		if err := puller.Start(pull.FromRecord(b)); err != nil {
+			log.Warn("cannot resume pulling a bundle", "tenant", b.Tenant, "bundle", b.Name, "err", err)
+		}
+	}
+	if man != nil {
+		for _, src := range man.Sources() {
+			if err := puller.Start(src); err != nil {
+				return fmt.Errorf("manifest %s: bundle %s: %w", o.config, src.Name, err)
+			}
+			log.Info("pulling bundle", "tenant", src.Tenant, "bundle", src.Name, "url", src.URL)
+		}
+	}
 
-	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody,
-		SignatureTolerance: o.signatureTolerance, Logger: log})
+	maxConns := fitConns(o.net.maxConns, log)
+	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
+		MaxBundleBytes: o.net.maxBundleBody, ReadHeaderTimeout: o.net.readHeaderTimeout, ReadTimeout: o.net.readTimeout,
+		IdleTimeout: o.net.idleTmo, MaxConns: maxConns, MaxStreamsPerTenant: o.net.maxStreamsPerTenant,
+		SignatureTolerance: o.signatureTolerance})
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}
@@ -255,8 +318,9 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
 	guard.SetSelf(ln.Addr())
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
-	hs.RegisterOnShutdown(srv.CloseStreams) // SSE clients reconnect with Last-Event-ID
+	hs := srv.HTTPServer()                                         // timeouts, idle eviction, CloseStreams on shutdown
+	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http: accept errors and the like
+	ln = srv.Listener(ln)
 	if err := k.Start(ctx); err != nil {
 		return err
 	}
@@ -306,3 +370,66 @@ func webhookGuard(o serveOptions) (*netguard.Guard, error) {
 
 // discardLogger drops every record (bench output stays readable).
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// verificationKeys reads --bundle-verification-key (none when unset).
+func (o *serveOptions) verificationKeys() ([]bundle.Key, error) {
+	if o.bundleKeyFile == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(o.bundleKeyFile)
+	if err != nil {
+		return nil, usageError{fmt.Sprintf("--bundle-verification-key: %v", err)}
+	}
+	keys := []bundle.Key{{ID: o.bundleKeyID, Algorithm: o.bundleKeyAlg, Key: string(pem)}}
+	if err := bundle.ValidateKeys(keys); err != nil {
+		return nil, usageError{fmt.Sprintf("--bundle-verification-key %s: %v", o.bundleKeyFile, err)}
+	}
+	return keys, nil
+}
+
+// readKeyFile reads the admin key from a file (one line; surrounding
+// whitespace is dropped), so that it is not on the command line for ps to
+// show. A file others may read is logged as a warning: it is the kernel's
+// master key.
+func readKeyFile(path string, log *slog.Logger) (string, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("--admin-key-file: %w", err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		log.Warn("the admin key file is readable by group or others: chmod 600 it", "path", path, "mode", st.Mode().Perm().String())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("--admin-key-file: %w", err)
+	}
+	key := strings.TrimSpace(string(b))
+	if key == "" {
+		return "", usageError{fmt.Sprintf("serve: --admin-key-file %s is empty", path)}
+	}
+	if strings.ContainsAny(key, "\r\n") {
+		return "", usageError{fmt.Sprintf("serve: --admin-key-file %s holds more than one line", path)}
+	}
+	return key, nil
+}
+
+// fdReserve are the file descriptors kept for the store, the wasm cache,
+// webhooks and logs when --max-conns is fitted to the process's limit.
+const fdReserve = 128
+
+// fitConns lowers max so that max open connections plus fdReserve fit the
+// process's file descriptor limit: past it, accept fails ("too many open
+// files") and nobody is served, where the connection limit closes idle
+// connections for room instead.
+func fitConns(max int, log *slog.Logger) int {
+	lim, ok := fdLimit()
+	if !ok || uint64(max)+fdReserve <= lim {
+		return max
+	}
+	fit := 16
+	if lim > fdReserve+16 {
+		fit = int(lim - fdReserve)
+	}
+	log.Warn("--max-conns lowered to fit the file descriptor limit (raise ulimit -n to allow more)", "max_conns", max, "fd_limit", lim, "now", fit)
+	return fit
+}

@@ -15,7 +15,7 @@ const module = "github.com/wicket-run/wicket"
 // directly (test files excepted).
 var owners = map[string][]string{
 	"go.etcd.io/bbolt":                 {module + "/store/bbolt"},
-	"github.com/open-policy-agent/opa": {module + "/plugins/rego"},
+	"github.com/open-policy-agent/opa": {module + "/plugins/rego", module + "/plugins/bundle"},
 	"github.com/tetratelabs/wazero":    {module + "/plugins/wasm"},
 	"github.com/gorilla/mux":           {module + "/server"},
 	"github.com/jackc/pgx":             {module + "/store/postgres"},

@@ -1,16 +1,28 @@
 // Package manifest reads the provisioning manifest of `wicket serve
-// --config FILE` and applies it to a kernel as an upsert: bundles first,
-// then tenants with their keys, then agents with their policies.
+// --config FILE` and applies it to a kernel as an upsert: tenants with
+// their keys first, then bundles, then agents with their policies, and last
+// the tenants' guards. Everything the manifest stores is the admin's: its
+// bundles (and agents' inline policies) are admin-owned, which is what a
+// guard must be, so a guard names a bundle listed under bundles with the
+// guarded tenant's id as its tenant.
 //
 // # Format
 //
 //	bundles:
 //	  - name: research
 //	    path: bundles/research     # directory or .tar.gz, relative to the manifest
+//	  - name: no-destructive
+//	    path: bundles/no-destructive
+//	    tenant: acme               # default: default
+//	  - name: authz                # or pulled from a bundle server (OPA's protocol)
+//	    source: {url: "https://bundles.example/authz.tar.gz", min_delay: 60s, max_delay: 120s}
 //	tenants:
 //	  - id: acme
 //	    keys: [{principal: ci, role: client, key: "${ACME_CI_KEY}"}]
 //	    guards: [no-destructive]
+//	    allow_bundle_sources: true  # its tenant-admins may set bundle server URLs
+//	    bundle_keys:                # verify the tenant's bundle signatures
+//	      - {id: acme-ci, algorithm: ES256, key_file: keys/acme.pub}   # or key: "-----BEGIN ..."
 //	agents:
 //	  - id: researcher
 //	    tenant: acme                # default: default
@@ -35,11 +47,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/pull"
 )
 
 // Manifest is the parsed file.
@@ -51,11 +65,21 @@ type Manifest struct {
 	Dir string `yaml:"-"`
 }
 
-// Bundle names a bundle directory or archive to load.
+// Bundle names a bundle directory or archive to load, or a bundle server
+// to keep it in sync with.
 type Bundle struct {
 	Name   string `yaml:"name"`
 	Path   string `yaml:"path"`
 	Tenant string `yaml:"tenant"`
+	// Source, instead of Path, pulls the bundle from a bundle server.
+	Source *Source `yaml:"source"`
+}
+
+// Source is a bundle server URL and OPA's polling delays.
+type Source struct {
+	URL      string        `yaml:"url"`
+	MinDelay time.Duration `yaml:"min_delay"`
+	MaxDelay time.Duration `yaml:"max_delay"`
 }
 
 // Tenant provisions a tenant, its keys and guard bundles.
@@ -63,6 +87,22 @@ type Tenant struct {
 	ID     string   `yaml:"id"`
 	Keys   []Key    `yaml:"keys"`
 	Guards []string `yaml:"guards"`
+	// BundleKeys verify the signatures of the tenant's bundles.
+	BundleKeys []BundleKey `yaml:"bundle_keys"`
+	// AllowBundleSources lets the tenant's tenant-admins point bundles at
+	// bundle servers (PUT /v0/bundles/{name}/source).
+	AllowBundleSources bool `yaml:"allow_bundle_sources"`
+}
+
+// BundleKey is a bundle verification key: key is the PEM public key (or
+// HMAC secret) itself, or key_file names a file holding it (relative to the
+// manifest).
+type BundleKey struct {
+	ID        string `yaml:"id"`
+	Algorithm string `yaml:"algorithm"`
+	Key       string `yaml:"key"`
+	KeyFile   string `yaml:"key_file"`
+	Scope     string `yaml:"scope"`
 }
 
 // Key is an API key given in the manifest.
@@ -130,8 +170,23 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 	for i := range m.Bundles {
 		b := &m.Bundles[i]
 		where := fmt.Sprintf("bundles[%d]", i)
-		if b.Path == "" {
-			return nil, fmt.Errorf("%s: path is required", where)
+		switch {
+		case b.Path == "" && b.Source == nil:
+			return nil, fmt.Errorf("%s: path or source is required", where)
+		case b.Path != "" && b.Source != nil:
+			return nil, fmt.Errorf("%s: give path or source, not both", where)
+		case b.Source != nil:
+			if b.Name == "" {
+				return nil, fmt.Errorf("%s: a bundle with a source needs a name", where)
+			}
+			u, err := expand(where+".source.url", b.Source.URL)
+			if err != nil {
+				return nil, err
+			}
+			b.Source.URL = u
+			if err := b.PullSource().Validate(); err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
 		}
 		if b.Tenant == "" {
 			b.Tenant = kernel.DefaultTenant
@@ -155,13 +210,13 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 				return nil, fmt.Errorf("%s.key: must be at least 16 bytes", kw)
 			}
 			switch k.Role {
-			case kernel.RoleClient, kernel.RoleTenantAdmin:
+			case kernel.RoleClient, kernel.RoleTenantAdmin, kernel.RoleApprover:
 			case kernel.RoleAdmin:
 				if t.ID != kernel.DefaultTenant {
 					return nil, fmt.Errorf("%s.role: admin keys belong to the default tenant", kw)
 				}
 			default:
-				return nil, fmt.Errorf("%s.role: %q is invalid (want client or tenant-admin)", kw, k.Role)
+				return nil, fmt.Errorf("%s.role: %q is invalid (want client, tenant-admin or approver)", kw, k.Role)
 			}
 			if k.Principal == "" {
 				return nil, fmt.Errorf("%s.principal is required", kw)
@@ -210,8 +265,15 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 // Apply provisions everything in the manifest. It stops at the first error.
 func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 	for _, t := range m.Tenants {
-		if t.ID != kernel.DefaultTenant {
-			if err := k.UpsertTenant(ctx, kernel.Tenant{ID: t.ID, Guards: t.Guards}); err != nil {
+		if err := k.EnsureTenant(ctx, t.ID); err != nil {
+			return fmt.Errorf("tenant %s: %w", t.ID, err)
+		}
+		keys, err := m.bundleKeys(t)
+		if err != nil {
+			return err
+		}
+		if t.ID != kernel.DefaultTenant || len(keys) > 0 || t.AllowBundleSources {
+			if err := k.SetTenantBundleTrust(ctx, t.ID, keys, t.AllowBundleSources); err != nil {
 				return fmt.Errorf("tenant %s: %w", t.ID, err)
 			}
 		}
@@ -222,11 +284,19 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 		}
 	}
 	for i, b := range m.Bundles {
-		src, err := m.readBundle(b.Path)
+		if b.Source != nil {
+			continue // pulled: see Sources
+		}
+		name := b.Name
+		if name == "" {
+			name = bundleName(b.Path)
+		}
+		src, err := m.readBundle(b.Path, name)
 		if err != nil {
 			return fmt.Errorf("bundles[%d]: %w", i, err)
 		}
-		if _, err := k.PutBundle(ctx, b.Tenant, b.Name, src); err != nil {
+		src.Name = name
+		if _, err := k.PutBundle(ctx, b.Tenant, b.Name, src, kernel.BundleOwnerAdmin); err != nil {
 			return fmt.Errorf("bundles[%d] (%s): %w", i, b.Path, err)
 		}
 	}
@@ -247,12 +317,73 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 			}
 		}
 		if len(rules) > 0 {
-			if _, err := k.SetAgentPolicy(ctx, a.Tenant, a.ID, rules); err != nil {
+			if _, err := k.SetAgentPolicy(ctx, a.Tenant, a.ID, rules, kernel.BundleOwnerAdmin); err != nil {
 				return fmt.Errorf("agent %s: policy: %w", a.ID, err)
 			}
 		}
 	}
+	// Guards last: they must name bundles stored above. The manifest is
+	// authoritative for the tenants it lists (no guards: none), except the
+	// default tenant, whose guards it sets only when it lists some.
+	for _, t := range m.Tenants {
+		if t.ID == kernel.DefaultTenant && len(t.Guards) == 0 {
+			continue
+		}
+		if _, err := k.SetTenantGuards(ctx, t.ID, t.Guards); err != nil {
+			return fmt.Errorf("tenant %s guards: %w", t.ID, err)
+		}
+	}
 	return nil
+}
+
+// PullSource is the bundle's source as the puller takes it.
+func (b Bundle) PullSource() pull.Source {
+	s := pull.Source{Tenant: b.Tenant, Name: b.Name, Owner: kernel.BundleOwnerAdmin}
+	if b.Source != nil {
+		s.URL, s.MinDelay, s.MaxDelay = b.Source.URL, b.Source.MinDelay, b.Source.MaxDelay
+	}
+	return s
+}
+
+// Sources lists the bundles to pull from bundle servers.
+func (m *Manifest) Sources() []pull.Source {
+	var out []pull.Source
+	for _, b := range m.Bundles {
+		if b.Source != nil {
+			out = append(out, b.PullSource())
+		}
+	}
+	return out
+}
+
+// bundleKeys reads a tenant's bundle verification keys and checks them.
+func (m *Manifest) bundleKeys(t Tenant) ([]kernel.BundleKey, error) {
+	var out []kernel.BundleKey
+	var check []bundle.Key
+	for i, bk := range t.BundleKeys {
+		where := fmt.Sprintf("tenant %s: bundle_keys[%d]", t.ID, i)
+		key := bk.Key
+		switch {
+		case key != "" && bk.KeyFile != "":
+			return nil, fmt.Errorf("%s: give key or key_file, not both", where)
+		case bk.KeyFile != "":
+			b, err := os.ReadFile(m.resolve(bk.KeyFile))
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", where, err)
+			}
+			key = string(b)
+		}
+		id := bk.ID
+		if id == "" {
+			id = bundle.DefaultKeyID
+		}
+		out = append(out, kernel.BundleKey{ID: id, Algorithm: bk.Algorithm, Key: key, Scope: bk.Scope})
+		check = append(check, bundle.Key{ID: id, Algorithm: bk.Algorithm, Key: key, Scope: bk.Scope})
+	}
+	if err := bundle.ValidateKeys(check); err != nil {
+		return nil, fmt.Errorf("tenant %s: bundle_keys: %w", t.ID, err)
+	}
+	return out, nil
 }
 
 func (m *Manifest) resolve(p string) string {
@@ -262,14 +393,14 @@ func (m *Manifest) resolve(p string) string {
 	return filepath.Join(m.Dir, p)
 }
 
-func (m *Manifest) readBundle(p string) (kernel.BundleSource, error) {
+func (m *Manifest) readBundle(p, name string) (kernel.BundleSource, error) {
 	p = m.resolve(p)
 	st, err := os.Stat(p)
 	if err != nil {
 		return kernel.BundleSource{}, err
 	}
 	if st.IsDir() {
-		b, err := bundle.LoadDir(p)
+		b, err := bundle.Options{Name: name}.LoadDir(p)
 		if err != nil {
 			return kernel.BundleSource{}, err
 		}
@@ -284,4 +415,14 @@ func (m *Manifest) readBundle(p string) (kernel.BundleSource, error) {
 		return kernel.BundleSource{}, err
 	}
 	return kernel.BundleSource{Archive: data}, nil
+}
+
+// bundleName names a bundle without bundle.yaml after its directory or
+// archive ("authz/", "authz.tar.gz" → "authz").
+func bundleName(p string) string {
+	base := strings.ToLower(filepath.Base(filepath.Clean(p)))
+	for _, ext := range []string{".tar.gz", ".tgz"} {
+		base = strings.TrimSuffix(base, ext)
+	}
+	return base
 }

@@ -2,6 +2,11 @@ package manifest_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +17,7 @@ import (
 	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/plugins/rules"
 )
 
@@ -28,7 +34,10 @@ func TestParseErrors(t *testing.T) {
 		{"bad agent id", "agents:\n  - {id: 'a b', webhook_url: 'http://h/', secret: s}\n", "invalid"},
 		{"bad role", "tenants:\n  - id: acme\n    keys: [{principal: ci, role: root, key: 0123456789abcdef0}]\n", "role"},
 		{"short key", "tenants:\n  - id: acme\n    keys: [{principal: ci, role: client, key: short}]\n", "16 bytes"},
-		{"bundle without path", "bundles:\n  - name: x\n", "path is required"},
+		{"bundle without path", "bundles:\n  - name: x\n", "path or source is required"},
+		{"source and path", "bundles:\n  - {name: a, path: x, source: {url: \"https://example.com/a\"}}\n", "not both"},
+		{"source without a name", "bundles:\n  - {source: {url: \"https://example.com/a\"}}\n", "needs a name"},
+		{"source not http", "bundles:\n  - {name: a, source: {url: \"file:///etc/passwd\"}}\n", "http or https"},
 		{"not yaml", "agents: [\n", "parse"},
 		{"bad signing", "agents:\n  - {id: a, webhook_url: 'http://h/', secret: s, signing: hmac}\n", "signing"},
 	} {
@@ -52,13 +61,23 @@ func TestApply(t *testing.T) {
 	}
 	_ = os.WriteFile(filepath.Join(bdir, "bundle.yaml"), []byte("name: ro\nrevision: \"7\"\nengine: rules\n"), 0o600)
 	_ = os.WriteFile(filepath.Join(bdir, "rules.yaml"), []byte("default_action: deny\nrules:\n  - id: reads\n    priority: 1\n    when: {effect: read_only}\n    then: {decision: allow}\n"), 0o600)
+	gdir := filepath.Join(dir, "bundles", "no-rm")
+	if err := os.MkdirAll(gdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(gdir, "bundle.yaml"), []byte("name: no-rm\nrevision: \"1\"\nengine: rules\n"), 0o600)
+	_ = os.WriteFile(filepath.Join(gdir, "rules.yaml"), []byte("rules:\n  - id: no-rm\n    priority: 1\n    when: {target: rm}\n    then: {decision: deny}\n"), 0o600)
 	src := `
 bundles:
   - name: ro
     path: bundles/ro
+  - name: no-rm
+    path: bundles/no-rm
+    tenant: acme
 tenants:
   - id: acme
     keys: [{principal: ci, role: client, key: "${ACME_KEY}"}]
+    guards: [no-rm]
 agents:
   - id: inline
     webhook_url: http://127.0.0.1:9/hook
@@ -107,7 +126,9 @@ agents:
 		{"fromfile", "default", "ls", "", "deny"},
 		{"named", "default", "ls", "read_only", "allow"},
 		{"named", "default", "ls", "destructive", "deny"},
-		{"tenanted", "acme", "ls", "", "allow"}, // no bundle: kernel default
+		// No bundle of its own, but acme's guard.
+		{"tenanted", "acme", "ls", "", "allow"},
+		{"tenanted", "acme", "rm", "", "deny"},
 	} {
 		res, err := e.Kernel.EvalPolicy(ctx, kernel.EvalRequest{Tenant: tc.tenant, AgentID: tc.agent, Kind: "tool_call", Target: tc.target, Effect: tc.effect})
 		if err != nil {
@@ -124,6 +145,44 @@ agents:
 	if ref, ok := e.Host.Live("default", "ro"); !ok || ref.Revision != "7" {
 		t.Errorf("bundle ro: %+v %v", ref, ok)
 	}
+	// What the manifest stores is the admin's: the guard is safe from
+	// acme's tenant-admins.
+	for _, b := range []struct{ tenant, name string }{{"default", "ro"}, {"acme", "no-rm"}, {"default", kernel.AgentPolicyBundle("inline")}} {
+		b, err := e.Kernel.GetBundle(ctx, b.tenant, b.name)
+		if err != nil || b.Owner != kernel.BundleOwnerAdmin {
+			t.Errorf("%+v %v, want admin-owned", b, err)
+		}
+	}
+	if err := e.Kernel.DeleteBundle(ctx, "acme", "no-rm", kernel.BundleOwnerTenant); kernel.CodeOf(err) != kernel.CodeForbidden {
+		t.Errorf("acme's tenant deleting its guard: %v, want forbidden", err)
+	}
+}
+
+// TestApplyGuardOfAnotherTenantFailsBoot: a guard names a bundle of the
+// guarded tenant; one stored only in the default tenant fails the boot with
+// an error naming the guard (it used to boot and deny every step).
+func TestApplyGuardOfAnotherTenantFailsBoot(t *testing.T) {
+	dir := t.TempDir()
+	bdir := filepath.Join(dir, "safe-shell")
+	if err := os.MkdirAll(bdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(bdir, "bundle.yaml"), []byte("name: safe-shell\nrevision: \"1\"\nengine: rules\n"), 0o600)
+	_ = os.WriteFile(filepath.Join(bdir, "rules.yaml"), []byte("default_action: deny\n"), 0o600)
+	path := filepath.Join(dir, "wicket.yaml")
+	src := "bundles:\n  - {name: safe-shell, path: safe-shell}\ntenants:\n  - {id: acme, guards: [safe-shell]}\n"
+	if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Load(path, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+	err = m.Apply(context.Background(), e.Kernel)
+	if err == nil || !strings.Contains(err.Error(), `guard "safe-shell"`) || !strings.Contains(err.Error(), "acme") {
+		t.Fatalf("a guard stored in another tenant must fail the boot naming it, got %v", err)
+	}
 }
 
 func TestApplyBadPolicyFailsBoot(t *testing.T) {
@@ -134,6 +193,61 @@ func TestApplyBadPolicyFailsBoot(t *testing.T) {
 	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
 	if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), "agent a") {
 		t.Fatalf("a malformed policy must fail the boot, got %v", err)
+	}
+}
+
+// TestTenantBundleKeys: a tenant's bundle_keys (from the manifest) make its
+// bundles need a signature by one of them; other tenants are unaffected.
+func TestTenantBundleKeys(t *testing.T) {
+	dir := t.TempDir()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	priv, _ := x509.MarshalPKCS8PrivateKey(k)
+	pub, _ := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	privPEM := string(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: priv}))
+	if err := os.WriteFile(filepath.Join(dir, "acme.pub"), pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := "tenants:\n  - id: acme\n    bundle_keys: [{id: acme-ci, algorithm: ES256, key_file: acme.pub}]\n  - id: other\n"
+	if err := os.WriteFile(filepath.Join(dir, "wicket.yaml"), []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, err := manifest.Load(filepath.Join(dir, "wicket.yaml"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+	ctx := context.Background()
+	if err := m.Apply(ctx, e.Kernel); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{"bundle.yaml": []byte("name: g\nengine: rules\n"), "rules.yaml": []byte("default_action: allow\n")}
+	if _, err := e.Kernel.PutBundle(ctx, "other", "g", kernel.BundleSource{Files: files}, kernel.BundleOwnerAdmin); err != nil {
+		t.Fatalf("tenant without keys: %v", err)
+	}
+	if _, err := e.Kernel.PutBundle(ctx, "acme", "g", kernel.BundleSource{Files: files}, kernel.BundleOwnerAdmin); err == nil || !strings.Contains(err.Error(), ".signatures.json: missing") {
+		t.Fatalf("unsigned bundle for acme: %v", err)
+	}
+	sig, err := bundle.Sign(files, bundle.SigningKey{Key: privPEM, Algorithm: "ES256", KeyID: "acme-ci"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	signed := map[string][]byte{bundle.SignaturesFile: sig}
+	for p, c := range files {
+		signed[p] = c
+	}
+	if _, err := e.Kernel.PutBundle(ctx, "acme", "g", kernel.BundleSource{Files: signed}, kernel.BundleOwnerAdmin); err != nil {
+		t.Fatalf("signed bundle for acme: %v", err)
+	}
+
+	bad, err := manifest.Parse([]byte("tenants:\n  - id: acme\n    bundle_keys: [{algorithm: RS256, key: not-a-pem}]\n"), env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Apply(ctx, e.Kernel); err == nil || !strings.Contains(err.Error(), "bundle_keys") {
+		t.Fatalf("a bad key must fail the boot: %v", err)
 	}
 }
 

@@ -20,6 +20,8 @@ import (
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/pull"
 	"github.com/wicket-run/wicket/server"
 	"github.com/wicket-run/wicket/store/bbolt"
 	"github.com/wicket-run/wicket/store/postgres"
@@ -39,6 +41,9 @@ type Options struct {
 	Dir string
 	// Store are the bbolt store's options (default: fsync on, group commit).
 	Store bbolt.Options
+	// BundleKeys verify bundle signatures (as serve --bundle-verification-key);
+	// tenants' own keys are added as in serve.
+	BundleKeys []bundle.Key
 	// Backend is the store: "bbolt" or "postgres" (default DefaultBackend).
 	// On "postgres" the test skips without WICKET_TEST_POSTGRES.
 	Backend string
@@ -79,6 +84,7 @@ type Env struct {
 	Backend string
 	Kernel  *kernel.Kernel
 	Host    *plugins.Host
+	Puller  *pull.Puller
 	Server  *server.Server
 	HTTP    *httptest.Server
 	URL     string
@@ -122,19 +128,25 @@ func Start(t testing.TB, o Options) *Env {
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
 	}
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, Guards: k.TenantGuards}, o.Engines...)
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, Guards: k.TenantGuards,
+		BundleKeys: plugins.KernelAndTenantKeys(o.BundleKeys, k.TenantBundleKeys)}, o.Engines...)
 	k.SetPolicy(host)
 	k.SetBundleLoader(host)
+	puller := pull.New(pull.KernelActivator(k), pull.Options{Backoff: 10 * time.Millisecond})
+	k.SetBundlePuller(puller)
 	if err := k.LoadBundles(context.Background()); err != nil {
 		t.Fatalf("load bundles: %v", err)
 	}
 	srv := server.New(k, server.Config{AdminKey: AdminKey})
 	srv.SetReady(true)
-	hs := httptest.NewServer(srv.Handler())
+	hs := httptest.NewUnstartedServer(srv.Handler())
+	hs.Config = srv.HTTPServer() // the limits `wicket serve` runs with
+	hs.Listener = srv.Listener(hs.Listener)
+	hs.Start()
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	e.Kernel, e.Host, e.Server, e.HTTP, e.URL = k, host, srv, hs, hs.URL
+	e.Kernel, e.Host, e.Puller, e.Server, e.HTTP, e.URL = k, host, puller, srv, hs, hs.URL
 	t.Cleanup(e.Close)
 	return e
 }
@@ -146,6 +158,7 @@ func (e *Env) Close() {
 	}
 	e.closed = true
 	e.HTTP.Close()
+	e.Puller.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := e.Kernel.Close(ctx); err != nil {

@@ -604,6 +604,7 @@ func testApprovals(t *testing.T, s kernel.Store) {
 	a2 := approval("t", "ap-2", time.Second, kernel.ApprovalGranted, time.Hour)
 	decided := at(time.Minute)
 	a2.DecidedBy, a2.Rationale, a2.DecidedAt = "alice", "ok", &decided
+	a2.DecidedByKey, a2.DecidedByPrincipal = "key_1", "admin"
 	a3 := approval("t", "ap-0", 2*time.Second, kernel.ApprovalPending, time.Hour) // newest, smallest id
 	update(t, s, func(tx kernel.Tx) error {
 		for _, a := range []*kernel.Approval{a1, a2, a3} {
@@ -643,9 +644,14 @@ func testApprovals(t *testing.T, s kernel.Store) {
 }
 
 func testBundles(t *testing.T, s kernel.Store) {
+	// The owner round-trips (a new revision may change it).
 	mk := func(tenant, name, rev string) *kernel.BundleRecord {
+		owner := kernel.BundleOwnerTenant
+		if rev == "2" {
+			owner = kernel.BundleOwnerAdmin
+		}
 		return &kernel.BundleRecord{
-			Tenant: tenant, Name: name, Revision: rev, Digest: strings.Repeat("0", 64), Engine: "rego",
+			Tenant: tenant, Name: name, Revision: rev, Digest: strings.Repeat("0", 64), Engine: "rego", Owner: owner,
 			Archive: []byte{0x1f, 0x8b, 0, 1, 2, 255, 0, byte(len(name))}, UpdatedAt: t0,
 		}
 	}
@@ -655,7 +661,9 @@ func testBundles(t *testing.T, s kernel.Store) {
 				return fmt.Errorf("PutBundle: %w", err)
 			}
 		}
-		if err := tx.PutBundle(mk("t", "zeta", "2")); err != nil {
+		z2 := mk("t", "zeta", "2")
+		z2.Source = &kernel.BundlePull{URL: "https://bundles.example/zeta.tar.gz", MinDelay: "60s", MaxDelay: "2m"}
+		if err := tx.PutBundle(z2); err != nil {
 			return fmt.Errorf("PutBundle new revision: %w", err)
 		}
 		return tx.DeleteBundle("t", "gone")
@@ -665,14 +673,16 @@ func testBundles(t *testing.T, s kernel.Store) {
 		if err != nil {
 			return fmt.Errorf("Bundle: %w", err)
 		}
-		sameJSON(t, "Bundle", got, mk("t", "zeta", "2"))
+		z2 := mk("t", "zeta", "2")
+		z2.Source = &kernel.BundlePull{URL: "https://bundles.example/zeta.tar.gz", MinDelay: "60s", MaxDelay: "2m"}
+		sameJSON(t, "Bundle (with its source)", got, z2)
 		_, err = tx.Bundle("t", "gone")
 		wantNotFound(t, "deleted bundle", err)
 		list, err := tx.ListBundles("t")
 		if err != nil {
 			return fmt.Errorf("ListBundles: %w", err)
 		}
-		sameJSON(t, "ListBundles(t)", list, []*kernel.BundleRecord{mk("t", "alpha", "1"), mk("t", "zeta", "2")})
+		sameJSON(t, "ListBundles(t)", list, []*kernel.BundleRecord{mk("t", "alpha", "1"), z2})
 		all, err := tx.ListBundles("")
 		if err != nil {
 			return fmt.Errorf("ListBundles(\"\"): %w", err)
@@ -738,7 +748,8 @@ func testCounters(t *testing.T, s kernel.Store) {
 }
 
 func testTenantsAndKeys(t *testing.T, s kernel.Store) {
-	acme := &kernel.Tenant{ID: "acme", Guards: []string{"no-destructive"}, CreatedAt: t0}
+	acme := &kernel.Tenant{ID: "acme", Guards: []string{"no-destructive"}, CreatedAt: t0, AllowBundleSources: true,
+		BundleKeys: []kernel.BundleKey{{ID: "ci", Algorithm: "ES256", Key: "-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----\n", Scope: "write"}}}
 	beta := &kernel.Tenant{ID: "beta", CreatedAt: t0}
 	key := func(tenant, id, hash string) *kernel.APIKey {
 		return &kernel.APIKey{ID: id, Tenant: tenant, Role: kernel.RoleClient, Principal: "ci", Hash: hash, CreatedAt: t0}

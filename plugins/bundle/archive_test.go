@@ -201,7 +201,6 @@ func TestHostileTarballs(t *testing.T) {
 	}{
 		{"path traversal", with(file("../../etc/cron.d/x", "* * * * * root sh")), ErrUnsafePath, "../../etc/cron.d/x", `".."`},
 		{"nested traversal", with(file("tests/../../x", "x")), ErrUnsafePath, "tests/../../x", `".."`},
-		{"absolute path", with(file("/etc/passwd", "root::0:0")), ErrUnsafePath, "/etc/passwd", "absolute"},
 		{"symlink", with(tarEntry{hdr: tar.Header{Typeflag: tar.TypeSymlink, Name: "data.json.link", Linkname: "/etc/shadow"}}), ErrUnsupportedEntry, "data.json.link", "symlink"},
 		{"hard link", with(tarEntry{hdr: tar.Header{Typeflag: tar.TypeLink, Name: "l", Linkname: "bundle.yaml"}}), ErrUnsupportedEntry, "l", "hard link"},
 		{"char device", with(tarEntry{hdr: tar.Header{Typeflag: tar.TypeChar, Name: "dev/null", Devmajor: 1, Devminor: 3}}), ErrUnsupportedEntry, "dev/null", "character device"},

@@ -1,7 +1,9 @@
-// Package bundle is the policy bundle format (docs/bundles.md): a manifest
-// (bundle.yaml), one engine's policy files, optional data.json and test cases
-// under tests/. A bundle is read from a directory or a .tar.gz of one and is
-// identified by name, revision and the SHA-256 digest of its content.
+// Package bundle is the policy bundle format (docs/bundles.md): OPA's bundle layout (.manifest,
+// data files at any path, .signatures.json, read with OPA's own bundle
+// package) plus an optional bundle.yaml for what OPA has no field for, one
+// engine's policy files and test cases under tests/. A bundle is read from a
+// directory or a .tar.gz of one and is identified by name, revision and the
+// SHA-256 digest of its content.
 //
 // # Basics
 //
@@ -15,10 +17,17 @@
 //
 // # Layout
 //
-//	bundle.yaml     manifest (see Manifest; decoded strictly)
-//	rules.yaml      rules engine policy    | *.rego (rego) | policy.wasm (wasm)
-//	data.json       optional JSON object
-//	tests/*.yaml    cases: [...] (see TestCase)
+//	bundle.yaml       optional manifest (see Manifest; decoded strictly)
+//	.manifest         optional OPA manifest: revision, roots, rego_version, wasm, metadata
+//	.signatures.json  optional OPA signature (see Options.Keys)
+//	rules.yaml        rules engine policy    | *.rego (rego) | policy.wasm (wasm)
+//	**/data.json      data, merged under the directory's path (also data.yaml, data.yml)
+//	tests/*.yaml      cases: [...] (see TestCase)
+//
+// Name, revision and engine may be left out of bundle.yaml, or bundle.yaml
+// left out altogether: the name is [Options.Name], the revision .manifest's,
+// and the engine follows the files (policy.wasm: wasm with the OPA ABI;
+// .rego: rego; rules.yaml: rules).
 //
 // A minimal manifest:
 //
@@ -48,7 +57,8 @@
 // is refused whole. Hostile input is bounded: [MaxFiles], [MaxTotalSize],
 // [MaxArchiveSize] (gzip bombs), [MaxPathLen]; unsafe paths, links and
 // devices are refused. Hidden files (path elements starting with ".") are
-// skipped by all three loaders.
+// skipped by all three loaders, except .manifest and .signatures.json at the
+// root. A tar entry's leading "/" (as OPA writes them) is dropped.
 //
 // # Identity
 //

@@ -2,6 +2,7 @@ package bundle
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -98,6 +99,67 @@ func FuzzTestFile(f *testing.F) {
 			if _, err := c.Input(); err != nil {
 				t.Fatalf("accepted case %q has no input: %v", c.Name, err)
 			}
+		}
+	})
+}
+
+// FuzzOPAManifest loads an OPA-layout bundle whose .manifest and nested
+// data file are fuzzed: no panic, errors are *Error, and an accepted bundle
+// reloads to the same digest and data.
+func FuzzOPAManifest(f *testing.F) {
+	f.Add([]byte(`{"revision": "1", "roots": ["wicket", "agents"]}`), []byte(`{"a": {"tools": ["x"]}}`))
+	f.Add([]byte(`{"roots": [""], "rego_version": 0, "metadata": {"k": [1, 2]}}`), []byte(`[1]`))
+	f.Add([]byte(`{"wasm": [{"entrypoint": "wicket/decision", "module": "/policy.wasm"}]}`), []byte(`{}`))
+	f.Add([]byte(`{"roots": ["a", "a/b"]}`), []byte(`{"x": 1e400}`))
+	f.Add([]byte(`{"file_rego_versions": {"/*.rego": 0}}`), []byte(`null`))
+	f.Fuzz(func(t *testing.T, manifest, data []byte) {
+		files := map[string][]byte{
+			".manifest":        manifest,
+			"wicket/p.rego":    []byte("package wicket\n\ndecision := {\"decision\": \"allow\"}\n"),
+			"agents/data.json": data,
+		}
+		b, err := Options{Name: "f"}.LoadFiles(files)
+		if err != nil {
+			if _, ok := err.(*Error); !ok {
+				t.Fatalf("error %v is a %T, want *Error", err, err)
+			}
+			return
+		}
+		b2, err := Options{Name: "f"}.LoadFiles(b.Files)
+		if err != nil {
+			t.Fatalf("reload: %v", err)
+		}
+		if b2.Digest != b.Digest || !bytes.Equal(b2.Data, b.Data) {
+			t.Fatalf("reload changed the bundle")
+		}
+	})
+}
+
+// FuzzSignatures verifies a fuzzed .signatures.json against a key: no
+// panic, and every refusal is an *Error.
+func FuzzSignatures(f *testing.F) {
+	files := map[string][]byte{"wicket/p.rego": []byte("package wicket\n\ndecision := {\"decision\": \"allow\"}\n")}
+	good, err := Sign(files, SigningKey{Key: "fuzz-secret-0123456789", Algorithm: "HS256"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add([]byte(`{"signatures": ["a.b.c"]}`))
+	f.Add([]byte(`{"signatures": []}`))
+	f.Add([]byte(`{"signatures": ["eyJhbGciOiJub25lIn0.e30."], "plugin": "x"}`))
+	keys := []Key{{Algorithm: "HS256", Key: "fuzz-secret-0123456789"}}
+	f.Fuzz(func(t *testing.T, sig []byte) {
+		fs := map[string][]byte{SignaturesFile: sig}
+		for p, c := range files {
+			fs[p] = c
+		}
+		_, err := Options{Name: "s", Keys: keys}.LoadFiles(fs)
+		if err == nil {
+			return
+		}
+		var e *Error
+		if !errors.As(err, &e) {
+			t.Fatalf("error %v is a %T, want *Error", err, err)
 		}
 	})
 }

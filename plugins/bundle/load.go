@@ -2,9 +2,7 @@ package bundle
 
 import (
 	"archive/tar"
-	"bytes"
 	"compress/gzip"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -52,7 +50,10 @@ const archiveLabel = "archive"
 // ([ErrUnsupportedEntry]); dir itself may be a symlink. The limits
 // [MaxFiles] and [MaxTotalSize] apply ([ErrTooManyFiles], [ErrTooLarge]).
 // Every error is an *[Error].
-func LoadDir(dir string) (*Bundle, error) {
+func LoadDir(dir string) (*Bundle, error) { return Options{}.LoadDir(dir) }
+
+// LoadDir is [LoadDir] with these options.
+func (o Options) LoadDir(dir string) (*Bundle, error) {
 	root, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return nil, &Error{File: dir, Err: err}
@@ -79,7 +80,7 @@ func LoadDir(dir string) (*Bundle, error) {
 		if entries++; entries > maxEntries {
 			return &Error{File: dir, Err: classed(ErrTooManyFiles, "more than %d entries", maxEntries)}
 		}
-		if strings.HasPrefix(d.Name(), ".") {
+		if strings.HasPrefix(d.Name(), ".") && (d.IsDir() || isHidden(rel)) {
 			if d.IsDir() {
 				return filepath.SkipDir
 			}
@@ -107,7 +108,7 @@ func LoadDir(dir string) (*Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
-	return validate(c.files)
+	return validate(c.files, o)
 }
 
 func readFileLimited(p string, size int64) ([]byte, error) {
@@ -159,7 +160,10 @@ func describeMode(m fs.FileMode) string {
 // ([ErrTooManyFiles]), more than [MaxTotalSize] bytes of content or more
 // than [MaxArchiveSize] decompressed bytes ([ErrTooLarge]), and a corrupt
 // gzip or tar stream. Every error is an *[Error].
-func LoadTarGz(r io.Reader) (*Bundle, error) {
+func LoadTarGz(r io.Reader) (*Bundle, error) { return Options{}.LoadTarGz(r) }
+
+// LoadTarGz is [LoadTarGz] with these options.
+func (o Options) LoadTarGz(r io.Reader) (*Bundle, error) {
 	zr, err := gzip.NewReader(r)
 	if err != nil {
 		return nil, &Error{File: archiveLabel, Err: fmt.Errorf("gzip: %w", err)}
@@ -184,8 +188,8 @@ func LoadTarGz(r io.Reader) (*Bundle, error) {
 			continue // PAX global header (git archive writes one): metadata only
 		}
 		name := hdr.Name
-		for strings.HasPrefix(name, "./") {
-			name = name[2:]
+		for strings.HasPrefix(name, "./") || strings.HasPrefix(name, "/") {
+			name = strings.TrimPrefix(strings.TrimPrefix(name, "./"), "/")
 		}
 		if hdr.Typeflag == tar.TypeDir {
 			name = strings.TrimRight(name, "/")
@@ -228,7 +232,7 @@ func LoadTarGz(r io.Reader) (*Bundle, error) {
 		return nil, archiveError(err)
 	}
 	stripTopDir(c.files)
-	return validate(c.files)
+	return validate(c.files, o)
 }
 
 func archiveError(err error) *Error {
@@ -288,6 +292,9 @@ func stripTopDir(files map[string][]byte) {
 	if _, ok := files[ManifestFile]; ok || len(files) == 0 {
 		return
 	}
+	if _, ok := files[OPAManifestFile]; ok {
+		return
+	}
 	top := ""
 	for p := range files {
 		i := strings.IndexByte(p, '/')
@@ -300,7 +307,9 @@ func stripTopDir(files map[string][]byte) {
 			return
 		}
 	}
-	if _, ok := files[top+ManifestFile]; !ok {
+	_, wicket := files[top+ManifestFile]
+	_, opa := files[top+OPAManifestFile]
+	if !wicket && !opa {
 		return
 	}
 	for p, c := range files {
@@ -320,11 +329,16 @@ func stripTopDir(files map[string][]byte) {
 //
 // # Validation
 //
-//   - bundle.yaml is required and decoded strictly ([ParseManifest]);
+//   - bundle.yaml, when present, is decoded strictly ([ParseManifest]);
+//     without it the name comes from [Options.Name];
+//   - OPA's bundle reader checks .manifest (roots, rego_version, wasm
+//     entrypoints), parses every .rego file and merges every data.json,
+//     data.yaml and data.yml under its directory's path ([Bundle.Data]);
+//   - .signatures.json is verified when [Options.Keys] are given;
 //   - the engine's files must be present: rules.yaml for rules, at least one
 //     *.rego file for rego, policy.wasm (with the wasm magic number) for
 //     wasm;
-//   - data.json, if present, must be a JSON object;
+//   - a root data file must hold an object;
 //   - every tests/**.yaml (or .yml) file must parse ([ParseTestFile]) and test
 //     case names must be unique across files;
 //   - for the rules engine, a default_action in both bundle.yaml and
@@ -339,7 +353,10 @@ func stripTopDir(files map[string][]byte) {
 //
 // A bundle that fails any check is refused whole with an *[Error] that names
 // the file and, where there is one, the field.
-func LoadFiles(files map[string][]byte) (*Bundle, error) {
+func LoadFiles(files map[string][]byte) (*Bundle, error) { return Options{}.LoadFiles(files) }
+
+// LoadFiles is [LoadFiles] with these options.
+func (o Options) LoadFiles(files map[string][]byte) (*Bundle, error) {
 	c := newCollector()
 	paths := make([]string, 0, len(files))
 	for p := range files {
@@ -360,7 +377,7 @@ func LoadFiles(files map[string][]byte) (*Bundle, error) {
 			return nil, err
 		}
 	}
-	return validate(c.files)
+	return validate(c.files, o)
 }
 
 // collector gathers files under the limits.
@@ -455,72 +472,11 @@ func checkPath(p string) error {
 }
 
 // isHidden reports whether a path element of the (checked) path p starts
-// with ".".
+// with ".", except for OPA's .manifest and .signatures.json at the root,
+// which are part of the bundle.
 func isHidden(p string) bool {
+	if p == OPAManifestFile || p == SignaturesFile {
+		return false
+	}
 	return strings.HasPrefix(p, ".") || strings.Contains(p, "/.")
-}
-
-// validate is the one validator every loader ends in.
-func validate(files map[string][]byte) (*Bundle, error) {
-	src, ok := files[ManifestFile]
-	if !ok {
-		return nil, &Error{File: ManifestFile, Err: classed(ErrMissingFile, "missing: every bundle needs a manifest at its root")}
-	}
-	m, err := ParseManifest(src)
-	if err != nil {
-		return nil, err
-	}
-	b := &Bundle{Manifest: m, Files: files}
-
-	switch m.Engine {
-	case EngineRules:
-		if _, ok := files[RulesFile]; !ok {
-			return nil, &Error{File: RulesFile, Err: classed(ErrMissingFile, "missing: the rules engine needs it")}
-		}
-		a, line, err := rulesDefaultAction(files[RulesFile])
-		if err != nil {
-			return nil, &Error{File: RulesFile, Line: line, Field: "default_action", Err: err}
-		}
-		if a != "" && m.DefaultAction != "" && a != m.DefaultAction {
-			return nil, &Error{File: RulesFile, Line: line, Field: "default_action",
-				Err: fmt.Errorf("%q contradicts bundle.yaml default_action %q; set it in one place", a, m.DefaultAction)}
-		}
-	case EngineRego:
-		found := false
-		for p := range files {
-			if strings.HasSuffix(p, ".rego") {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return nil, &Error{File: "*.rego", Err: classed(ErrMissingFile, "missing: the rego engine needs at least one .rego file")}
-		}
-	case EngineWasm:
-		w, ok := files[WasmFile]
-		if !ok {
-			return nil, &Error{File: WasmFile, Err: classed(ErrMissingFile, "missing: the wasm engine needs it")}
-		}
-		if !bytes.HasPrefix(w, []byte("\x00asm")) {
-			return nil, &Error{File: WasmFile, Err: errors.New("not a WebAssembly binary (bad magic number)")}
-		}
-	}
-
-	if d, ok := files[DataFile]; ok {
-		if !json.Valid(d) {
-			var v any
-			err := json.Unmarshal(d, &v)
-			return nil, &Error{File: DataFile, Err: fmt.Errorf("invalid JSON: %w", err)}
-		}
-		if t := bytes.TrimLeft(d, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-			return nil, &Error{File: DataFile, Err: errors.New("must be a JSON object")}
-		}
-		b.Data = d
-	}
-
-	if _, err := b.TestCases(); err != nil {
-		return nil, err
-	}
-	b.Digest = Digest(files)
-	return b, nil
 }

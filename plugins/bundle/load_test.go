@@ -17,7 +17,7 @@ func TestLoadFilesValid(t *testing.T) {
 	if b.Manifest.Name != "guard" || b.Manifest.Revision != "3" || b.Manifest.Engine != EngineRules {
 		t.Errorf("manifest = %+v", b.Manifest)
 	}
-	if string(b.Data) != `{"owners": ["alice"]}` {
+	if string(b.Data) != `{"owners":["alice"]}` {
 		t.Errorf("Data = %s", b.Data)
 	}
 	if len(b.Digest) != 64 || strings.ToLower(b.Digest) != b.Digest {
@@ -102,7 +102,7 @@ func TestLoadErrors(t *testing.T) {
 		{"name uppercase", withFiles(rulesFiles(), "bundle.yaml", "name: Guard\nengine: rules\n"), nil, "bundle.yaml", "name", []string{`"Guard"`}},
 		{"name too long", withFiles(rulesFiles(), "bundle.yaml", "name: "+strings.Repeat("a", 64)+"\nengine: rules\n"), nil, "bundle.yaml", "name", nil},
 		{"revision control char", withFiles(rulesFiles(), "bundle.yaml", "name: g\nrevision: \"a\\tb\"\nengine: rules\n"), nil, "bundle.yaml", "revision", []string{"control character"}},
-		{"engine missing", withFiles(rulesFiles(), "bundle.yaml", "name: g\n"), nil, "bundle.yaml", "engine", []string{"required"}},
+		{"engine not inferable", withFiles(rulesFiles(), "bundle.yaml", "name: g\n", "rules.yaml", "<delete>"), ErrMissingFile, "bundle.yaml", "engine", []string{"cannot tell"}},
 		{"engine unknown", withFiles(rulesFiles(), "bundle.yaml", "name: g\nengine: lua\n"), nil, "bundle.yaml", "engine", []string{`"lua"`}},
 		{"entrypoint on rules", withFiles(rulesFiles(), "bundle.yaml", man("entrypoint: data.x\n")), nil, "bundle.yaml", "entrypoint", []string{"not used by the rules engine"}},
 		{"abi on rules", withFiles(rulesFiles(), "bundle.yaml", man("abi: opa\n")), nil, "bundle.yaml", "abi", []string{"only wasm"}},

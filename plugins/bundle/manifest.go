@@ -77,7 +77,10 @@ type rateLimitFile struct {
 }
 
 // ParseManifest decodes and validates bundle.yaml on its own. It does not
-// check the files the engine requires; [LoadFiles] does.
+// check the files the engine requires; [LoadFiles] does. Name and engine
+// may be left out: the loaders take the name they are given and infer the
+// engine from the files (policy.wasm: wasm with the OPA ABI; a .rego file:
+// rego; rules.yaml: rules).
 //
 // Decoding is strict: an unknown field, a duplicate key, a value of the
 // wrong type or a second YAML document is an error.
@@ -109,19 +112,14 @@ func ParseManifest(src []byte) (Manifest, error) {
 		DefaultAction: policy.Action(f.DefaultAction),
 		Sandbox:       f.Sandbox,
 	}
-	switch {
-	case m.Name == "":
-		return m, mf("name", errors.New("required"))
-	case !ValidName(m.Name):
+	if m.Name != "" && !ValidName(m.Name) {
 		return m, mf("name", fmt.Errorf("%q does not match ^[a-z0-9][a-z0-9_.-]{0,62}$", m.Name))
 	}
 	if err := checkText(m.Revision, 128); err != nil {
 		return m, mf("revision", err)
 	}
 	switch m.Engine {
-	case EngineRules, EngineRego, EngineWasm:
-	case "":
-		return m, mf("engine", errors.New("required (rules, rego or wasm)"))
+	case EngineRules, EngineRego, EngineWasm, "":
 	default:
 		return m, mf("engine", fmt.Errorf("unknown engine %q (want rules, rego or wasm)", m.Engine))
 	}
@@ -135,7 +133,7 @@ func ParseManifest(src []byte) (Manifest, error) {
 	}
 	switch {
 	case m.ABI == "":
-	case m.Engine != EngineWasm:
+	case m.Engine != EngineWasm && m.Engine != "":
 		return m, mf("abi", fmt.Errorf("only wasm bundles have an ABI (engine is %s)", m.Engine))
 	case m.ABI != ABIWicket && m.ABI != ABIOPA:
 		return m, mf("abi", fmt.Errorf("unknown ABI %q (want wicket or opa)", m.ABI))
@@ -176,7 +174,7 @@ func ParseManifest(src []byte) (Manifest, error) {
 
 	sb := m.Sandbox
 	if sb.MemoryPages != 0 {
-		if m.Engine != EngineWasm {
+		if m.Engine != EngineWasm && m.Engine != "" {
 			return m, mf("sandbox.memory_pages", fmt.Errorf("only wasm bundles have a memory cap (engine is %s)", m.Engine))
 		}
 		if sb.MemoryPages > MaxMemoryPages {
@@ -191,7 +189,7 @@ func ParseManifest(src []byte) (Manifest, error) {
 	seen := make(map[string]bool, len(sb.Grants))
 	for i, g := range sb.Grants {
 		field := fmt.Sprintf("sandbox.grants[%d]", i)
-		if m.Engine != EngineWasm {
+		if m.Engine != EngineWasm && m.Engine != "" {
 			return m, mf(field, fmt.Errorf("only wasm bundles take grants (engine is %s)", m.Engine))
 		}
 		switch g {

@@ -3,6 +3,8 @@ package bundle
 import (
 	"encoding/json"
 
+	"github.com/open-policy-agent/opa/v1/ast"
+
 	"github.com/wicket-run/wicket/kernel/policy"
 )
 
@@ -65,15 +67,26 @@ type Sandbox struct {
 
 // Bundle is a loaded, validated bundle.
 type Bundle struct {
-	// Manifest is the validated bundle.yaml.
+	// Manifest is the validated bundle.yaml, completed with what the loader
+	// inferred: the name given to the loader, .manifest's revision, the
+	// engine and ABI the files call for, the entrypoint OPA's layout names.
 	Manifest Manifest
-	// Files maps slash-separated relative paths to content (manifest, policy
-	// files, data.json and tests included).
+	// Files maps slash-separated relative paths to content (manifests,
+	// policy files, data files, signatures and tests included).
 	Files map[string][]byte
-	// Data is data.json, or nil.
+	// Data is the data document: every data.json, data.yaml and data.yml of
+	// the bundle merged under the path of its directory, as OPA merges
+	// them (a JSON object), or nil when the bundle has no data file.
 	Data json.RawMessage
+	// OPA is what OPA's bundle reader found: .manifest, roots, data files,
+	// annotated entrypoints.
+	OPA *OPA
+	// Signature reports whether .signatures.json was verified.
+	Signature Signature
 	// Digest is the lowercase hex sha256 over the bundle content (see [Digest]).
 	Digest string
+
+	regoVersions map[string]ast.RegoVersion
 }
 
 // Ref returns the bundle's identity for decision events.

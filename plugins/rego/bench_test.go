@@ -11,6 +11,7 @@ import (
 
 	"github.com/open-policy-agent/opa/v1/ast"
 
+	"github.com/wicket-run/wicket/internal/cpubench"
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
@@ -164,7 +165,7 @@ func BenchmarkRegoEvaluate(b *testing.B) {
 	for _, c := range benchInputs() {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
-			reportCPU(b)
+			cpubench.Report(b)
 			for b.Loop() {
 				d, err := ev.Evaluate(ctx, c.in)
 				if err != nil || (d == nil) != (c.want == "") {
@@ -181,7 +182,7 @@ func BenchmarkRegoEvaluateParallel(b *testing.B) {
 	ev := mustCompile(b, benchBundle())
 	in := benchInputs()[1].in // shell-allow: regexes plus the allow-list
 	b.ReportAllocs()
-	reportCPU(b)
+	cpubench.Report(b)
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()
 		for pb.Next() {
@@ -199,7 +200,7 @@ func BenchmarkRegoCompile(b *testing.B) {
 	bn := benchBundle()
 	ctx := context.Background()
 	b.ReportAllocs()
-	reportCPU(b)
+	cpubench.Report(b)
 	for b.Loop() {
 		ev, err := eng.Compile(ctx, bn)
 		if err != nil {
@@ -216,7 +217,7 @@ func BenchmarkInputConversion(b *testing.B) {
 	in := benchInputs()[1].in
 	b.Run("direct", func(b *testing.B) {
 		b.ReportAllocs()
-		reportCPU(b)
+		cpubench.Report(b)
 		for b.Loop() {
 			if _, err := inputValue(in); err != nil {
 				b.Fatal(err)
@@ -225,7 +226,7 @@ func BenchmarkInputConversion(b *testing.B) {
 	})
 	b.Run("json-roundtrip", func(b *testing.B) {
 		b.ReportAllocs()
-		reportCPU(b)
+		cpubench.Report(b)
 		for b.Loop() {
 			raw, err := json.Marshal(in)
 			if err != nil {
@@ -244,7 +245,7 @@ func BenchmarkInputConversion(b *testing.B) {
 	})
 	b.Run("opa-interface-to-value", func(b *testing.B) {
 		b.ReportAllocs()
-		reportCPU(b)
+		cpubench.Report(b)
 		for b.Loop() {
 			if _, err := ast.InterfaceToValue(in); err != nil {
 				b.Fatal(err)
@@ -286,7 +287,7 @@ func BenchmarkArgsConversion(b *testing.B) {
 			b.Run(c.name+"/"+f.name, func(b *testing.B) {
 				b.SetBytes(int64(len(c.raw)))
 				b.ReportAllocs()
-				reportCPU(b)
+				cpubench.Report(b)
 				for b.Loop() {
 					if _, err := f.fn(c.raw); err != nil {
 						b.Fatal(err)

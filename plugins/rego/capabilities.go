@@ -1,28 +1,66 @@
 package rego
 
 import (
+	"slices"
+
 	"github.com/open-policy-agent/opa/v1/ast"
 )
 
-// forbidden lists the builtins a Wicket policy may not call, with the reason
-// shown in the compile error. Any other builtin OPA marks nondeterministic is
-// forbidden too (reason: nondeterministic).
-var forbidden = map[string]string{
-	"http.send":          "it reaches the network",
-	"net.lookup_ip_addr": "it reaches the network (DNS)",
-	"opa.runtime":        "it exposes the host's environment and configuration",
-	"time.now_ns":        "it reads the wall clock, which breaks determinism (use input.execution.created_at)",
-	"rand.intn":          "it is random, which breaks determinism",
-	"uuid.rfc4122":       "it is random, which breaks determinism",
+// Grants that lift a builtin's ban (the wasm manifest's sandbox.grants).
+const (
+	grantClock  = "clock"
+	grantRandom = "random"
+)
 
-	"io.jwt.decode_verify":   "it reads the wall clock (exp/nbf), which breaks determinism",
-	"io.jwt.encode_sign":     "its signatures may be randomised, which breaks determinism",
-	"io.jwt.encode_sign_raw": "its signatures may be randomised, which breaks determinism",
-	"json.match_schema":      "it may fetch remote $ref schemas over the network",
-	"json.verify_schema":     "it may fetch remote $ref schemas over the network",
+// banned is why a builtin may not be called, and the sandbox grant, if any,
+// that lifts the ban.
+type banned struct {
+	reason string
+	grant  string // "": no grant lifts it
+}
 
-	"crypto.x509.parse_and_verify_certificates":              "it reads the wall clock (certificate validity), which breaks determinism",
-	"crypto.x509.parse_and_verify_certificates_with_options": "it reads the wall clock (certificate validity), which breaks determinism",
+// forbidden lists the builtins a Wicket policy may not call, in either
+// engine: the Rego engine leaves them out of the compiler's capabilities and
+// the OPA-ABI wasm host refuses a module that imports them (see
+// [HostBuiltins]). Any other builtin OPA marks nondeterministic is forbidden
+// too (reason: nondeterministic), with no grant.
+var forbidden = map[string]banned{
+	"http.send":          {reason: "it reaches the network"},
+	"net.lookup_ip_addr": {reason: "it reaches the network (DNS)"},
+	"opa.runtime":        {reason: "it exposes the host's environment and configuration"},
+	"time.now_ns":        {reason: "it reads the wall clock, which breaks determinism (use input.execution.created_at)", grant: grantClock},
+	"rand.intn":          {reason: "it is random, which breaks determinism", grant: grantRandom},
+	"uuid.rfc4122":       {reason: "it is random, which breaks determinism", grant: grantRandom},
+
+	"io.jwt.decode_verify":   {reason: "it reads the wall clock (exp/nbf), which breaks determinism", grant: grantClock},
+	"io.jwt.encode_sign":     {reason: "its signatures may be randomised, which breaks determinism", grant: grantRandom},
+	"io.jwt.encode_sign_raw": {reason: "its signatures may be randomised, which breaks determinism", grant: grantRandom},
+	"json.match_schema":      {reason: "it may fetch remote $ref schemas over the network"},
+	"json.verify_schema":     {reason: "it may fetch remote $ref schemas over the network"},
+
+	"crypto.x509.parse_and_verify_certificates":              {reason: "it reads the wall clock (certificate validity), which breaks determinism", grant: grantClock},
+	"crypto.x509.parse_and_verify_certificates_with_options": {reason: "it reads the wall clock (certificate validity), which breaks determinism", grant: grantClock},
+}
+
+// Forbidden reports why a bundle granted grants may not call the builtin
+// name, or "" when it may. The list is the one both engines apply: the Rego
+// engine (which takes no grants) and the OPA-ABI wasm host.
+func Forbidden(name string, grants []string) string {
+	b, ok := forbidden[name]
+	if !ok {
+		bi, known := ast.BuiltinMap[name]
+		if !known || !bi.Nondeterministic {
+			return ""
+		}
+		b = banned{reason: "it is nondeterministic"}
+	}
+	if b.grant != "" && slices.Contains(grants, b.grant) {
+		return ""
+	}
+	if b.grant != "" {
+		return b.reason + "; the sandbox grant " + b.grant + " allows it in wasm bundles"
+	}
+	return b.reason
 }
 
 // capabilities returns OPA's capabilities for this version minus the
@@ -33,12 +71,8 @@ func capabilities() (*ast.Capabilities, map[string]string) {
 	removed := make(map[string]string)
 	kept := c.Builtins[:0:0]
 	for _, b := range c.Builtins {
-		if why, ok := forbidden[b.Name]; ok {
+		if why := Forbidden(b.Name, nil); why != "" {
 			removed[b.Name] = why
-			continue
-		}
-		if b.Nondeterministic {
-			removed[b.Name] = "it is nondeterministic"
 			continue
 		}
 		kept = append(kept, b)

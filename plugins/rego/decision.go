@@ -1,6 +1,7 @@
 package rego
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"sort"
@@ -13,24 +14,82 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 )
 
-// decoded is what generateDecision hands back through OPA's result set: the
+// decoded is what decisionGenerator hands back through OPA's result set: the
 // decision read straight from the result term, or why it could not be read.
 type decoded struct {
 	d   *policy.Decision
 	err error
 }
 
-// generateDecision replaces OPA's AST-to-JSON conversion of the result: it
-// decodes the term into a Decision directly, which saves building a
-// map[string]any and keeps the difference between a set and an array for
-// error messages. It never fails, so that OPA does not rewrap the error.
-func generateDecision(t *ast.Term, _ *opa.EvalContext) (any, error) {
-	d, err := decodeDecision(t.Value)
-	return decoded{d: d, err: err}, nil
+// decisionGenerator returns the function that replaces OPA's AST-to-JSON
+// conversion of the result of entry: it decodes the term into a Decision
+// directly, which saves building a map[string]any and keeps the difference
+// between a set and an array for error messages. It never fails, so that OPA
+// does not rewrap the error.
+func decisionGenerator(entry string) func(t *ast.Term, _ *opa.EvalContext) (any, error) {
+	return func(t *ast.Term, _ *opa.EvalContext) (any, error) {
+		d, err := decodeAnswer(entry, t.Value)
+		return decoded{d: d, err: err}, nil
+	}
+}
+
+// decodeAnswer maps the entrypoint's value to a decision (nil: no match):
+// a decision object; null or an empty object, no match; unless the
+// entrypoint is named decision, a boolean or a set (or array) of deny
+// messages, mapped by policy.FromBoolean and policy.FromMessages, as the
+// OPA-ABI wasm engine does.
+func decodeAnswer(entry string, v ast.Value) (*policy.Decision, error) {
+	if _, null := v.(ast.Null); null {
+		return nil, nil
+	}
+	if !policy.AcceptsShapes(entry) {
+		return decodeDecision(v, "want an object with a decision field")
+	}
+	switch x := v.(type) {
+	case ast.Boolean:
+		return policy.FromBoolean(entry, bool(x)), nil
+	case ast.Set:
+		return messages(entry, x.Sorted())
+	case *ast.Array:
+		return messages(entry, x)
+	}
+	return decodeDecision(v, "want an object with a decision field, a boolean or a set of deny messages")
+}
+
+// messages maps deny messages: strings as they are, objects with a msg
+// string (Gatekeeper's violation shape) by it, anything else as its JSON.
+func messages(entry string, arr *ast.Array) (*policy.Decision, error) {
+	msgs := make([]string, 0, arr.Len())
+	for i := range arr.Len() {
+		e := arr.Elem(i).Value
+		if s, ok := e.(ast.String); ok {
+			msgs = append(msgs, string(s))
+			continue
+		}
+		if obj, ok := e.(ast.Object); ok {
+			if t := obj.Get(keyMsg); t != nil {
+				if m, ok := t.Value.(ast.String); ok {
+					msgs = append(msgs, string(m))
+					continue
+				}
+			}
+		}
+		j, err := ast.JSON(e)
+		if err != nil {
+			return nil, fmt.Errorf("returned a deny message that is not JSON: %w", err)
+		}
+		b, err := json.Marshal(j)
+		if err != nil {
+			return nil, fmt.Errorf("returned a deny message that is not JSON: %w", err)
+		}
+		msgs = append(msgs, string(b))
+	}
+	return policy.FromMessages(entry, msgs), nil
 }
 
 // Field names of the decision object.
 var (
+	keyMsg       = ast.StringTerm("msg")
 	keyDecision  = ast.StringTerm("decision")
 	keyReason    = ast.StringTerm("reason")
 	keyRuleID    = ast.StringTerm("rule_id")
@@ -50,10 +109,10 @@ var (
 
 // decodeDecision reads a decision object; an empty object is no match
 // (nil, nil). Errors complete the sentence "rego: entrypoint data.x.y ...".
-func decodeDecision(v ast.Value) (*policy.Decision, error) {
+func decodeDecision(v ast.Value, want string) (*policy.Decision, error) {
 	obj, ok := v.(ast.Object)
 	if !ok {
-		return nil, fmt.Errorf("returned %s, want an object with a decision field", describe(v))
+		return nil, fmt.Errorf("returned %s, %s", describe(v), want)
 	}
 	if obj.Len() == 0 {
 		// Partial-object and ref-head rules (decision.decision := "deny" if

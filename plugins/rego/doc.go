@@ -30,12 +30,15 @@
 //	                "algorithm": "sliding", "on_limiter_error": "fail_closed"}}
 //
 // Only decision is required; a null field counts as absent; approvers may be
-// an array or a set of strings. An empty object is no match too, so that an
-// entrypoint built from ref-head rules (decision.decision := "deny" if ...)
-// answers nothing when none of them holds. Any other value (a string, a set, a field of
-// the wrong type, an unknown field, a decision [policy.Decision.Validate]
-// refuses, a conflict between rules) is an evaluation error, which the kernel
-// turns into a denial.
+// an array or a set of strings. null and an empty object are no match too,
+// so that an entrypoint built from ref-head rules (decision.decision :=
+// "deny" if ...) answers nothing when none of them holds. An entrypoint not
+// named decision may also answer a boolean (allow := true) or a set of deny
+// messages (deny contains msg if ...), mapped by [policy.FromBoolean] and
+// [policy.FromMessages]. Any other value (a string, a field of the wrong
+// type, an unknown field, a decision [policy.Decision.Validate] refuses, a
+// conflict between rules) is an evaluation error, which the kernel turns
+// into a denial.
 //
 // # Determinism and sandboxing
 //
@@ -50,7 +53,12 @@
 // input.execution.created_at instead of the clock. The pure net.cidr_*
 // helpers stay available. print statements are compiled out.
 //
-// Builtin errors are strict: a builtin that fails at evaluation (a bad regex,
-// to_number("x")) makes the evaluation fail, hence the step denied, instead
-// of silently making a rule undefined, which could skip a deny rule.
+// A builtin that fails at evaluation (a bad regex, to_number("x")) is
+// undefined, as in OPA without strict builtin errors and as in OPA-compiled
+// wasm, which cannot report the errors of the builtins compiled into the
+// module: one rule for both engines (docs/policy.md, "Builtin errors and
+// empty answers").
+//
+// [HostBuiltins] gives the wasm engine OPA's builtin implementations, with
+// the same forbidden list ([Forbidden]).
 package rego

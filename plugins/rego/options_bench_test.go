@@ -10,6 +10,8 @@ import (
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"github.com/open-policy-agent/opa/v1/topdown"
 	"github.com/open-policy-agent/opa/v1/util"
+
+	"github.com/wicket-run/wicket/internal/cpubench"
 )
 
 // prepareVariant prepares benchPolicy like Compile does, except that
@@ -19,7 +21,7 @@ func prepareVariant(b *testing.B, astStore bool) opa.PreparedEvalQuery {
 	b.Helper()
 	e := New()
 	bn := benchBundle()
-	mods, err := e.parse(bn.Files)
+	mods, err := e.parse(bn)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -39,8 +41,7 @@ func prepareVariant(b *testing.B, astStore bool) opa.PreparedEvalQuery {
 		opa.Compiler(c),
 		opa.Store(store),
 		opa.ParsedQuery(ast.NewBody(ast.NewExpr(ast.NewTerm(ast.MustParseRef(DefaultEntrypoint))))),
-		opa.StrictBuiltinErrors(true),
-		opa.GenerateJSON(generateDecision),
+		opa.GenerateJSON(decisionGenerator(DefaultEntrypoint)),
 	).PrepareForEval(context.Background())
 	if err != nil {
 		b.Fatal(err)
@@ -96,7 +97,7 @@ func BenchmarkEvalOptions(b *testing.B) {
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
 			b.ReportAllocs()
-			reportCPU(b)
+			cpubench.Report(b)
 			for b.Loop() {
 				v.run()
 			}

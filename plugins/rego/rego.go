@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -17,6 +18,12 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
+
+// strictBuiltinErrors is the engine's rule for a failing builtin: false,
+// OPA's rule, which OPA-compiled wasm follows too, so a failing builtin is
+// undefined in both engines (docs/policy.md). Rego unit tests run under the
+// same rule as the policy.
+const strictBuiltinErrors = false
 
 // DefaultEntrypoint is the query evaluated when the manifest names none.
 const DefaultEntrypoint = "data.wicket.decision"
@@ -77,7 +84,7 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		return nil, err
 	}
 
-	modules, err := e.parse(b.Files)
+	modules, err := e.parse(b)
 	if err != nil {
 		return nil, err
 	}
@@ -123,8 +130,8 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		opa.ParsedQuery(ast.NewBody(ast.NewExpr(ast.NewTerm(ref)))),
 		opa.Capabilities(e.caps),
 		opa.SetRegoVersion(ast.RegoV1),
-		opa.StrictBuiltinErrors(true),
-		opa.GenerateJSON(generateDecision),
+		opa.StrictBuiltinErrors(strictBuiltinErrors),
+		opa.GenerateJSON(decisionGenerator(entry)),
 	)
 	pq, err := r.PrepareForEval(ctx)
 	if err != nil {
@@ -137,12 +144,20 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 	return newEvaluator(entry, pq), nil
 }
 
+// opaEntrypointRE matches a path of names (x/y or x.y); group 1 is the first.
+var opaEntrypointRE = regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_]*)([./][A-Za-z_][A-Za-z0-9_]*)+$`)
+
 // parseEntrypoint validates the manifest entrypoint: a ground reference into
-// data with at least a package and a rule (data.x.y).
+// data with at least a package and a rule (data.x.y). OPA's entrypoint
+// names (x/y, as opa build -e takes them) and references without data.
+// (x.y) are read as data.x.y, as the wasm engine reads them.
 func parseEntrypoint(s string) (string, ast.Ref, error) {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		s = DefaultEntrypoint
+	}
+	if m := opaEntrypointRE.FindStringSubmatch(s); m != nil && m[1] != "data" && m[1] != "input" {
+		s = "data." + strings.ReplaceAll(s, "/", ".")
 	}
 	ref, err := ast.ParseRef(s)
 	if err != nil {
@@ -161,7 +176,8 @@ func parseEntrypoint(s string) (string, ast.Ref, error) {
 
 // parse parses every .rego file outside tests/, in path order, and reports
 // all parse errors at once.
-func (e *Engine) parse(files map[string][]byte) (map[string]*ast.Module, error) {
+func (e *Engine) parse(b *bundle.Bundle) (map[string]*ast.Module, error) {
+	files := b.Files
 	names := make([]string, 0, len(files))
 	for name := range files {
 		if path.Ext(name) != ".rego" || strings.HasPrefix(name, "tests/") {
@@ -174,10 +190,11 @@ func (e *Engine) parse(files map[string][]byte) (map[string]*ast.Module, error) 
 	}
 	sort.Strings(names)
 
-	opts := ast.ParserOptions{RegoVersion: ast.RegoV1, Capabilities: e.caps, ProcessAnnotation: true}
 	modules := make(map[string]*ast.Module, len(names))
 	var errs ast.Errors
 	for _, name := range names {
+		// .manifest's rego_version (or file_rego_versions) decides, as in OPA.
+		opts := ast.ParserOptions{RegoVersion: b.RegoVersion(name), Capabilities: e.caps, ProcessAnnotation: true}
 		m, err := ast.ParseModuleWithOpts(name, string(files[name]), opts)
 		if err != nil {
 			var ae ast.Errors
@@ -271,13 +288,10 @@ func packages(modules map[string]*ast.Module) string {
 	return strings.Join(ps, ", ")
 }
 
-// loadData returns data.json as an OPA object, or nil when the bundle has
-// none. It falls back to Files["data.json"] when the loader left Data empty.
+// loadData returns the bundle's data document (every data file merged by
+// the loader) as an OPA object, or nil when the bundle has none.
 func loadData(b *bundle.Bundle) (ast.Object, error) {
 	raw := []byte(b.Data)
-	if len(raw) == 0 {
-		raw = b.Files["data.json"]
-	}
 	if len(strings.TrimSpace(string(raw))) == 0 {
 		return nil, nil
 	}

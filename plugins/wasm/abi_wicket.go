@@ -7,6 +7,8 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+
+	"github.com/wicket-run/wicket/kernel/policy"
 )
 
 // Wicket ABI export names (policy-sdk/ABI.md §1).
@@ -130,6 +132,8 @@ func (w *wicketInstance) module() api.Module { return w.mod }
 func (w *wicketInstance) outputs() *outputs  { return w.out }
 
 func (w *wicketInstance) close(ctx context.Context) error { return w.mod.Close(ctx) }
+
+func (w *wicketInstance) decode(out []byte) (*policy.Decision, error) { return decodeOutput(out) }
 
 func (w *wicketInstance) evaluate(ctx context.Context, input []byte) ([]byte, error) {
 	res, err := w.alloc.Call(ctx, uint64(len(input)))

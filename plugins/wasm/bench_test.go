@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/wicket-run/wicket/internal/cpubench"
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
@@ -16,6 +17,7 @@ func benchEvaluate(b *testing.B, bd *bundle.Bundle, in *policy.Input, action pol
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.ResetTimer()
+	cpubench.Report(b)
 	for b.Loop() {
 		d, err := ev.Evaluate(ctx, in)
 		if err != nil || d == nil || d.Decision != action {

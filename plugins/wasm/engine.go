@@ -61,6 +61,10 @@ type Config struct {
 	// Logger receives module output of bundles granted "stdout" (nil:
 	// slog.Default()).
 	Logger *slog.Logger
+	// Builtins implements the builtins OPA-compiled modules import from
+	// their host (sprintf, time.*, …): rego.NewHostBuiltins(). Nil refuses
+	// every OPA module that imports one.
+	Builtins HostBuiltins
 }
 
 // Engine compiles wasm bundles into evaluators. It is safe for concurrent
@@ -71,7 +75,7 @@ type Engine struct {
 
 	mu       sync.Mutex // guards the fields below
 	cache    wazero.CompilationCache
-	runtimes map[uint32]*sandboxRuntime // by memory cap in pages
+	runtimes map[runtimeKey]*sandboxRuntime
 	closed   bool
 }
 
@@ -80,6 +84,17 @@ type Engine struct {
 type sandboxRuntime struct {
 	r     wazero.Runtime
 	pages uint32
+	// fuel is set for the runtime of modules that check their deadline
+	// themselves (instrumentFuel): it compiles without wazero's per-loop
+	// check.
+	fuel bool
+}
+
+// runtimeKey identifies a runtime: a memory cap, and whether its modules
+// are instrumented with fuel.
+type runtimeKey struct {
+	pages uint32
+	fuel  bool
 }
 
 // New returns an engine configured by cfg, with defaults filled in. Nothing
@@ -100,7 +115,7 @@ func New(cfg Config) *Engine {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Engine{cfg: cfg, runtimes: map[uint32]*sandboxRuntime{}}
+	return &Engine{cfg: cfg, runtimes: map[runtimeKey]*sandboxRuntime{}}
 }
 
 // Name returns "wasm", the manifest engine this engine serves.
@@ -133,7 +148,15 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	if !ok {
 		return nil, fmt.Errorf("wasm: bundle has no %s", PolicyFile)
 	}
-	rt, err := e.runtime(ctx, sb.pages)
+	// OPA modules check their own deadline (instrument.go); the others, and
+	// an OPA module that cannot be instrumented, rely on wazero's check.
+	fuel := false
+	if sb.abi == bundle.ABIOPA {
+		if fueled, err := instrumentFuel(bin); err == nil {
+			bin, fuel = fueled, true
+		}
+	}
+	rt, err := e.runtime(ctx, sb.pages, fuel)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +179,7 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	case bundle.ABIWicket:
 		ev.drv, err = newWicketDriver(cm)
 	case bundle.ABIOPA:
-		ev.drv, err = newOPADriver(ctx, rt, cm, b)
+		ev.drv, err = newOPADriver(ctx, rt, cm, b, e.cfg.Builtins, sb)
 	}
 	if err != nil {
 		_ = cm.Close(ctx)
@@ -173,15 +196,16 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	return ev, nil
 }
 
-// runtime returns the wazero runtime for a memory cap, creating it (and the
-// shared compilation cache) on first use.
-func (e *Engine) runtime(ctx context.Context, pages uint32) (*sandboxRuntime, error) {
+// runtime returns the wazero runtime for a memory cap and kind of deadline
+// check, creating it (and the shared compilation cache) on first use.
+func (e *Engine) runtime(ctx context.Context, pages uint32, fuel bool) (*sandboxRuntime, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil, errors.New("wasm: engine closed")
 	}
-	if rt, ok := e.runtimes[pages]; ok {
+	key := runtimeKey{pages: pages, fuel: fuel}
+	if rt, ok := e.runtimes[key]; ok {
 		return rt, nil
 	}
 	if e.cache == nil {
@@ -198,7 +222,7 @@ func (e *Engine) runtime(ctx context.Context, pages uint32) (*sandboxRuntime, er
 	// NewRuntimeConfig picks wazero's optimising compiler where it is
 	// supported (amd64, arm64) and the interpreter elsewhere.
 	rc := wazero.NewRuntimeConfig().
-		WithCloseOnContextDone(true).
+		WithCloseOnContextDone(!fuel).
 		WithMemoryLimitPages(pages).
 		WithCompilationCache(e.cache)
 	r := wazero.NewRuntimeWithConfig(ctx, rc)
@@ -210,8 +234,8 @@ func (e *Engine) runtime(ctx context.Context, pages uint32) (*sandboxRuntime, er
 		_ = r.Close(ctx)
 		return nil, err
 	}
-	rt := &sandboxRuntime{r: r, pages: pages}
-	e.runtimes[pages] = rt
+	rt := &sandboxRuntime{r: r, pages: pages, fuel: fuel}
+	e.runtimes[key] = rt
 	return rt, nil
 }
 

@@ -1,6 +1,7 @@
 package wasm
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,6 +32,9 @@ type instance interface {
 	// (nil or "null" for no match). Errors from the wasm call are returned
 	// as *callError so they can be classified.
 	evaluate(ctx context.Context, input []byte) ([]byte, error)
+	// decode validates the output of evaluate and maps it to a decision
+	// (nil: no match).
+	decode(out []byte) (*policy.Decision, error)
 	// module is the instance whose memory holds the state (for diagnostics).
 	module() api.Module
 	outputs() *outputs
@@ -93,19 +97,41 @@ func (ev *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.De
 	inst.outputs().stderr.reset()
 	cctx, cancel := context.WithTimeout(ctx, ev.sb.timeout)
 	out, err := inst.evaluate(cctx, input)
+	if err != nil && ranOutAboveGarbage(inst, ev.rt.pages) {
+		// Whether an evaluation fits in memory must not depend on what
+		// earlier evaluations left on an OPA instance's heap: run it again
+		// on a fresh instance, in the time that is left.
+		_ = inst.close(context.Background())
+		fresh, ierr := ev.instantiate(ctx)
+		if ierr != nil {
+			cancel()
+			<-ev.slots
+			return nil, ierr
+		}
+		inst = fresh
+		out, err = inst.evaluate(cctx, input)
+	}
 	cancel()
 	if err != nil {
 		err = ev.explain(ctx, inst, err)
 		ev.discard(inst)
 		return nil, err
 	}
-	d, err := decodeOutput(out)
+	d, err := inst.decode(out)
 	if err != nil {
 		ev.discard(inst)
 		return nil, err
 	}
 	ev.release(inst)
 	return d, nil
+}
+
+// ranOutAboveGarbage reports whether inst failed with its memory full
+// while its heap held what earlier evaluations left (an OPA instance keeps
+// its heap between evaluations for OPA's builtin cache).
+func ranOutAboveGarbage(inst instance, pages uint32) bool {
+	d, ok := inst.(interface{ dirtyHeap() bool })
+	return ok && d.dirtyHeap() && memoryFull(inst.module(), pages)
 }
 
 // acquire borrows an instance, creating one when the pool has room.
@@ -283,42 +309,44 @@ func (ev *evaluator) drain() {
 
 // decodeOutput validates a module's output as the answer format of docs/policy.md.
 func decodeOutput(out []byte) (*policy.Decision, error) {
-	trimmed := strings.TrimSpace(string(out))
-	if trimmed == "" || trimmed == "null" {
+	trimmed := bytes.TrimSpace(out)
+	if len(trimmed) == 0 || string(trimmed) == "null" {
 		return nil, nil
 	}
-	if !json.Valid([]byte(trimmed)) {
-		return nil, fmt.Errorf("wasm: output is not valid JSON: %s", snippet(trimmed))
+	if !json.Valid(trimmed) {
+		return nil, fmt.Errorf("wasm: output is not valid JSON: %s", snippet(string(trimmed)))
 	}
 	if trimmed[0] != '{' {
-		return nil, fmt.Errorf("wasm: output is not a decision: want a JSON object or null, got %s", snippet(trimmed))
+		return nil, fmt.Errorf("wasm: output is not a decision: want a JSON object or null, got %s", snippet(string(trimmed)))
 	}
-	var probe struct {
-		Error    *string         `json:"error"`
-		Decision json.RawMessage `json:"decision"`
+	// One strict pass: the decision's fields and the ABI's error field.
+	var w struct {
+		Decision  *policy.Action    `json:"decision"`
+		Reason    string            `json:"reason"`
+		RuleID    string            `json:"rule_id"`
+		Approval  *policy.Approval  `json:"approval"`
+		RateLimit *policy.RateLimit `json:"rate_limit"`
+		Error     *string           `json:"error"`
 	}
-	if err := json.Unmarshal([]byte(trimmed), &probe); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&w); err != nil {
 		return nil, fmt.Errorf("wasm: output is not a decision: %w", err)
 	}
-	if probe.Error != nil {
-		if probe.Decision != nil {
+	if w.Error != nil {
+		if w.Decision != nil {
 			return nil, fmt.Errorf("wasm: output is not a decision: has both error and decision")
 		}
-		return nil, fmt.Errorf("wasm: policy error: %s", clip(*probe.Error))
+		return nil, fmt.Errorf("wasm: policy error: %s", clip(*w.Error))
 	}
-	if probe.Decision == nil {
-		return nil, fmt.Errorf("wasm: output is not a decision: no decision field in %s", snippet(trimmed))
+	if w.Decision == nil {
+		return nil, fmt.Errorf("wasm: output is not a decision: no decision field in %s", snippet(string(trimmed)))
 	}
-	dec := json.NewDecoder(strings.NewReader(trimmed))
-	dec.DisallowUnknownFields()
-	var d policy.Decision
-	if err := dec.Decode(&d); err != nil {
-		return nil, fmt.Errorf("wasm: output is not a decision: %w", err)
-	}
+	d := &policy.Decision{Decision: *w.Decision, Reason: w.Reason, RuleID: w.RuleID, Approval: w.Approval, RateLimit: w.RateLimit}
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("wasm: invalid decision: %w", err)
 	}
-	return &d, nil
+	return d, nil
 }
 
 // clip shortens untrusted text for an error message and drops control

@@ -11,14 +11,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/wicket-run/wicket/internal/wasmwarm"
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins/bundle"
+	"github.com/wicket-run/wicket/plugins/rego"
 )
 
 // shared holds what is expensive to build once per test binary: the Go test
@@ -84,41 +85,11 @@ func goPolicy(tb testing.TB) []byte {
 }
 
 // warmCache compiles a module into the shared disk cache with a normal
-// (non-race) build of testdata/warmcache: under -race wazero's compiler is
-// about ten times slower (20 s for a Go module). Tests still work, only
-// slower, if this fails.
-//
-// wazero keys its disk cache by its own version, which it reads from the
-// binary's build info; test binaries carry none and so say "dev". The helper
-// is told the same version with -X.
+// (non-race) build (see wasmwarm.Warm).
 func warmCache(wasmPath string) {
-	ldflags := "-ldflags=-X=github.com/tetratelabs/wazero/internal/version.version=" + wazeroVersionSeen()
-	cmd := exec.Command("go", "run", ldflags, "./testdata/warmcache", shared.cacheDir, wasmPath)
-	cmd.Env = append(os.Environ(), "GOFLAGS=")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "warm wazero cache (continuing without): %v\n%s", err, b)
+	if err := wasmwarm.Warm(shared.cacheDir, wasmPath); err != nil {
+		fmt.Fprintf(os.Stderr, "%v (continuing without)\n", err)
 	}
-}
-
-// wazeroVersionSeen returns the version wazero finds for itself in this
-// binary (internal/version.GetWazeroVersion's rule).
-func wazeroVersionSeen() string {
-	missing := func(v string) bool { return v == "" || v == "(devel)" }
-	v := ""
-	if info, ok := debug.ReadBuildInfo(); ok {
-		for _, d := range info.Deps {
-			if strings.Contains(d.Path, "github.com/tetratelabs/wazero") {
-				v = d.Version
-			}
-		}
-		if missing(v) {
-			v = info.Main.Version
-		}
-	}
-	if missing(v) {
-		return "dev"
-	}
-	return v
 }
 
 // cPolicy returns the checked-in C example module.
@@ -151,6 +122,9 @@ func newEngine(tb testing.TB, cfg Config) *Engine {
 	tb.Helper()
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = shared.cacheDir
+	}
+	if cfg.Builtins == nil {
+		cfg.Builtins = rego.NewHostBuiltins()
 	}
 	e := New(cfg)
 	tb.Cleanup(func() {

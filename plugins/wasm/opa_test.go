@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/open-policy-agent/opa/v1/ast"
 	opacompile "github.com/open-policy-agent/opa/v1/compile"
 
 	"github.com/wicket-run/wicket/kernel/policy"
@@ -59,6 +60,16 @@ var opaBuilt struct {
 
 // buildRego compiles Rego source to an OPA wasm module with the given entrypoints.
 func buildRego(src string, entrypoints ...string) ([]byte, error) {
+	return buildRegoWith(src, false, entrypoints...)
+}
+
+// buildRegoWith is buildRego, optionally keeping print statements.
+func buildRegoWith(src string, prints bool, entrypoints ...string) ([]byte, error) {
+	return buildRegoVersion(src, prints, ast.RegoV1, entrypoints...)
+}
+
+// buildRegoVersion is buildRegoWith for Rego of the given version.
+func buildRegoVersion(src string, prints bool, version ast.RegoVersion, entrypoints ...string) ([]byte, error) {
 	dir, err := os.MkdirTemp(shared.dir, "rego-")
 	if err != nil {
 		return nil, err
@@ -67,7 +78,7 @@ func buildRego(src string, entrypoints ...string) ([]byte, error) {
 		return nil, err
 	}
 	var out bytes.Buffer
-	c := opacompile.New().WithTarget(opacompile.TargetWasm).WithEntrypoints(entrypoints...).WithPaths(dir).WithOutput(&out)
+	c := opacompile.New().WithTarget(opacompile.TargetWasm).WithEntrypoints(entrypoints...).WithPaths(dir).WithOutput(&out).WithEnablePrintStatements(prints).WithRegoVersion(version)
 	if err := c.Build(context.Background()); err != nil {
 		return nil, err
 	}
@@ -157,18 +168,6 @@ func TestOPAABI(t *testing.T) {
 	})
 }
 
-func TestOPAABILegacyEval(t *testing.T) {
-	mod, _ := opaModules(t)
-	ev := compile(t, newEngine(t, Config{}), opaBundle(mod, "wicket/decision", trusted))
-	// Switch to the opa_eval_ctx_* sequence and replace the pooled instance.
-	ev.drv.(*opaDriver).legacy = true
-	ev.drain()
-	for range 50 {
-		wantDecision(t, ev, input("tool_call", "fs.delete", "destructive", nil), policy.Deny, "no-destructive")
-		wantDecision(t, ev, input("tool_call", "fs.read", "read_only", nil), policy.Allow, "trusted")
-	}
-}
-
 func TestOPAABIRefuses(t *testing.T) {
 	mod, builtin := opaModules(t)
 	e := newEngine(t, Config{})
@@ -177,7 +176,7 @@ func TestOPAABIRefuses(t *testing.T) {
 		b    *bundle.Bundle
 		want string
 	}{
-		{"host builtins", opaBundle(builtin, "wicket/decision", ""), "wasm: instantiate: policy needs host builtins http.send, which the sandbox does not provide"},
+		{"host builtins", opaBundle(builtin, "wicket/decision", ""), "wasm: instantiate: builtin http.send is not allowed in wicket policies: it reaches the network"},
 		{"unknown entrypoint", opaBundle(mod, "wicket/nope", ""), `wasm: instantiate: entrypoint "wicket/nope" not in module (has wicket/bad, wicket/conflict, wicket/decision)`},
 		{"ambiguous entrypoint", opaBundle(mod, "", ""), "wasm: instantiate: manifest names no entrypoint and the module has 3"},
 		{"bad data", opaBundle(mod, "wicket/decision", `{"trusted_agents": [`), "wasm: instantiate: OPA could not parse data.json"},

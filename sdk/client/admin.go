@@ -36,10 +36,14 @@ func (c *Client) Approval(ctx context.Context, id string) (*Approval, error) {
 	return &a, nil
 }
 
-// Grant grants a pending approval; the execution resumes. DecidedBy
-// defaults to the key's principal. The kernel answers 403 if the approval
-// names approvers and DecidedBy is not one of them, and 409 if RequestHash
-// is set and differs from the approval's.
+// Grant grants a pending approval; the execution resumes. The decider is
+// the principal of the client's key (an approver, tenant-admin or admin
+// key): leave DecidedBy empty, or set it to that principal. Only with an
+// admin key may DecidedBy name someone else, the person the admin decides
+// for; the approval then records both, with the key's id. The kernel
+// answers 403 if DecidedBy names anyone else, or if the approval names
+// approvers and the decider is not one of them, and 409 if RequestHash is
+// set and differs from the approval's.
 func (c *Client) Grant(ctx context.Context, id string, req ResolveApprovalRequest) (*Approval, error) {
 	return c.resolve(ctx, id, "grant", req)
 }
@@ -179,6 +183,21 @@ func (c *Client) EvalPolicy(ctx context.Context, req PolicyEvalRequest) (*Policy
 func (c *Client) CreateTenant(ctx context.Context, req TenantRequest) (*Tenant, error) {
 	var t Tenant
 	if err := c.Do(ctx, http.MethodPost, "/v0/tenants", nil, req, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// SetTenantGuards replaces a tenant's guard bundles (an empty list removes
+// them). Each must name a bundle the admin stored into that tenant
+// (PutBundle with WithTenant and an admin key); anything else is a
+// validation error naming the guard.
+func (c *Client) SetTenantGuards(ctx context.Context, tenant string, guards []string) (*Tenant, error) {
+	if guards == nil {
+		guards = []string{}
+	}
+	var t Tenant
+	if err := c.Do(ctx, http.MethodPut, "/v0/tenants/"+seg(tenant), nil, wire.TenantUpdateRequest{Guards: &guards}, &t); err != nil {
 		return nil, err
 	}
 	return &t, nil

@@ -911,8 +911,8 @@ func TestBundlesAndEval(t *testing.T) {
 			return err
 		},
 		"name mismatch": func() error { _, err := c.PutBundle(ctx, "other", tgz); return err },
-		"engine missing": func() error {
-			_, err := c.PutBundleFiles(ctx, "x", client.BundleFilesRequest{Files: map[string]string{"rules.yaml": bundleRules}})
+		"engine not inferable": func() error {
+			_, err := c.PutBundleFiles(ctx, "x", client.BundleFilesRequest{Files: map[string]string{"README.md": "no policy here"}})
 			return err
 		},
 	} {

@@ -16,11 +16,20 @@ const (
 	DecisionExecutionTerminal = "execution_terminal"
 )
 
+// Owners of a stored bundle: stored with an admin key (a tenant-admin may
+// not replace or delete it; only these may be a tenant's guards), or by the
+// tenant.
+const (
+	BundleOwnerAdmin  = "admin"
+	BundleOwnerTenant = "tenant"
+)
+
 // Roles of API keys.
 const (
 	RoleAdmin       = "admin"
 	RoleTenantAdmin = "tenant-admin"
 	RoleClient      = "client"
+	RoleApprover    = "approver"
 )
 
 // ---- executions ----
@@ -306,7 +315,9 @@ type PolicyResponse struct {
 // path, as text (Files) or base64 (FilesBase64, for binaries such as
 // policy.wasm). Engine must match bundle.yaml's; without a bundle.yaml a
 // minimal one is made from the name and Engine, with a revision derived
-// from the files (the first 12 hex digits of a sha256 over them).
+// from the files (the first 12 hex digits of a sha256 over them) unless
+// .manifest names one. Without bundle.yaml and Engine (an OPA bundle), the
+// loader names the bundle after the URL and infers the engine from the files.
 type BundleFilesRequest struct {
 	Engine      string            `json:"engine,omitempty"`
 	Files       map[string]string `json:"files,omitempty"`
@@ -314,14 +325,27 @@ type BundleFilesRequest struct {
 }
 
 // Bundle is a stored bundle's metadata (GET ?archive=1 returns the .tar.gz).
+// Owner is BundleOwnerAdmin or BundleOwnerTenant.
 type Bundle struct {
 	Tenant    string    `json:"tenant"`
 	Name      string    `json:"name"`
 	Revision  string    `json:"revision"`
 	Digest    string    `json:"sha256"`
 	Engine    string    `json:"engine"`
+	Owner     string    `json:"owner"`
 	Size      int       `json:"size"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Source is the bundle server the bundle is pulled from, if any.
+	Source *BundleSource `json:"source,omitempty"`
+}
+
+// BundleSource is the body of PUT /v0/bundles/{name}/source: a bundle
+// server URL (OPA's bundle service protocol) and the random delay between
+// polls (Go durations, at least 1s; default 60s and 120s).
+type BundleSource struct {
+	URL      string `json:"url"`
+	MinDelay string `json:"min_delay,omitempty"`
+	MaxDelay string `json:"max_delay,omitempty"`
 }
 
 // BundleList is the answer of GET /v0/bundles.
@@ -391,10 +415,15 @@ type Approval struct {
 	Reason      string          `json:"reason,omitempty"`
 	RuleID      string          `json:"rule_id,omitempty"`
 	ExpiresAt   time.Time       `json:"expires_at"`
-	DecidedBy   string          `json:"decided_by,omitempty"`
-	Rationale   string          `json:"rationale,omitempty"`
-	CreatedAt   time.Time       `json:"created_at"`
-	DecidedAt   *time.Time      `json:"decided_at,omitempty"`
+	// DecidedBy is who decided: the deciding key's principal, or the person
+	// an admin key decided for; DecidedByKey and DecidedByPrincipal are the
+	// key that decided and its principal.
+	DecidedBy          string     `json:"decided_by,omitempty"`
+	DecidedByKey       string     `json:"decided_by_key,omitempty"`
+	DecidedByPrincipal string     `json:"decided_by_principal,omitempty"`
+	Rationale          string     `json:"rationale,omitempty"`
+	CreatedAt          time.Time  `json:"created_at"`
+	DecidedAt          *time.Time `json:"decided_at,omitempty"`
 }
 
 // ApprovalList is the answer of GET /v0/approvals.
@@ -403,8 +432,10 @@ type ApprovalList struct {
 }
 
 // ResolveApprovalRequest is the body of POST /v0/approvals/{id}/grant and
-// .../deny. DecidedBy defaults to the caller's key principal; RequestHash,
-// when given, must equal the approval's.
+// .../deny. The decider is the key's principal: DecidedBy may be left out;
+// naming anyone else is 403, except with an admin key, which decides for
+// the person it names (the record keeps both). RequestHash, when given, must
+// equal the approval's.
 type ResolveApprovalRequest struct {
 	DecidedBy   string `json:"decided_by,omitempty"`
 	Rationale   string `json:"rationale,omitempty"`
@@ -413,10 +444,20 @@ type ResolveApprovalRequest struct {
 
 // ---- tenants ----
 
-// TenantRequest is the body of POST /v0/tenants.
+// TenantRequest is the body of POST /v0/tenants. Guards must name
+// admin-owned bundles of the tenant, which a new tenant does not have yet:
+// set them later with PUT /v0/tenants/{id}.
 type TenantRequest struct {
 	ID     string   `json:"id"`
 	Guards []string `json:"guards,omitempty"`
+}
+
+// TenantUpdateRequest is the body of PUT /v0/tenants/{t}: the tenant's
+// guard bundles, which replace the current ones (an empty list removes
+// them; the field is required). Each must name a bundle of that tenant that
+// the admin owns.
+type TenantUpdateRequest struct {
+	Guards *[]string `json:"guards"`
 }
 
 // Tenant is a tenant as the API shows it.

@@ -46,7 +46,8 @@
 // rewrites the hot records of a schema 1 file (all JSON) in binary
 // (codec_v1.go keeps the schema 1 decoder for it), 3 marks the agents
 // stored before signing schemes existed "signing": "body"
-// (migrate_signing.go).
+// (migrate_signing.go), 4 gives every bundle an owner (the admin for the
+// bundles a tenant names as guards, else the tenant).
 //
 // # Group commit
 //

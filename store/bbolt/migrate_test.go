@@ -125,6 +125,13 @@ func TestMigrateV1File(t *testing.T) {
 		}
 		a.Signing = ""
 	}
+	// Migration 4 gave the one bundle, which is no guard, to its tenant.
+	for _, b := range got.Bundles {
+		if b.Owner != kernel.BundleOwnerTenant {
+			t.Errorf("bundle %s/%s: owner %q after migration, want %q", b.Tenant, b.Name, b.Owner, kernel.BundleOwnerTenant)
+		}
+		b.Owner = ""
+	}
 	js, err := json.MarshalIndent(got, "", "\t")
 	if err != nil {
 		t.Fatal(err)
@@ -364,6 +371,81 @@ func TestMigrateAgentSigning(t *testing.T) {
 		}
 		if nw.Signing != kernel.SigningV1 {
 			t.Errorf("an agent with signing v1 now has %q", nw.Signing)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMigrateBundleOwners: migration 3 → 4 gives the bundles a tenant names
+// as guards to the admin and every other bundle to its tenant, in a file
+// written at schema 3.
+func TestMigrateBundleOwners(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "wicket.db")
+	db, err := bolt.Open(path, FileMode, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC)
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := migrateCreateBuckets(tx); err != nil {
+			return err
+		}
+		meta, err := tx.CreateBucketIfNotExists(bMeta)
+		if err != nil {
+			return err
+		}
+		if err := meta.Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 3}); err != nil {
+			return err
+		}
+		put := func(b, k []byte, v any) error {
+			raw, err := encodeJSON(v)
+			if err != nil {
+				return err
+			}
+			return tx.Bucket(b).Put(k, raw)
+		}
+		for _, tn := range []kernel.Tenant{{ID: "acme", Guards: []string{"guard"}, CreatedAt: t0}, {ID: "other", CreatedAt: t0}} {
+			if err := put(bTenants, []byte(tn.ID), tn); err != nil {
+				return err
+			}
+		}
+		// "guard" is acme's guard; other's bundle of the same name is not.
+		for _, b := range []kernel.BundleRecord{{Tenant: "acme", Name: "guard"}, {Tenant: "acme", Name: "own"}, {Tenant: "other", Name: "guard"}} {
+			b.Revision, b.Engine, b.UpdatedAt = "1", "rules", t0
+			if err := put(bBundles, key(b.Tenant, b.Name), b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if v := fileSchema(t, s); v != SchemaVersion {
+		t.Fatalf("schema %d after Open, want %d", v, SchemaVersion)
+	}
+	want := map[string]kernel.BundleOwner{"acme/guard": kernel.BundleOwnerAdmin, "acme/own": kernel.BundleOwnerTenant, "other/guard": kernel.BundleOwnerTenant}
+	err = s.View(t.Context(), func(tx kernel.ReadTx) error {
+		all, err := tx.ListBundles("")
+		if err != nil {
+			return err
+		}
+		if len(all) != len(want) {
+			return fmt.Errorf("%d bundles after migration, want %d", len(all), len(want))
+		}
+		for _, b := range all {
+			if w := want[b.Tenant+"/"+b.Name]; b.Owner != w || b.Revision != "1" || !b.UpdatedAt.Equal(t0) {
+				t.Errorf("bundle %s/%s: %+v, want owner %q and the rest unchanged", b.Tenant, b.Name, b, w)
+			}
 		}
 		return nil
 	})

@@ -1,16 +1,19 @@
 package bbolt
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/wicket-run/wicket/kernel"
 )
 
 // SchemaVersion is the schema version this binary writes: the number of
 // migrations it knows.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // ErrNewerSchema is returned by Open for a file written by a newer binary.
 var ErrNewerSchema = errors.New("store schema is newer than this binary supports")
@@ -22,6 +25,61 @@ var migrations = []func(tx *bolt.Tx) error{
 	0: migrateCreateBuckets,
 	1: migrateBinaryRecords, // codec_v1.go
 	2: migrateAgentSigning,  // migrate_signing.go
+	3: migrateBundleOwners,
+}
+
+// migrateBundleOwners gives every stored bundle an owner (schema 4): the
+// bundles a tenant names as its guards become the admin's, so that the
+// tenant cannot replace or delete them; every other bundle is the tenant's,
+// so that tenant-admins keep managing the bundles they stored. The records
+// stay JSON; a schema 3 binary would drop the owner when rewriting one,
+// which is why the version moves.
+func migrateBundleOwners(tx *bolt.Tx) error {
+	guards := map[string]bool{} // tenant␀name
+	err := tx.Bucket(bTenants).ForEach(func(_, v []byte) error {
+		t, err := decodeJSON[kernel.Tenant](v)
+		if err != nil {
+			return fmt.Errorf("tenant record: %w", err)
+		}
+		for _, g := range t.Guards {
+			guards[string(key(t.ID, g))] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	b := tx.Bucket(bBundles)
+	type kv struct{ k, v []byte }
+	var out []kv
+	err = b.ForEach(func(k, v []byte) error {
+		rec, err := decodeJSON[kernel.BundleRecord](v)
+		if err != nil {
+			return fmt.Errorf("bundle %q: %w", k, err)
+		}
+		if rec.Owner != "" {
+			return nil
+		}
+		rec.Owner = kernel.BundleOwnerTenant
+		if guards[string(k)] {
+			rec.Owner = kernel.BundleOwnerAdmin
+		}
+		raw, err := encodeJSON(rec)
+		if err != nil {
+			return err
+		}
+		out = append(out, kv{bytes.Clone(k), raw})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, x := range out {
+		if err := b.Put(x.k, x.v); err != nil {
+			return fmt.Errorf("bundle %q: %w", x.k, err)
+		}
+	}
+	return nil
 }
 
 // migrateCreateBuckets creates the version 1 layout (see doc.go).

@@ -1,0 +1,71 @@
+package policy
+
+import (
+	"slices"
+	"strings"
+)
+
+// Policies written for OPA often answer with a boolean (allow := true) or
+// a set of messages (deny contains msg if ...) instead of a decision
+// object. The Rego and OPA-ABI wasm engines map those answers with the
+// functions below, so both give the same decision for the same answer.
+
+// maxShapeReason bounds the reason built from deny messages.
+const maxShapeReason = 1024
+
+// lastName returns an entrypoint's last name: rule of data.pkg.rule or pkg/rule.
+func lastName(entrypoint string) string {
+	return entrypoint[strings.LastIndexAny(entrypoint, "./")+1:]
+}
+
+// AcceptsShapes reports whether an entrypoint's answer may be a boolean or
+// a set of deny messages: every entrypoint but one named decision
+// (data.wicket.decision), which answers a decision object, so that a slip
+// such as decision := true is an error and not an allow.
+func AcceptsShapes(entrypoint string) bool { return lastName(entrypoint) != "decision" }
+
+// IsDenyEntrypoint reports whether the entrypoint's last name is deny
+// (data.authz.deny, authz/deny), where a boolean true means deny.
+func IsDenyEntrypoint(entrypoint string) bool { return lastName(entrypoint) == "deny" }
+
+// FromBoolean maps a boolean answer of entrypoint (written data.pkg.rule).
+// For an entrypoint named deny, true denies and false is no match (nil).
+// For any other (allow, authz/allowed, ...), true allows and false denies:
+// OPA's "default allow := false" is a denial.
+func FromBoolean(entrypoint string, v bool) *Decision {
+	switch {
+	case IsDenyEntrypoint(entrypoint) && v:
+		return &Decision{Decision: Deny, Reason: entrypoint + " is true", RuleID: entrypoint}
+	case IsDenyEntrypoint(entrypoint):
+		return nil
+	case v:
+		return &Decision{Decision: Allow, Reason: entrypoint + " is true", RuleID: entrypoint}
+	default:
+		return &Decision{Decision: Deny, Reason: entrypoint + " is false", RuleID: entrypoint}
+	}
+}
+
+// FromMessages maps a set (or array) of deny messages, the answer of a
+// "deny contains msg if ..." entrypoint: none is no match (nil); any denies
+// the step, the sorted distinct messages joined by "; " as the reason
+// (at most 1 KiB).
+func FromMessages(entrypoint string, msgs []string) *Decision {
+	if len(msgs) == 0 {
+		return nil
+	}
+	msgs = slices.Clone(msgs)
+	slices.Sort(msgs)
+	msgs = slices.Compact(msgs)
+	reason := strings.Join(msgs, "; ")
+	if len(reason) > maxShapeReason {
+		cut := maxShapeReason
+		for cut > 0 && !utf8Start(reason[cut]) {
+			cut--
+		}
+		reason = reason[:cut] + "…"
+	}
+	return &Decision{Decision: Deny, Reason: reason, RuleID: entrypoint}
+}
+
+// utf8Start reports whether b starts a UTF-8 sequence.
+func utf8Start(b byte) bool { return b&0xC0 != 0x80 }

@@ -1,0 +1,214 @@
+package rego
+
+import (
+	"fmt"
+	"math/big"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/template/parse"
+
+	"github.com/open-policy-agent/opa/v1/ast"
+)
+
+// maxHostOutput bounds what one host builtin call may build. A wasm
+// module's memory is capped, but a host builtin runs in the kernel's Go
+// heap before its result is copied in: the few builtins whose output can be
+// far larger than their arguments are checked before they run, so that a
+// small call cannot make the kernel allocate gigabytes (numbers.range_step(0,
+// 1e12, 1), net.cidr_expand("::/64"), sprintf("%999999999d", [1]), ...).
+const maxHostOutput = 16 << 20
+
+// amplifiers estimate, from the arguments, an upper bound of the output of
+// the builtins that amplify; anything else builds at most a small multiple
+// of its arguments, which are already inside the capped module memory.
+var amplifiers = map[string]func(args []*ast.Term) (float64, error){
+	"numbers.range_step": func(args []*ast.Term) (float64, error) {
+		a, b, step := number(args[0]), number(args[1]), number(args[2])
+		if step == 0 {
+			return 0, nil // refused by the builtin itself
+		}
+		n := (b - a) / step
+		if n < 0 {
+			n = -n
+		}
+		return (n + 1) * 16, nil
+	},
+	"net.cidr_expand": func(args []*ast.Term) (float64, error) {
+		s, ok := args[0].Value.(ast.String)
+		if !ok {
+			return 0, nil
+		}
+		_, ipNet, err := net.ParseCIDR(string(s))
+		if err != nil {
+			return 0, nil // refused by the builtin itself
+		}
+		ones, bits := ipNet.Mask.Size()
+		return pow2(bits-ones) * float64(len(s)+8), nil
+	},
+	"sprintf": func(args []*ast.Term) (float64, error) {
+		f, ok := args[0].Value.(ast.String)
+		if !ok {
+			return 0, nil
+		}
+		largest := 0.0
+		if arr, ok := args[1].Value.(*ast.Array); ok {
+			for i := range arr.Len() {
+				largest = max(largest, float64(len(arr.Elem(i).String())))
+			}
+			for i := range arr.Len() { // %*d takes its width from an argument
+				largest = max(largest, number(arr.Elem(i)))
+			}
+		}
+		verbs := float64(strings.Count(string(f), "%"))
+		widths := 0.0
+		for _, m := range fmtNumbers.FindAllStringSubmatch(string(f), -1) {
+			for _, g := range m[1:] {
+				if v, err := strconv.ParseFloat(g, 64); err == nil {
+					widths += v
+				}
+			}
+		}
+		return float64(len(f)) + widths + verbs*largest, nil
+	},
+	"regex.replace": func(args []*ast.Term) (float64, error) {
+		s, ok1 := args[0].Value.(ast.String)
+		repl, ok2 := args[2].Value.(ast.String)
+		if !ok1 || !ok2 {
+			return 0, nil
+		}
+		refs := float64(strings.Count(string(repl), "$"))
+		n := float64(len(s))
+		return n + (n+1)*(float64(len(repl))+refs*n), nil
+	},
+	"strings.render_template": func(args []*ast.Term) (float64, error) {
+		tmpl, ok := args[0].Value.(ast.String)
+		if !ok {
+			return 0, nil
+		}
+		trees, err := parse.Parse("t", string(tmpl), "", "", map[string]any{})
+		if err != nil {
+			return 0, nil // refused by the builtin itself
+		}
+		depth := 0
+		for _, t := range trees {
+			d, calls := rangeDepth(t.Root)
+			if calls {
+				return 0, fmt.Errorf("strings.render_template: a template that calls templates has no size bound in the sandbox")
+			}
+			depth = max(depth, d)
+		}
+		elems := 1.0
+		ast.WalkTerms(args[1], func(t *ast.Term) bool {
+			switch x := t.Value.(type) {
+			case *ast.Array:
+				elems += float64(x.Len())
+			case ast.Object:
+				elems += float64(x.Len())
+			case ast.Set:
+				elems += float64(x.Len())
+			case ast.String:
+				elems += float64(len(x)) / 64
+			}
+			return false
+		})
+		size := float64(len(tmpl)) + float64(len(args[1].String()))
+		for range depth {
+			size *= elems
+		}
+		return size, nil
+	},
+	"graph.reachable_paths": func(args []*ast.Term) (float64, error) {
+		// Every path is output: their number can grow exponentially with
+		// the edges. Bound it by the product over nodes of (out-degree+1).
+		g, ok := args[0].Value.(ast.Object)
+		if !ok {
+			return 0, nil
+		}
+		paths := 1.0
+		g.Foreach(func(_, v *ast.Term) {
+			switch x := v.Value.(type) {
+			case *ast.Array:
+				paths *= float64(x.Len() + 1)
+			case ast.Set:
+				paths *= float64(x.Len() + 1)
+			}
+		})
+		return paths * float64(g.Len()+1) * 16, nil
+	},
+}
+
+// fmtNumbers finds the widths and precisions of fmt verbs ("%12.3f").
+var fmtNumbers = regexp.MustCompile(`%[-+# 0]*(?:\[[0-9]+\])?([0-9]*)(?:\.([0-9]+))?`)
+
+// checkAmplification refuses a call whose output could exceed
+// maxHostOutput.
+func checkAmplification(name string, args []*ast.Term) error {
+	f, ok := amplifiers[name]
+	if !ok {
+		return nil
+	}
+	size, err := f(args)
+	if err != nil {
+		return err
+	}
+	if size > maxHostOutput {
+		return fmt.Errorf("%s: the result could take %.3g bytes, over the sandbox's %d MiB for one builtin call", name, size, maxHostOutput>>20)
+	}
+	return nil
+}
+
+// rangeDepth returns how deeply range actions nest in a template, and
+// whether it invokes templates (whose depth is unbounded).
+func rangeDepth(n parse.Node) (int, bool) {
+	depth, calls := 0, false
+	visit := func(list *parse.ListNode) {
+		if list == nil {
+			return
+		}
+		for _, c := range list.Nodes {
+			d, call := rangeDepth(c)
+			depth, calls = max(depth, d), calls || call
+		}
+	}
+	switch x := n.(type) {
+	case *parse.ListNode:
+		visit(x)
+	case *parse.RangeNode:
+		visit(x.List)
+		visit(x.ElseList)
+		return depth + 1, calls
+	case *parse.IfNode:
+		visit(x.List)
+		visit(x.ElseList)
+	case *parse.WithNode:
+		visit(x.List)
+		visit(x.ElseList)
+	case *parse.TemplateNode:
+		return 0, true
+	}
+	return depth, calls
+}
+
+// number reads a numeric term as a float (0 when it is not a number).
+func number(t *ast.Term) float64 {
+	n, ok := t.Value.(ast.Number)
+	if !ok {
+		return 0
+	}
+	f, ok := new(big.Float).SetString(string(n))
+	if !ok {
+		return 0
+	}
+	v, _ := f.Float64()
+	return v
+}
+
+func pow2(n int) float64 {
+	v := 1.0
+	for range n {
+		v *= 2
+	}
+	return v
+}
