@@ -20,6 +20,7 @@ type request struct {
 	ctx  context.Context
 	fn   func(kernel.Tx) error
 	done chan error // buffered (1): the writer never blocks answering
+	ferr error      // fn's error in the last attempt (the writer's alone)
 }
 
 // PanicError is what Update returns when its function panicked.
@@ -119,10 +120,12 @@ func pgCode(err error) string {
 //     runs alone in strict mode, so that the one at fault gets the error;
 //   - a broken connection before the COMMIT was sent: again, on a new one.
 //
-// A function that fails is answered with its error and its writes are
-// dropped; the others commit without it. An error while the COMMIT was on
-// its way leaves the outcome unknown: every request gets it, none runs
-// again (running it again could apply it twice).
+// A function that fails has its writes dropped; the others commit without
+// it. Its error is answered once the batch has committed: it may rest on
+// what functions before it in the batch wrote, so if the batch fails it
+// runs again with them. An error while the COMMIT was on its way leaves the
+// outcome unknown: every request gets it, none runs again (running it
+// again could apply it twice).
 func (s *Store) commit(batch []*request, strict bool) {
 	live := batch[:0]
 	for _, r := range batch {
@@ -133,18 +136,22 @@ func (s *Store) commit(batch []*request, strict bool) {
 		live = append(live, r)
 	}
 	for attempt := 1; len(live) > 0; attempt++ {
-		ok, err, committing := s.try(live, strict)
+		ran, err, committing := s.try(live, strict)
+		live = ran
 		if err == nil {
-			if len(ok) > 0 {
-				s.commits.Add(1)
-				s.updates.Add(uint64(len(ok)))
+			committed := 0
+			for _, r := range live {
+				if r.ferr == nil {
+					committed++
+				}
+				r.done <- r.ferr
 			}
-			for _, r := range ok {
-				r.done <- nil
+			if committed > 0 {
+				s.commits.Add(1)
+				s.updates.Add(uint64(committed))
 			}
 			return
 		}
-		live = ok
 		code, lost := pgCode(err), connectionLost(err)
 		switch {
 		case len(live) == 0:
@@ -207,10 +214,12 @@ func pause(attempt int) {
 }
 
 // try runs the functions of batch in order in one transaction and commits
-// it. It answers the functions that fail (their writes are dropped) and
-// returns the others, with the transaction's error; committing reports an
-// error met while the COMMIT was on its way.
-func (s *Store) try(batch []*request, strict bool) (ok []*request, err error, committing bool) {
+// it, setting each request's ferr to its function's error (whose writes
+// are then dropped). It returns the requests whose functions ran or must
+// run again (a request whose context ended before its function ran is
+// answered and left out), the transaction's error, and whether that error
+// was met while the COMMIT was on its way.
+func (s *Store) try(batch []*request, strict bool) (ran []*request, err error, committing bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.TxTimeout)
 	defer cancel()
 	conn, err := s.writerConn(ctx)
@@ -230,35 +239,35 @@ func (s *Store) try(batch []*request, strict bool) (ok []*request, err error, co
 	}
 	sess := newSession(ctx, conn, begin)
 	tx := newWriteTx(sess, strict)
-	ok = make([]*request, 0, len(batch))
+	ran = make([]*request, 0, len(batch))
+	committed := 0
 	for i, r := range batch {
 		if err := r.ctx.Err(); err != nil {
 			r.done <- fmt.Errorf("postgres: update: %w", err)
 			continue
 		}
 		tx.beginFn()
-		ferr := call(r.fn, tx)
+		r.ferr = call(r.fn, tx)
 		if sess.err != nil {
 			// The database failed under fn: the transaction is lost, and
 			// fn's error (if any) may be that failure's consequence.
 			sess.rollback()
-			return append(ok, batch[i:]...), sess.err, false
+			return append(ran, batch[i:]...), sess.err, false
 		}
-		tx.endFn(ferr == nil)
-		if ferr != nil {
-			r.done <- ferr
-			continue
+		tx.endFn(r.ferr == nil)
+		ran = append(ran, r)
+		if r.ferr == nil {
+			committed++
 		}
-		ok = append(ok, r)
 	}
-	if len(ok) == 0 {
+	if committed == 0 {
 		sess.rollback()
-		return nil, nil, false
+		return ran, nil, false
 	}
 	if err := sess.end(true, tx.finalStatements(s.channel, s.origin)); err != nil {
-		return ok, err, true
+		return ran, err, true
 	}
-	return ok, nil, false
+	return ran, nil, false
 }
 
 // writerConn returns the writer's own connection, connecting when it has
