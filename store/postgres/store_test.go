@@ -32,3 +32,8 @@ func TestConformanceNoGroupCommit(t *testing.T) {
 	pgtest.BaseDSN(t)
 	storetest.Run(t, func(t *testing.T) kernel.Store { return openChecked(t, postgres.Options{MaxBatch: 1}) })
 }
+
+func TestConformanceSerializable(t *testing.T) {
+	pgtest.BaseDSN(t)
+	storetest.Run(t, func(t *testing.T) kernel.Store { return openChecked(t, postgres.Options{Serializable: true}) })
+}
