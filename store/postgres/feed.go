@@ -23,13 +23,26 @@ import (
 // changes is what a layer's writes change, for the notifications.
 type changes struct {
 	executions map[string]bool
-	dispatch   bool
-	agents     map[kernel.Ref]bool
-	bundles    map[kernel.Ref]bool
+	// queued is whether each execution written is left with a queued
+	// dispatch (the last write counts: one queued and claimed in the same
+	// transaction is no news to the other dispatchers).
+	queued  map[execRef]bool
+	agents  map[kernel.Ref]bool
+	bundles map[kernel.Ref]bool
 }
 
 func newChanges() changes {
-	return changes{executions: map[string]bool{}, agents: map[kernel.Ref]bool{}, bundles: map[kernel.Ref]bool{}}
+	return changes{executions: map[string]bool{}, queued: map[execRef]bool{}, agents: map[kernel.Ref]bool{}, bundles: map[kernel.Ref]bool{}}
+}
+
+// dispatch reports whether a dispatch is left queued.
+func (c *changes) dispatch() bool {
+	for _, q := range c.queued {
+		if q {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *changes) absorb(src changes) {
@@ -42,7 +55,9 @@ func (c *changes) absorb(src changes) {
 	for k := range src.bundles {
 		c.bundles[k] = true
 	}
-	c.dispatch = c.dispatch || src.dispatch
+	for k, q := range src.queued {
+		c.queued[k] = q
+	}
 }
 
 // notice is the payload of one notification.
@@ -62,11 +77,12 @@ const sqlNotify = `SELECT pg_notify($1, $2)`
 // notifications returns the pg_notify statements announcing c: as few as
 // fit under maxNotice each.
 func (c *changes) notifications(channel, origin string) []statement {
-	if len(c.executions) == 0 && !c.dispatch && len(c.agents) == 0 && len(c.bundles) == 0 {
+	dispatch := c.dispatch()
+	if len(c.executions) == 0 && !dispatch && len(c.agents) == 0 && len(c.bundles) == 0 {
 		return nil
 	}
 	var out []statement
-	n := notice{Origin: origin, Dispatch: c.dispatch}
+	n := notice{Origin: origin, Dispatch: dispatch}
 	size := 0
 	emit := func() {
 		b, _ := json.Marshal(n)

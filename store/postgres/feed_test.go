@@ -80,6 +80,26 @@ func TestFeed(t *testing.T) {
 		!slices.Equal(c.Agents, []kernel.Ref{{Tenant: "t", Name: "ag"}}) || !slices.Equal(c.Bundles, []kernel.Ref{{Tenant: "t", Name: "bu"}}) {
 		t.Errorf("B heard %+v", c)
 	}
+	// A dispatch queued and claimed in one transaction is no news to the
+	// other dispatchers.
+	update(t, a, func(tx kernel.Tx) error {
+		if err := create(tx, "t", "e2"); err != nil {
+			return err
+		}
+		e, err := tx.Execution("t", "e2")
+		if err != nil {
+			return err
+		}
+		e.Dispatch = kernel.DispatchState{ID: "d", State: kernel.DispatchQueued, DueAt: time.Now()}
+		if err := tx.PutExecution(e); err != nil {
+			return err
+		}
+		e.Dispatch.State, e.Dispatch.Attempt = kernel.DispatchDelivering, 1
+		return tx.PutExecution(e)
+	})
+	if c := next(t, heardByB); !slices.Equal(c.Executions, []string{"e2"}) || c.Dispatch {
+		t.Errorf("B heard %+v, want e2 and no queued dispatch", c)
+	}
 	// Many executions in one commit are split across notifications, all heard.
 	const n = 400
 	update(t, a, func(tx kernel.Tx) error {

@@ -621,9 +621,7 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 		return err
 	}
 	w.put(okey{t: tExecutions, tenant: e.Tenant, id: e.ID}, o)
-	if queued(e.Dispatch.State) {
-		w.own.changes.dispatch = true
-	}
+	w.own.changes.queued[ref] = queued(e.Dispatch.State)
 	info.exists, info.idem = true, e.IdempotencyKey
 	w.own.execs[ref] = info
 	return nil
