@@ -30,11 +30,18 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	if !ValidID(a.ID) {
 		return nil, Errorf(CodeValidation, "agent id %q is invalid: want 1-128 of [A-Za-z0-9_.:-], starting with a letter or digit", a.ID)
 	}
-	u, err := url.Parse(a.WebhookURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, Errorf(CodeValidation, "agent %s: webhook_url %q must be an absolute http(s) URL", a.ID, a.WebhookURL)
+	if a.WebhookURL != "" { // none: a gate-only agent, driven by sessions
+		u, err := url.Parse(a.WebhookURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, Errorf(CodeValidation, "agent %s: webhook_url %q must be an absolute http(s) URL", a.ID, a.WebhookURL)
+		}
 	}
-	if v, ok := k.deliv.(WebhookValidator); ok {
+	switch a.OnInterrupted {
+	case "", OnInterruptedIndeterminate, OnInterruptedApproval:
+	default:
+		return nil, Errorf(CodeValidation, "agent %s: on_interrupted %q is invalid (want %s or %s)", a.ID, a.OnInterrupted, OnInterruptedIndeterminate, OnInterruptedApproval)
+	}
+	if v, ok := k.deliv.(WebhookValidator); ok && a.WebhookURL != "" {
 		if err := v.ValidateWebhookURL(ctx, a.WebhookURL); err != nil {
 			return nil, Errorf(CodeValidation, "agent %s: webhook_url %q is refused: %v", a.ID, a.WebhookURL, err)
 		}
@@ -51,7 +58,7 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 		return nil, Errorf(CodeValidation, "agent %s: bundle name %q is invalid (want [a-z0-9][a-z0-9_.-]{0,62})", a.ID, a.Bundle)
 	}
 	var out *Agent
-	_, err = k.update(ctx, func(r *rec) error {
+	_, err := k.update(ctx, func(r *rec) error {
 		if _, err := r.tx.Tenant(a.Tenant); err != nil && a.Tenant != DefaultTenant {
 			if errors.Is(err, ErrNotFound) {
 				return Errorf(CodeNotFound, "tenant %s not found", a.Tenant)

@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,9 +12,9 @@ import (
 // ListApprovals lists a tenant's approvals, newest first.
 func (k *Kernel) ListApprovals(ctx context.Context, tenant string, status ApprovalStatus) ([]*Approval, error) {
 	switch status {
-	case "", ApprovalPending, ApprovalGranted, ApprovalDenied, ApprovalExpired:
+	case "", ApprovalPending, ApprovalGranted, ApprovalDenied, ApprovalExpired, ApprovalHappened:
 	default:
-		return nil, Errorf(CodeValidation, "status %q is invalid (want pending, granted, denied or expired)", status)
+		return nil, Errorf(CodeValidation, "status %q is invalid (want pending, granted, denied, expired or happened)", status)
 	}
 	var out []*Approval
 	err := k.store.View(ctx, func(tx ReadTx) error {
@@ -52,6 +53,11 @@ type Resolution struct {
 	Rationale string
 	// RequestHash, when set, must equal the approval's (the approver saw this exact request).
 	RequestHash string
+	// Happened answers an interrupted_side_effect approval: the effect
+	// happened, and Result is its result (recorded as the step's). Grant
+	// answers it "retry"; neither, "deny".
+	Happened bool
+	Result   json.RawMessage
 }
 
 // ResolveApproval grants or denies a pending approval. Either way the
@@ -60,6 +66,13 @@ type Resolution struct {
 func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval, error) {
 	if res.DecidedBy == "" {
 		return nil, Errorf(CodeValidation, "decided_by is required")
+	}
+	if res.Happened {
+		r, err := canonicalOrNull(res.Result, "result")
+		if err != nil {
+			return nil, err
+		}
+		res.Result, res.Grant = r, false
 	}
 	dispatchID := k.ids.next(k.now())
 	var out *Approval
@@ -87,9 +100,18 @@ func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval
 		if e.Status.Terminal() {
 			return Errorf(CodeConflict, "execution %s is %s", e.ID, e.Status)
 		}
-		st, typ := ApprovalDenied, EvApprovalDenied
-		if res.Grant {
-			st, typ = ApprovalGranted, EvApprovalGranted
+		if res.Happened && a.Type != ApprovalInterrupted {
+			return Errorf(CodeConflict, "approval %s is not of type %s: only an interrupted side effect is answered happened", a.ID, ApprovalInterrupted)
+		}
+		st, typ, answer := ApprovalDenied, EvApprovalDenied, "deny"
+		switch {
+		case res.Happened:
+			st, typ, answer = ApprovalHappened, EvApprovalHappened, "happened"
+			a.Result = res.Result
+		case res.Grant && a.Type == ApprovalInterrupted:
+			st, typ, answer = ApprovalGranted, EvApprovalGranted, "retry"
+		case res.Grant:
+			st, typ, answer = ApprovalGranted, EvApprovalGranted, "grant"
 		}
 		t := r.now
 		a.Status, a.DecidedBy, a.Rationale, a.DecidedAt = st, res.DecidedBy, res.Rationale, &t
@@ -97,11 +119,23 @@ func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval
 		if err := r.tx.PutApproval(a); err != nil {
 			return err
 		}
-		if err := r.event(e, typ, map[string]any{"approval_id": a.ID, "step_id": a.StepID, "decided_by": res.DecidedBy,
-			"decided_by_key": res.KeyID, "decided_by_principal": res.Principal, "rationale": res.Rationale}); err != nil {
+		p := map[string]any{"approval_id": a.ID, "step_id": a.StepID, "decided_by": res.DecidedBy,
+			"decided_by_key": res.KeyID, "decided_by_principal": res.Principal, "rationale": res.Rationale, "answer": answer}
+		if a.Type != "" {
+			p["type"] = a.Type
+		}
+		if res.Happened {
+			p["result"] = a.Result
+		}
+		if err := r.event(e, typ, p); err != nil {
 			return err
 		}
-		if !res.Grant {
+		switch {
+		case a.Type == ApprovalInterrupted:
+			if err := k.settleInterrupted(r, e, a, &res); err != nil {
+				return err
+			}
+		case !res.Grant:
 			if err := k.denyApprovedStep(r, e, a, "approval denied by "+res.DecidedBy); err != nil {
 				return err
 			}
@@ -136,6 +170,19 @@ func (k *Kernel) denyApprovedStep(r *rec, e *Execution, a *Approval, reason stri
 	return r.event(e, EvStepDenied, stepPayload(s, map[string]any{"decision": "deny", "reason": reason, "approval_id": a.ID, "rule_id": a.RuleID}))
 }
 
+// expireInterrupted fails the step of an expired interrupted_side_effect
+// approval "interrupted", as a denial would.
+func expireInterrupted(r *rec, e *Execution, a *Approval) error {
+	s, err := r.tx.Step(e.Tenant, e.ID, a.StepID)
+	if err != nil {
+		return fmt.Errorf("read step %s: %w", a.StepID, err)
+	}
+	if s.Status != StepAwaitingApproval {
+		return nil
+	}
+	return failInterrupted(r, e, s, a, "the interrupted step's approval expired")
+}
+
 // resume unblocks e after its approval was resolved and queues a new dispatch.
 func (k *Kernel) resume(r *rec, e *Execution, a *Approval, dispatchID string) error {
 	if e.BlockedOn != a.ID {
@@ -145,6 +192,11 @@ func (k *Kernel) resume(r *rec, e *Execution, a *Approval, dispatchID string) er
 	e.BlockedOn = ""
 	if err := r.event(e, EvExecutionResumed, map[string]any{"approval_id": a.ID, "status": a.Status}); err != nil {
 		return err
+	}
+	if e.Session() {
+		// The holder (waiting under its lease, or whoever attaches next)
+		// proposes the step again; nothing is delivered.
+		return r.tx.PutExecution(e)
 	}
 	if err := k.queueDispatch(r, e, dispatchID, r.now, "approval_"+string(a.Status)); err != nil {
 		return err
@@ -188,7 +240,13 @@ func (k *Kernel) expireApprovals(ctx context.Context, now time.Time) error {
 				return err
 			}
 			if k.cfg.ApprovalExpiry == ExpireDeniesStep {
-				if err := k.denyApprovedStep(r, e, a, "approval expired"); err != nil {
+				var err error
+				if a.Type == ApprovalInterrupted {
+					err = expireInterrupted(r, e, a)
+				} else {
+					err = k.denyApprovedStep(r, e, a, "approval expired")
+				}
+				if err != nil {
 					return err
 				}
 				if err := k.resume(r, e, a, ids[i]); err != nil {

@@ -229,6 +229,10 @@ func (k *Kernel) claim(r *rec, e *Execution) (*Delivery, error) {
 		}
 		return nil, k.finish(r, e, ExecFailed, "agent_deleted", nil, mustJSON(map[string]any{"code": "agent_deleted", "message": "agent " + e.AgentID + " no longer exists"}), nil)
 	}
+	if agent.GateOnly() {
+		return nil, k.finish(r, e, ExecFailed, "agent_gate_only", nil, mustJSON(map[string]any{"code": "agent_gate_only",
+			"message": "agent " + e.AgentID + " has no webhook_url any more: nothing can deliver this execution"}), nil)
+	}
 	if e.Dispatch.Attempt >= k.cfg.DispatchMaxAttempts {
 		return nil, k.exhaust(r, e)
 	}
@@ -382,6 +386,13 @@ func (k *Kernel) expireLeases(ctx context.Context, now time.Time) error {
 				continue
 			}
 			if !leaseLive(e) || e.Dispatch.LeaseUntil.After(r.now) || e.Status.Terminal() {
+				continue
+			}
+			if e.Session() {
+				// Nothing to re-deliver: the session waits for an attach.
+				if err := k.detach(r, e, "lease_expired"); err != nil {
+					return err
+				}
 				continue
 			}
 			if err := k.supersede(r, e, "lease_expired"); err != nil {

@@ -17,10 +17,13 @@ const (
 	// CodeStepIDDivergence: the step id the agent computed and sent is not
 	// the kernel's (409); nothing was recorded.
 	CodeStepIDDivergence = "step_id_divergence"
-	CodeTooLarge         = "too_large"
-	CodeRateLimited      = "rate_limited"
-	CodeInternal         = "internal"
-	CodeUnavailable      = "unavailable"
+	// CodeExecutionLeased: a session attach while its lease is live (409);
+	// details name lease_until.
+	CodeExecutionLeased = "execution_leased"
+	CodeTooLarge        = "too_large"
+	CodeRateLimited     = "rate_limited"
+	CodeInternal        = "internal"
+	CodeUnavailable     = "unavailable"
 )
 
 // Sentinel errors callers branch on with errors.Is. Each matches a *Error

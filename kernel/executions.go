@@ -28,37 +28,14 @@ type CreateExecution struct {
 // the first execution and created=false; a different request under the same
 // key is a conflict.
 func (k *Kernel) CreateExecution(ctx context.Context, req CreateExecution) (e *Execution, created bool, err error) {
-	if req.Tenant == "" {
-		req.Tenant = DefaultTenant
-	}
-	if req.AgentID == "" {
-		return nil, false, Errorf(CodeValidation, "agent_id is required")
-	}
-	if len(req.Input) == 0 {
-		req.Input = json.RawMessage("null")
-	}
-	input, err := canon.Canonical(req.Input)
+	input, err := validateCreate(&req)
 	if err != nil {
-		return nil, false, Errorf(CodeValidation, "input: %v", err)
-	}
-	if len(req.IdempotencyKey) > 256 {
-		return nil, false, Errorf(CodeValidation, "Idempotency-Key is longer than 256 bytes")
-	}
-	if req.Limits.MaxDuration != "" {
-		if d, err := time.ParseDuration(req.Limits.MaxDuration); err != nil || d <= 0 {
-			return nil, false, Errorf(CodeValidation, "limits.max_duration %q is not a positive Go duration", req.Limits.MaxDuration)
-		}
-	}
-	for n, v := range map[string]float64{"max_steps": float64(req.Limits.MaxSteps), "max_llm_calls": float64(req.Limits.MaxLLMCalls),
-		"max_output_tokens_per_call": float64(req.Limits.MaxOutputTokensPerCall), "max_total_tokens": float64(req.Limits.MaxTotalTokens),
-		"max_cost_usd": req.Limits.MaxCostUSD, "max_consecutive_failures": float64(req.Limits.MaxConsecutiveFailures),
-		"max_loop_repetitions": float64(req.Limits.MaxLoopRepetitions)} {
-		if v < 0 {
-			return nil, false, Errorf(CodeValidation, "limits.%s must not be negative", n)
-		}
-	}
-	if _, err := k.Agent(ctx, req.Tenant, req.AgentID); err != nil {
 		return nil, false, err
+	}
+	if a, err := k.Agent(ctx, req.Tenant, req.AgentID); err != nil {
+		return nil, false, err
+	} else if a.GateOnly() {
+		return nil, false, Errorf(CodeConflict, "agent %s has no webhook_url (gate-only): begin a session with POST /v0/sessions", req.AgentID)
 	}
 	id := k.ids.next(k.now())
 	dispatchID := k.ids.next(k.now())
@@ -108,6 +85,41 @@ func (k *Kernel) CreateExecution(ctx context.Context, req CreateExecution) (e *E
 		return nil, false, err
 	}
 	return e, created, nil
+}
+
+// validateCreate checks and normalises what creates an execution or a
+// session, and returns the canonical input.
+func validateCreate(req *CreateExecution) (json.RawMessage, error) {
+	if req.Tenant == "" {
+		req.Tenant = DefaultTenant
+	}
+	if req.AgentID == "" {
+		return nil, Errorf(CodeValidation, "agent_id is required")
+	}
+	if len(req.Input) == 0 {
+		req.Input = json.RawMessage("null")
+	}
+	input, err := canon.Canonical(req.Input)
+	if err != nil {
+		return nil, Errorf(CodeValidation, "input: %v", err)
+	}
+	if len(req.IdempotencyKey) > 256 {
+		return nil, Errorf(CodeValidation, "Idempotency-Key is longer than 256 bytes")
+	}
+	if req.Limits.MaxDuration != "" {
+		if d, err := time.ParseDuration(req.Limits.MaxDuration); err != nil || d <= 0 {
+			return nil, Errorf(CodeValidation, "limits.max_duration %q is not a positive Go duration", req.Limits.MaxDuration)
+		}
+	}
+	for n, v := range map[string]float64{"max_steps": float64(req.Limits.MaxSteps), "max_llm_calls": float64(req.Limits.MaxLLMCalls),
+		"max_output_tokens_per_call": float64(req.Limits.MaxOutputTokensPerCall), "max_total_tokens": float64(req.Limits.MaxTotalTokens),
+		"max_cost_usd": req.Limits.MaxCostUSD, "max_consecutive_failures": float64(req.Limits.MaxConsecutiveFailures),
+		"max_loop_repetitions": float64(req.Limits.MaxLoopRepetitions)} {
+		if v < 0 {
+			return nil, Errorf(CodeValidation, "limits.%s must not be negative", n)
+		}
+	}
+	return input, nil
 }
 
 // queueDispatch starts a new dispatch of e, due at due.
@@ -203,7 +215,7 @@ func (k *Kernel) finish(r *rec, e *Execution, st ExecStatus, reason string, outp
 		return fmt.Errorf("list steps of %s: %w", e.ID, err)
 	}
 	for _, s := range steps {
-		if s.Status != StepExecuting && s.Status != StepAwaitingApproval {
+		if s.Status != StepExecuting && s.Status != StepAwaitingApproval && s.Status != StepInterrupted {
 			continue
 		}
 		s.Status = StepCancelled
@@ -259,24 +271,36 @@ func (k *Kernel) finish(r *rec, e *Execution, st ExecStatus, reason string, outp
 }
 
 // AgentCall identifies an agent mutation: who, on which execution, under
-// which lease.
+// which lease. Who is the execution's agent (AgentID, from its signature)
+// or, on a session, the bearer key that holds the lease (Holder, its key
+// id); exactly one is set.
 type AgentCall struct {
 	Tenant      string
 	ExecutionID string
 	AgentID     string
-	Lease       Lease
+	// Holder is the id of the bearer key driving a session.
+	Holder string
+	Lease  Lease
+}
+
+// by names the caller in events: "agent:<id>" or "key:<key id>".
+func (c AgentCall) by() string {
+	if c.Holder != "" {
+		return "key:" + c.Holder
+	}
+	return "agent:" + c.AgentID
 }
 
 // checkCall loads the execution of an agent call and checks ownership and
 // lease. Terminal executions are returned with no lease check so callers
 // can answer execution_terminal.
+//
+// A session is driven only by the key that holds its lease; a webhook
+// execution only by its agent's signature.
 func checkCall(tx ReadTx, c AgentCall) (*Execution, error) {
-	e, err := loadExec(tx, c.Tenant, c.ExecutionID)
+	e, err := checkOwner(tx, c)
 	if err != nil {
 		return nil, err
-	}
-	if e.AgentID != c.AgentID {
-		return nil, Errorf(CodeNotFound, "execution %s not found", c.ExecutionID)
 	}
 	if e.Status.Terminal() {
 		return e, nil
@@ -287,6 +311,26 @@ func checkCall(tx ReadTx, c AgentCall) (*Execution, error) {
 	if e.Lease != c.Lease {
 		return nil, (&Error{Code: CodeLeaseSuperseded, Message: fmt.Sprintf("dispatch %s attempt %d is not the current lease of execution %s", c.Lease.DispatchID, c.Lease.Attempt, e.ID)}).
 			WithDetails(map[string]any{"dispatch_id": c.Lease.DispatchID, "dispatch_attempt": c.Lease.Attempt})
+	}
+	return e, nil
+}
+
+// checkOwner loads the execution of an agent call and checks who may
+// drive it (see checkCall), without the lease.
+func checkOwner(tx ReadTx, c AgentCall) (*Execution, error) {
+	e, err := loadExec(tx, c.Tenant, c.ExecutionID)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case c.Holder != "" && !e.Session():
+		return nil, Errorf(CodeForbidden, "execution %s is not a session: only its agent drives it, with its signature", e.ID)
+	case c.Holder == "" && e.Session():
+		return nil, Errorf(CodeForbidden, "execution %s is a session: only the API key holding its lease drives it", e.ID)
+	case c.Holder == "" && e.AgentID != c.AgentID:
+		return nil, Errorf(CodeNotFound, "execution %s not found", c.ExecutionID)
+	case c.Holder != "" && e.Holder.KeyID != c.Holder:
+		return nil, Errorf(CodeForbidden, "the lease of session %s is held by another API key", e.ID)
 	}
 	return e, nil
 }

@@ -97,6 +97,10 @@ type PolicyResult struct {
 	// RateLimits are the limits to check and count for this step: the one
 	// attached to the winning answer and those declared by the bundle's manifest.
 	RateLimits []RateLimitRule
+	// OnInterrupted is OnInterruptedApproval when a bundle evaluated for
+	// the step declares on_interrupted: approval; the step records it when
+	// it proceeds.
+	OnInterrupted string
 }
 
 // RateLimitRule is a rate limit with the id its counter is kept under.

@@ -24,6 +24,10 @@ const (
 	DecisionBlocked           = "blocked"
 	DecisionExecutionBlocked  = "execution_blocked"
 	DecisionExecutionTerminal = "execution_terminal"
+	// DecisionInterrupted: the step was in flight when an earlier attempt
+	// ended, and the submitter said it can reconcile it: it answers with
+	// POST …/steps/{step_id}/reconcile.
+	DecisionInterrupted = "interrupted"
 )
 
 // MaxTargetLen bounds a step target.
@@ -43,6 +47,11 @@ type StepRequest struct {
 	// recorded: an agent that would complete a step under another id must
 	// not run the effect.
 	ClaimedStepID string
+	// Reconcile says the submitter can reconcile the step should it be
+	// found interrupted (an at_most_once step in flight when its attempt
+	// ended): it is then answered DecisionInterrupted instead of the
+	// agent's on_interrupted behaviour.
+	Reconcile bool
 }
 
 // StepDecision is the kernel's answer to a submission.
@@ -212,6 +221,11 @@ func (k *Kernel) preread(tx ReadTx, req *StepRequest, argsHash, key string, pre 
 	default:
 		return fmt.Errorf("read step %s: %w", pre.stepID, err)
 	}
+	if e.Status == ExecBlocked && (pre.step == nil || pre.step.ApprovalID != e.BlockedOn) {
+		// A session keeps its lease while blocked: only the step that waits
+		// is answered (blocked until its approval is resolved).
+		pre.decision = &StepDecision{Decision: DecisionExecutionBlocked, ApprovalID: e.BlockedOn, Reason: "the execution waits on an approval"}
+	}
 	return nil
 }
 
@@ -269,7 +283,7 @@ func (k *Kernel) checkLimits(e *Execution, kind string, args json.RawMessage, pr
 
 // decide evaluates policy for a new step (outside any transaction).
 func (k *Kernel) decide(ctx context.Context, req *StepRequest, args json.RawMessage, argsHash string, pre *preread) (*PolicyResult, error) {
-	agent, err := k.Agent(ctx, req.Tenant, req.AgentID)
+	agent, err := k.Agent(ctx, req.Tenant, pre.exec.AgentID) // not req.AgentID: a session holder is a key
 	if err != nil {
 		return nil, err
 	}
@@ -311,9 +325,6 @@ func (k *Kernel) writeStep(r *rec, req *StepRequest, args json.RawMessage, argsH
 	if n != pre.occ {
 		return nil, errRetry
 	}
-	if err := r.tx.PutOccurrence(e.Tenant, e.ID, key, Occurrence{Lease: e.Lease, Count: n + 1}); err != nil {
-		return nil, fmt.Errorf("put occurrence: %w", err)
-	}
 	s := pre.step
 	if s != nil {
 		// Re-read the step in this transaction: preread's copy may be stale.
@@ -334,8 +345,8 @@ func (k *Kernel) writeStep(r *rec, req *StepRequest, args json.RawMessage, argsH
 	case s != nil && s.Status == StepDenied && s.ApprovalID != "":
 		d = base
 		d.Decision, d.Reason, d.RuleID, d.ApprovalID = DecisionDenied, s.Decision.Reason, s.Decision.RuleID, s.ApprovalID
-	case s != nil && s.Status == StepExecuting:
-		d, err = k.orphan(r, e, s, base)
+	case s != nil && (s.Status == StepExecuting || s.Status == StepInterrupted):
+		d, err = k.orphan(r, e, s, base, req.Reconcile)
 	case s != nil && s.Status == StepAwaitingApproval:
 		d, err = k.afterApproval(r, e, s, base)
 	default:
@@ -343,6 +354,14 @@ func (k *Kernel) writeStep(r *rec, req *StepRequest, args json.RawMessage, argsH
 	}
 	if err != nil {
 		return nil, err
+	}
+	if d.Decision != DecisionBlocked {
+		// A blocked answer consumes no occurrence: a session's holder,
+		// which keeps its lease, proposes the step again under the same id
+		// once the approval is resolved (an agent's attempt ends here).
+		if err := r.tx.PutOccurrence(e.Tenant, e.ID, key, Occurrence{Lease: e.Lease, Count: n + 1}); err != nil {
+			return nil, fmt.Errorf("put occurrence: %w", err)
+		}
 	}
 	if !e.Status.Terminal() {
 		k.renew(r, e)
@@ -374,10 +393,36 @@ func replayOf(base *StepDecision, s *Step) *StepDecision {
 	return d
 }
 
-// orphan handles a step found executing under an older attempt (docs/durability.md).
-func (k *Kernel) orphan(r *rec, e *Execution, s *Step, base *StepDecision) (*StepDecision, error) {
+// orphan handles a step found executing (or interrupted) under an older
+// attempt (docs/durability.md#orphaned-steps). A safe_to_retry step
+// proceeds again. An at_most_once step may or may not have happened:
+// answered interrupted when the submitter can reconcile it, else it
+// raises an interrupted_side_effect approval when the agent or a bundle
+// that allowed it asked for one, else it fails indeterminate.
+func (k *Kernel) orphan(r *rec, e *Execution, s *Step, base *StepDecision, reconcile bool) (*StepDecision, error) {
 	prev := s.Lease
 	if s.Idempotency == AtMostOnce {
+		if reconcile {
+			s.Status = StepInterrupted
+			s.Lease = e.Lease
+			if err := r.tx.PutStep(s); err != nil {
+				return nil, err
+			}
+			if err := r.event(e, EvStepInterrupted, stepPayload(s, map[string]any{"orphaned_from": prev, "reconcile": true,
+				"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt})); err != nil {
+				return nil, err
+			}
+			base.Decision = DecisionInterrupted
+			base.Reason = "the step was in flight when an earlier attempt ended; reconcile it"
+			return base, nil
+		}
+		mode, err := k.onInterrupted(r, e, s)
+		if err != nil {
+			return nil, err
+		}
+		if mode == OnInterruptedApproval {
+			return k.interruptApproval(r, e, s, base, prev)
+		}
 		s.Status = StepFailed
 		s.Error = json.RawMessage(`{"code":"indeterminate","message":"the step was in flight when its dispatch attempt ended; it may or may not have run"}`)
 		t := r.now
@@ -390,6 +435,7 @@ func (k *Kernel) orphan(r *rec, e *Execution, s *Step, base *StepDecision) (*Ste
 		}
 		return replayOf(base, s), nil
 	}
+	s.Status = StepExecuting
 	s.Lease = e.Lease
 	if err := r.tx.PutStep(s); err != nil {
 		return nil, err
@@ -422,9 +468,11 @@ func (k *Kernel) afterApproval(r *rec, e *Execution, s *Step, base *StepDecision
 		if err := r.event(e, EvStepExecuting, stepPayload(s, map[string]any{"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt, "approval_id": a.ID})); err != nil {
 			return nil, err
 		}
-		e.Totals.Steps++
-		if s.Kind == policy.KindLLMCall {
-			e.Totals.LLMCalls++
+		if a.Type != ApprovalInterrupted { // a retried step was counted when it first ran
+			e.Totals.Steps++
+			if s.Kind == policy.KindLLMCall {
+				e.Totals.LLMCalls++
+			}
 		}
 		base.Decision = DecisionProceed
 		return base, nil
@@ -475,6 +523,9 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 			p.Reason, p.RateLimitID = reason, ruleID
 			return base, r.event(e, EvStepRateLimited, p)
 		}
+	}
+	if pres != nil {
+		s.OnInterrupted = pres.OnInterrupted
 	}
 	switch info.Action {
 	case policy.Allow:
@@ -556,8 +607,12 @@ func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecisi
 	}
 	e.Status = ExecBlocked
 	e.BlockedOn = a.ID
-	e.Dispatch.State = DispatchParked
-	e.Dispatch.LeaseUntil = time.Time{}
+	if !e.Session() {
+		// A session's holder keeps its lease (and heartbeats) while it
+		// waits; an agent's dispatch is parked and a new one comes.
+		e.Dispatch.State = DispatchParked
+		e.Dispatch.LeaseUntil = time.Time{}
+	}
 	if err := r.event(e, EvExecutionBlocked, map[string]any{"approval_id": a.ID, "step_id": s.ID}); err != nil {
 		return nil, err
 	}

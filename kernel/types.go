@@ -41,6 +41,10 @@ const (
 	StepSucceeded        StepStatus = "succeeded"
 	StepFailed           StepStatus = "failed"
 	StepCancelled        StepStatus = "cancelled"
+	// StepInterrupted is an at_most_once step found in flight by a later
+	// dispatch attempt (or session attach) whose submitter said it can
+	// reconcile it: it waits for POST …/steps/{id}/reconcile.
+	StepInterrupted StepStatus = "interrupted"
 )
 
 // Terminal reports whether the step has a final outcome that replays.
@@ -125,7 +129,21 @@ type Execution struct {
 	Dispatch DispatchState `json:"dispatch"`
 	// BlockedOn is the approval the execution waits on, when blocked.
 	BlockedOn string `json:"blocked_on,omitempty"`
+	// Holder is set on a session (POST /v0/sessions): an execution driven
+	// by a bearer key's own loop instead of webhook dispatches. It names
+	// the key that holds the lease, or last held it.
+	Holder *Holder `json:"holder,omitempty"`
 }
+
+// Holder is the bearer key that holds (or last held) a session's lease.
+type Holder struct {
+	KeyID     string `json:"key_id"`
+	Principal string `json:"principal"`
+}
+
+// Session reports whether e is a session (driven by a lease holder, never
+// dispatched to a webhook).
+func (e *Execution) Session() bool { return e.Holder != nil }
 
 // StepDecisionInfo is the decision record of a step.
 type StepDecisionInfo struct {
@@ -153,9 +171,13 @@ type Step struct {
 	Error       json.RawMessage `json:"error,omitempty"`
 	Usage       *Usage          `json:"usage,omitempty"`
 	// Lease is the (dispatch_id, attempt) under which the step was last told proceed.
-	Lease      Lease             `json:"lease"`
-	Decision   *StepDecisionInfo `json:"decision,omitempty"`
-	ApprovalID string            `json:"approval_id,omitempty"`
+	Lease Lease `json:"lease"`
+	// OnInterrupted is what happens when the step is found in flight by a
+	// later attempt: OnInterruptedApproval when the agent or a bundle that
+	// decided it asked for it when it proceeded, else empty (indeterminate).
+	OnInterrupted string            `json:"on_interrupted,omitempty"`
+	Decision      *StepDecisionInfo `json:"decision,omitempty"`
+	ApprovalID    string            `json:"approval_id,omitempty"`
 	// Seq is the seq of the step's first event (step.proposed); it orders steps.
 	Seq         uint64     `json:"seq"`
 	CreatedAt   time.Time  `json:"created_at"`
@@ -198,11 +220,17 @@ const (
 	EvStepSucceeded        = "step.succeeded"
 	EvStepFailed           = "step.failed"
 	EvStepCancelled        = "step.cancelled"
+	EvStepInterrupted      = "step.interrupted"
+	EvStepReconciled       = "step.reconciled"
 
 	EvApprovalRequested = "approval.requested"
 	EvApprovalGranted   = "approval.granted"
 	EvApprovalDenied    = "approval.denied"
 	EvApprovalExpired   = "approval.expired"
+	EvApprovalHappened  = "approval.happened"
+
+	EvSessionAttached = "session.attached"
+	EvSessionDetached = "session.detached"
 
 	EvDispatchQueued     = "dispatch.queued"
 	EvDispatchClaimed    = "dispatch.claimed"
@@ -223,9 +251,13 @@ type Agent struct {
 	// Signing is how the agent signs its requests and how its webhooks are
 	// signed: SigningV1 or SigningBody. A record without it predates
 	// signing schemes and reads as SigningBody (see SigningScheme).
-	Signing   string    `json:"signing,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Signing string `json:"signing,omitempty"`
+	// OnInterrupted is what an at_most_once step of the agent found in
+	// flight becomes: OnInterruptedIndeterminate (empty: the default) or
+	// OnInterruptedApproval.
+	OnInterrupted string    `json:"on_interrupted,omitempty"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
 }
 
 // Signing schemes of an agent (Agent.Signing).
@@ -238,6 +270,20 @@ const (
 	// (Rebuno-Signature), for SDKs written to that protocol.
 	SigningBody = "body"
 )
+
+// What an interrupted at_most_once step becomes (Agent.OnInterrupted, a
+// bundle's on_interrupted).
+const (
+	// OnInterruptedIndeterminate fails the step {"code": "indeterminate"}.
+	OnInterruptedIndeterminate = "indeterminate"
+	// OnInterruptedApproval raises an approval of type
+	// ApprovalInterrupted: an operator says whether it happened.
+	OnInterruptedApproval = "approval"
+)
+
+// GateOnly reports whether the agent has no webhook: its executions are
+// sessions only.
+func (a *Agent) GateOnly() bool { return a.WebhookURL == "" }
 
 // SigningScheme returns the agent's signing scheme: Signing, or
 // SigningBody for a record stored before schemes existed (those agents
@@ -266,6 +312,18 @@ const (
 	ApprovalGranted ApprovalStatus = "granted"
 	ApprovalDenied  ApprovalStatus = "denied"
 	ApprovalExpired ApprovalStatus = "expired"
+	// ApprovalHappened: an interrupted side effect the decider says
+	// happened, with its result.
+	ApprovalHappened ApprovalStatus = "happened"
+)
+
+// Approval types (Approval.Type).
+const (
+	// ApprovalPolicy is a require_approval verdict (the empty type).
+	ApprovalPolicy = "policy"
+	// ApprovalInterrupted is raised by the kernel for an at_most_once step
+	// found in flight with on_interrupted: approval: did it happen?
+	ApprovalInterrupted = "interrupted_side_effect"
 )
 
 // Approval is a durable pause on one step, bound to the hash of its request.
@@ -278,6 +336,10 @@ type Approval struct {
 	Kind        string          `json:"kind"`
 	Target      string          `json:"target"`
 	Args        json.RawMessage `json:"args"`
+	// Type is ApprovalPolicy (stored empty) or ApprovalInterrupted.
+	Type string `json:"type,omitempty"`
+	// Result is the step's result a decider gave with "happened".
+	Result json.RawMessage `json:"result,omitempty"`
 	// RequestHash is sha256 over the step id and canonical args.
 	RequestHash string         `json:"request_hash"`
 	Status      ApprovalStatus `json:"status"`

@@ -315,6 +315,7 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 	}
 	var answers []answer
 	var limits []kernel.RateLimitRule
+	onInterrupted := "" // approval when an evaluated bundle asks for it
 	eval := func(name string) (*loaded, *kernel.PolicyResult) {
 		l, done := h.get(in.Tenant, name)
 		defer done()
@@ -332,6 +333,9 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 		}
 		if d != nil {
 			answers = append(answers, answer{d: d, ref: l.ref})
+		}
+		if l.b.Manifest.OnInterrupted == bundle.OnInterruptedApproval {
+			onInterrupted = kernel.OnInterruptedApproval
 		}
 		for _, dl := range l.limits {
 			if dl.matches(in) {
@@ -373,6 +377,7 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 		res.Decision, res.Bundle = d.Decision, d.Bundle
 	}
 	res.RateLimits = limits
+	res.OnInterrupted = onInterrupted
 	res.EvalTime = time.Since(start)
 	return res, nil
 }
@@ -408,4 +413,64 @@ func orRule(s string) string {
 		return "rate_limit"
 	}
 	return s
+}
+
+// outrightDenier is an evaluator that can tell, without the arguments,
+// that it denies a step whatever they are (the rules engine can; Rego and
+// wasm cannot, and are never said to).
+type outrightDenier interface {
+	DeniesOutright(in *policy.Input, def policy.Action) bool
+}
+
+// DeniesOutright reports whether the policy deciding agent's steps denies
+// a step like in (its arguments ignored) whatever its arguments are: the
+// tenant's guards and the agent's bundle are composed as Decide composes
+// them, so one of them denying outright is enough. Bundles whose engine
+// cannot tell count as not denying. It implements kernel.OutrightDenier.
+func (h *Host) DeniesOutright(ctx context.Context, agent *kernel.Agent, in *policy.Input) (bool, error) {
+	var guards []string
+	if h.opts.Guards != nil {
+		g, err := h.opts.Guards(ctx, in.Tenant)
+		if err != nil {
+			return false, err
+		}
+		guards = g
+	}
+	agentBundle := agent.Bundle
+	if agentBundle == "" {
+		switch h.opts.DefaultPolicy {
+		case "", "allow", "deny":
+			if len(guards) == 0 {
+				d := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}
+				res, _ := d.Decide(ctx, agent, in)
+				return res.Decision.Decision.Rank() >= policy.Deny.Rank(), nil
+			}
+		default:
+			agentBundle = h.opts.DefaultPolicy
+		}
+	}
+	denies := func(name string, def policy.Action) bool {
+		l, done := h.get(in.Tenant, name)
+		defer done()
+		if l == nil {
+			return true // a bundle that is not loaded fails closed
+		}
+		od, ok := l.ev.(outrightDenier)
+		return ok && od.DeniesOutright(in, def)
+	}
+	for _, g := range guards {
+		if denies(g, "") {
+			return true, nil
+		}
+	}
+	if agentBundle != "" {
+		l, done := h.get(in.Tenant, agentBundle)
+		def := policy.Deny
+		if l != nil {
+			def = l.def
+		}
+		done()
+		return denies(agentBundle, def), nil
+	}
+	return false, nil
 }

@@ -99,3 +99,36 @@ func TestHostComposition(t *testing.T) {
 		t.Errorf("live revision %s after a refused upload", ref.Revision)
 	}
 }
+
+// TestHostOnInterrupted: a bundle's on_interrupted: approval reaches the
+// result of every step it is evaluated for (a guard's included), so the
+// step records it; bundles without it leave the agent's setting alone.
+func TestHostOnInterrupted(t *testing.T) {
+	guards := map[string][]string{"acme": {"careful"}}
+	h := plugins.NewHost(plugins.Options{Guards: func(_ context.Context, tenant string) ([]string, error) { return guards[tenant], nil }}, rules.New())
+	defer h.Close()
+	allow := "default_action: allow\nrules: []\n"
+	load(t, h, "acme", rulesSrc("careful", "1", allow, "on_interrupted: approval\n"))
+	load(t, h, "acme", rulesSrc("plain", "1", allow, ""))
+	load(t, h, "other", rulesSrc("plain", "1", allow, "on_interrupted: indeterminate\n"))
+	ctx := context.Background()
+	for _, tc := range []struct {
+		tenant, bundle, want string
+	}{
+		{"acme", "plain", kernel.OnInterruptedApproval}, // from the guard
+		{"other", "plain", ""},
+	} {
+		in := input("send", "")
+		in.Tenant = tc.tenant
+		res, err := h.Decide(ctx, &kernel.Agent{ID: "a", Tenant: tc.tenant, Bundle: tc.bundle}, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.OnInterrupted != tc.want {
+			t.Errorf("%s/%s: on_interrupted %q, want %q", tc.tenant, tc.bundle, res.OnInterrupted, tc.want)
+		}
+	}
+	if _, err := h.Compile(ctx, "acme", rulesSrc("bad", "1", allow, "on_interrupted: sometimes\n")); err == nil || !strings.Contains(err.Error(), "on_interrupted") {
+		t.Fatalf("a bad on_interrupted: %v", err)
+	}
+}

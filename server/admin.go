@@ -38,6 +38,7 @@ func (s *Server) putAgent(c *call) (int, any, error) {
 	}
 	a := kernel.Agent{ID: req.ID, Tenant: c.tenant, WebhookURL: req.WebhookURL, Secret: req.Secret, Signing: req.Signing}
 	if existing != nil {
+		a.OnInterrupted = existing.OnInterrupted
 		if a.WebhookURL == "" {
 			a.WebhookURL = existing.WebhookURL
 		}
@@ -48,6 +49,9 @@ func (s *Server) putAgent(c *call) (int, any, error) {
 	}
 	if binding != nil {
 		a.Bundle = *binding
+	}
+	if req.OnInterrupted != nil {
+		a.OnInterrupted = *req.OnInterrupted
 	}
 	out, err := s.k.PutAgent(c.ctx, a)
 	if err != nil {
@@ -132,16 +136,41 @@ func (s *Server) getApproval(c *call) (int, any, error) {
 	return http.StatusOK, approvalView(a), nil
 }
 
-func (s *Server) grantApproval(c *call) (int, any, error) { return s.resolveApproval(c, true) }
-func (s *Server) denyApproval(c *call) (int, any, error)  { return s.resolveApproval(c, false) }
+// Answers to an approval. retry is grant under the name an
+// interrupted_side_effect approval's answer has; happened is for those only.
+const (
+	answerGrant    = "grant"
+	answerDeny     = "deny"
+	answerRetry    = "retry"
+	answerHappened = "happened"
+)
+
+func (s *Server) grantApproval(c *call) (int, any, error) { return s.resolveApproval(c, answerGrant) }
+func (s *Server) denyApproval(c *call) (int, any, error)  { return s.resolveApproval(c, answerDeny) }
+func (s *Server) retryApproval(c *call) (int, any, error) { return s.resolveApproval(c, answerRetry) }
+func (s *Server) happenedApproval(c *call) (int, any, error) {
+	return s.resolveApproval(c, answerHappened)
+}
 
 // resolveApproval grants or denies. The decider is the key's principal: a
 // body decided_by that names anyone else is 403, except for admin keys,
 // which may decide for a named person (both are recorded).
-func (s *Server) resolveApproval(c *call, grant bool) (int, any, error) {
+func (s *Server) resolveApproval(c *call, answer string) (int, any, error) {
 	var req wire.ResolveApprovalRequest
 	if err := decode(c.body, &req); err != nil {
 		return 0, nil, err
+	}
+	if answer != answerHappened && len(req.Result) > 0 && string(req.Result) != "null" {
+		return 0, nil, errorf(kernel.CodeValidation, "result is only given with happened (an interrupted side effect that happened)")
+	}
+	if answer == answerRetry || answer == answerHappened {
+		a, err := s.k.GetApproval(c.ctx, c.tenant, c.vars("approval_id"))
+		if err != nil {
+			return 0, nil, err
+		}
+		if a.Type != kernel.ApprovalInterrupted {
+			return 0, nil, errorf(kernel.CodeConflict, "approval %s is of type %s: %s answers an %s approval (use grant or deny)", a.ID, approvalType(a), answer, kernel.ApprovalInterrupted)
+		}
 	}
 	by := c.p.Name
 	if req.DecidedBy != "" && req.DecidedBy != by {
@@ -154,7 +183,8 @@ func (s *Server) resolveApproval(c *call, grant bool) (int, any, error) {
 		}
 		by = req.DecidedBy
 	}
-	a, err := s.k.ResolveApproval(c.ctx, kernel.Resolution{Tenant: c.tenant, ApprovalID: c.vars("approval_id"), Grant: grant,
+	a, err := s.k.ResolveApproval(c.ctx, kernel.Resolution{Tenant: c.tenant, ApprovalID: c.vars("approval_id"),
+		Grant: answer == answerGrant || answer == answerRetry, Happened: answer == answerHappened, Result: req.Result,
 		DecidedBy: by, KeyID: c.p.KeyID, Principal: c.p.Name, Rationale: req.Rationale, RequestHash: req.RequestHash})
 	if err != nil {
 		return 0, nil, err

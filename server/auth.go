@@ -86,10 +86,12 @@ func (s *Server) authenticate(c *call, cl class) error {
 		if err := s.authenticateBearer(c, authz); err != nil {
 			return err
 		}
-	case s.cfg.AuthDisabled && cl != classAgent:
+	case s.cfg.AuthDisabled:
+		// On agent routes this drives sessions only (the kernel refuses a
+		// bearer caller on a webhook execution): agents always sign.
 		c.p = Principal{Kind: PrincipalAdmin, Tenant: kernel.DefaultTenant, KeyID: "auth-disabled", Name: "admin"}
 	case cl == classAgent:
-		return errorf(kernel.CodeUnauthenticated, "this route needs an agent signature (%s and %s)", wire.HeaderAgentID, wire.HeaderWicketSignature)
+		return errorf(kernel.CodeUnauthenticated, "this route needs an agent signature (%s and %s), or the API key holding a session's lease", wire.HeaderAgentID, wire.HeaderWicketSignature)
 	default:
 		return errorf(kernel.CodeUnauthenticated, "missing credentials: send Authorization: Bearer <api key>")
 	}
@@ -207,8 +209,11 @@ func (s *Server) authenticateAgent(c *call, agentID string) error {
 }
 
 // roles lists, for each class of bearer route, the key roles it admits
-// (agents are admitted by classAgent and classExecRead only).
+// (agents are admitted by classAgent and classExecRead only). On
+// classAgent a bearer key is admitted to drive a session, and the kernel
+// then holds it to the session whose lease it holds.
 var roles = map[class][]PrincipalKind{
+	classAgent:     {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient},
 	classClient:    {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient},
 	classRead:      {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient, PrincipalApprover},
 	classExecRead:  {PrincipalAdmin, PrincipalTenantAdmin, PrincipalClient, PrincipalApprover},
@@ -227,10 +232,10 @@ func (s *Server) authorize(c *call, cl class) error {
 	case classOpen:
 		return nil
 	case classAgent:
-		if p.Kind == PrincipalAgent {
+		if p.Kind == PrincipalAgent || slices.Contains(roles[cl], p.Kind) {
 			return nil
 		}
-		return errorf(kernel.CodeForbidden, "this route is for the execution's agent (%s and %s)", wire.HeaderAgentID, wire.HeaderWicketSignature)
+		return errorf(kernel.CodeForbidden, "this route is for the execution's agent (%s and %s), or the API key holding a session's lease", wire.HeaderAgentID, wire.HeaderWicketSignature)
 	}
 	if p.Kind == PrincipalAgent {
 		if cl == classExecRead {

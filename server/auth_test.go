@@ -275,8 +275,9 @@ func TestAuthDisabled(t *testing.T) {
 	e.do("GET", "/v0/agents?tenant=acme", nil, nil).want(t, http.StatusOK)
 	var x wire.Execution
 	e.do("POST", "/v0/executions", map[string]any{"agent_id": "bot"}, nil).want(t, http.StatusCreated).decode(t, &x)
-	// Agent routes still need the signature.
-	e.do("POST", "/v0/executions/"+x.ID+"/heartbeat", nil, nil).wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
+	// An agent's executions still need its signature (without one the
+	// request is a session holder's, and this is no session).
+	e.do("POST", "/v0/executions/"+x.ID+"/heartbeat", nil, nil).wantErr(t, http.StatusForbidden, wire.CodeForbidden)
 	e.do("POST", "/v0/executions/"+x.ID+"/heartbeat", nil, map[string]string{wire.HeaderAgentID: "bot", wire.HeaderSignature: "sha256=00"}).
 		wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
 	e.do("POST", "/v0/executions/"+x.ID+"/heartbeat", nil, map[string]string{wire.HeaderAgentID: "bot", wire.HeaderWicketSignature: "t=1,v1=00"}).

@@ -22,6 +22,7 @@ var statuses = map[string]int{
 	kernel.CodeConflict:         http.StatusConflict,
 	kernel.CodeLeaseSuperseded:  http.StatusConflict,
 	kernel.CodeStepIDDivergence: http.StatusConflict,
+	kernel.CodeExecutionLeased:  http.StatusConflict,
 	kernel.CodeTooLarge:         http.StatusRequestEntityTooLarge,
 	kernel.CodeRateLimited:      http.StatusTooManyRequests,
 	kernel.CodeInternal:         http.StatusInternalServerError,

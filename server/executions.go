@@ -120,8 +120,14 @@ func seqParam(v, name string) (uint64, error) {
 
 // Agent routes.
 
+// agentCall is the caller of an agent route: the execution's agent (its
+// signature), or on a session the bearer key that holds the lease.
 func (s *Server) agentCall(c *call) kernel.AgentCall {
-	return kernel.AgentCall{Tenant: c.tenant, ExecutionID: c.vars("id"), AgentID: c.p.AgentID, Lease: c.lease}
+	ac := kernel.AgentCall{Tenant: c.tenant, ExecutionID: c.vars("id"), AgentID: c.p.AgentID, Lease: c.lease}
+	if c.p.bearer() {
+		ac.AgentID, ac.Holder = "", c.p.KeyID
+	}
+	return ac
 }
 
 func (s *Server) submitStep(c *call) (int, any, error) {
@@ -130,7 +136,8 @@ func (s *Server) submitStep(c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	d, err := s.k.SubmitStep(c.ctx, kernel.StepRequest{AgentCall: s.agentCall(c), Kind: req.Kind, Target: req.Target,
-		Args: req.Args, Idempotency: req.Idempotency, Effect: req.Effect, ClaimedStepID: c.r.Header.Get(wire.HeaderStepID)})
+		Args: req.Args, Idempotency: req.Idempotency, Effect: req.Effect, ClaimedStepID: c.r.Header.Get(wire.HeaderStepID),
+		Reconcile: req.Reconcile})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -214,6 +221,9 @@ func (s *Server) streamDelta(c *call) (int, any, error) {
 	if e.Status.Terminal() {
 		return 0, nil, errorf(kernel.CodeConflict, "execution %s is %s", id, e.Status)
 	}
+	if c.p.bearer() != e.Session() || (e.Session() && e.Holder.KeyID != c.p.KeyID) {
+		return 0, nil, errorf(kernel.CodeForbidden, "only the holder of execution %s's lease streams its steps", id)
+	}
 	if e.Lease != c.lease {
 		return 0, nil, (&kernel.Error{Code: kernel.CodeLeaseSuperseded,
 			Message: "dispatch " + c.lease.DispatchID + " attempt " + strconv.Itoa(c.lease.Attempt) + " is not the current lease of execution " + id}).
@@ -271,4 +281,78 @@ func (s *Server) failExecution(c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	return http.StatusOK, executionView(e), nil
+}
+
+// Sessions (docs/gate.md).
+
+func (s *Server) beginSession(c *call) (int, any, error) {
+	var req wire.SessionRequest
+	if err := decode(c.body, &req); err != nil {
+		return 0, nil, err
+	}
+	e, err := s.k.BeginSession(c.ctx, kernel.BeginSession{CreateExecution: kernel.CreateExecution{
+		Tenant: c.tenant, AgentID: req.AgentID, AgentVersion: req.AgentVersion, Input: req.Input,
+		Labels: req.Labels, Limits: limitsFromWire(req.Limits), Deadline: req.Deadline,
+	}, KeyID: c.p.KeyID, Principal: c.p.Name})
+	if err != nil {
+		return 0, nil, err
+	}
+	c.w.Header().Set("Location", "/v0/executions/"+e.ID)
+	return http.StatusCreated, sessionView(e), nil
+}
+
+func (s *Server) attachSession(c *call) (int, any, error) {
+	if err := decode(c.body, &struct{}{}); err != nil {
+		return 0, nil, err
+	}
+	e, err := s.k.AttachSession(c.ctx, c.tenant, c.vars("id"), c.p.KeyID, c.p.Name)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, sessionView(e), nil
+}
+
+func (s *Server) detachSession(c *call) (int, any, error) {
+	if err := decode(c.body, &struct{}{}); err != nil {
+		return 0, nil, err
+	}
+	if err := s.k.DetachSession(c.ctx, s.agentCall(c)); err != nil {
+		return 0, nil, err
+	}
+	return http.StatusNoContent, nil, nil
+}
+
+func (s *Server) reconcileStep(c *call) (int, any, error) {
+	var req wire.ReconcileRequest
+	if err := decode(c.body, &req); err != nil {
+		return 0, nil, err
+	}
+	rq := kernel.Reconciliation{AgentCall: s.agentCall(c), StepID: c.vars("step_id"), Outcome: req.Outcome,
+		Result: req.Result, Detail: req.Detail}
+	if c.p.bearer() {
+		rq.By, rq.ByKey = c.p.Name, c.p.KeyID
+	} else {
+		rq.By = "agent:" + c.p.AgentID
+	}
+	d, err := s.k.ReconcileStep(c.ctx, rq)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, decisionView(d), nil
+}
+
+// probeStep answers whether policy denies a step outright (whatever its
+// arguments); the execution's agent or its session's holder asks, without
+// a lease, and nothing is recorded.
+func (s *Server) probeStep(c *call) (int, any, error) {
+	var req wire.StepProbeRequest
+	if err := decode(c.body, &req); err != nil {
+		return 0, nil, err
+	}
+	denied, err := s.k.Probe(c.ctx, kernel.ProbeRequest{AgentCall: s.agentCall(c), Kind: req.Kind, Target: req.Target,
+		Effect: req.Effect, Idempotency: req.Idempotency})
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.StepProbe{DeniedOutright: denied}, nil
 }

@@ -65,6 +65,8 @@ func (testPolicy) Decide(_ context.Context, _ *kernel.Agent, in *policy.Input) (
 	case "limited":
 		return kernel.PolicyResult{Bundle: ref, Decision: policy.Decision{Decision: policy.Allow, RuleID: "limited"},
 			RateLimits: []kernel.RateLimitRule{{ID: "one_per_minute", RateLimit: policy.RateLimit{MaxCalls: 1, Window: "1m"}}}}, nil
+	case "careful_send": // a bundle that asks for on_interrupted: approval
+		return kernel.PolicyResult{Bundle: ref, Decision: policy.Decision{Decision: policy.Allow, RuleID: "careful"}, OnInterrupted: kernel.OnInterruptedApproval}, nil
 	case "forbidden":
 		return kernel.PolicyResult{Bundle: ref, Decision: policy.Decision{Decision: policy.Deny, RuleID: "no", Reason: "forbidden tool"}}, nil
 	}

@@ -29,7 +29,8 @@ type Config struct {
 	AdminKey string
 	// AuthDisabled makes every client or admin request without a bearer key
 	// act as admin. The caller sets it only when no keys are configured and
-	// it serves loopback only. Agent routes always require a signature.
+	// it serves loopback only. Agent routes then drive sessions without a
+	// key; an agent's own executions always require its signature.
 	AuthDisabled bool
 	// MaxBodyBytes bounds request bodies (default 1 MiB); more is 413.
 	MaxBodyBytes int64
@@ -155,7 +156,7 @@ const (
 	classAdmin                  // bearer: tenant-admin, admin
 	classKeys                   // bearer: admin; tenant-admin for its own tenant
 	classTenants                // bearer: admin
-	classAgent                  // the execution's agent (signed)
+	classAgent                  // the execution's agent (signed), or a session's holder (bearer)
 	classExecRead               // any bearer of the execution's tenant, or the execution's agent
 )
 
@@ -198,6 +199,10 @@ func (s *Server) routes() *mux.Router {
 		{"GET", "/v0/executions/{id}/events", classExecRead, s.listEvents, routeOpts{}},
 		{"GET", "/v0/executions/{id}/stream", classRead, s.stream, routeOpts{}},
 		{"POST", "/v0/executions/{id}/cancel", classClient, s.cancelExecution, routeOpts{}},
+		{"POST", "/v0/sessions", classClient, s.beginSession, routeOpts{}},
+		{"POST", "/v0/executions/{id}/attach", classClient, s.attachSession, routeOpts{}},
+		{"POST", "/v0/executions/{id}/detach", classAgent, s.detachSession, mutation},
+		{"POST", "/v0/executions/{id}/probe", classAgent, s.probeStep, routeOpts{}},
 
 		{"POST", "/v0/executions/{id}/steps", classAgent, s.submitStep, mutation},
 		{"GET", "/v0/executions/{id}/steps", classExecRead, s.listSteps, routeOpts{}},
@@ -205,6 +210,7 @@ func (s *Server) routes() *mux.Router {
 		{"POST", "/v0/executions/{id}/steps/{step_id}/complete", classAgent, s.completeStep, mutation},
 		{"POST", "/v0/executions/{id}/steps/{step_id}/fail", classAgent, s.failStep, mutation},
 		{"POST", "/v0/executions/{id}/steps/{step_id}/stream", classAgent, s.streamDelta, mutation},
+		{"POST", "/v0/executions/{id}/steps/{step_id}/reconcile", classAgent, s.reconcileStep, mutation},
 		{"POST", "/v0/executions/{id}/heartbeat", classAgent, s.heartbeatExecution, mutation},
 		{"POST", "/v0/executions/{id}/complete", classAgent, s.completeExecution, mutation},
 		{"POST", "/v0/executions/{id}/fail", classAgent, s.failExecution, mutation},
@@ -225,6 +231,8 @@ func (s *Server) routes() *mux.Router {
 		{"GET", "/v0/approvals/{approval_id}", classApprovals, s.getApproval, routeOpts{}},
 		{"POST", "/v0/approvals/{approval_id}/grant", classApprovals, s.grantApproval, routeOpts{}},
 		{"POST", "/v0/approvals/{approval_id}/deny", classApprovals, s.denyApproval, routeOpts{}},
+		{"POST", "/v0/approvals/{approval_id}/retry", classApprovals, s.retryApproval, routeOpts{}},
+		{"POST", "/v0/approvals/{approval_id}/happened", classApprovals, s.happenedApproval, routeOpts{}},
 
 		{"POST", "/v0/tenants", classTenants, s.createTenant, routeOpts{}},
 		{"GET", "/v0/tenants", classTenants, s.listTenants, routeOpts{}},
@@ -320,6 +328,13 @@ func (s *Server) admit(c *call, cl class, o routeOpts) error {
 	}
 	if err := s.authorize(c, cl); err != nil {
 		return err
+	}
+	if cl == classAgent && c.p.bearer() {
+		// A session's holder: only the key holding the lease, of the
+		// execution's tenant, gets its body read.
+		if err := s.k.CheckHolder(c.ctx, c.tenant, c.vars("id"), c.p.KeyID); err != nil {
+			return err
+		}
 	}
 	if !agent {
 		limit := s.cfg.MaxBodyBytes

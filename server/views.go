@@ -94,7 +94,12 @@ func decisionView(d *kernel.StepDecision) wire.StepDecision {
 }
 
 func agentView(a *kernel.Agent) wire.Agent {
-	return wire.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Bundle: a.Bundle, Signing: a.SigningScheme(), CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
+	oi := a.OnInterrupted
+	if oi == "" {
+		oi = kernel.OnInterruptedIndeterminate
+	}
+	return wire.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Bundle: a.Bundle, Signing: a.SigningScheme(),
+		OnInterrupted: oi, GateOnly: a.GateOnly(), CreatedAt: a.CreatedAt, UpdatedAt: a.UpdatedAt}
 }
 
 func bundleView(b *kernel.BundleRecord) wire.Bundle {
@@ -109,11 +114,26 @@ func bundleView(b *kernel.BundleRecord) wire.Bundle {
 func approvalView(a *kernel.Approval) wire.Approval {
 	return wire.Approval{
 		ID: a.ID, Tenant: a.Tenant, ExecutionID: a.ExecutionID, AgentID: a.AgentID, StepID: a.StepID, Kind: a.Kind,
-		Target: a.Target, Args: a.Args, RequestHash: a.RequestHash, Status: string(a.Status), Approvers: a.Approvers,
+		Target: a.Target, Args: a.Args, Type: approvalType(a), RequestHash: a.RequestHash, Status: string(a.Status), Result: a.Result, Approvers: a.Approvers,
 		Message: a.Message, Reason: a.Reason, RuleID: a.RuleID, ExpiresAt: a.ExpiresAt, DecidedBy: a.DecidedBy,
 		DecidedByKey: a.DecidedByKey, DecidedByPrincipal: a.DecidedByPrincipal,
 		Rationale: a.Rationale, CreatedAt: a.CreatedAt, DecidedAt: a.DecidedAt,
 	}
+}
+
+// approvalType is an approval's type as the API shows it (stored empty for
+// a policy's approval).
+func approvalType(a *kernel.Approval) string {
+	if a.Type == "" {
+		return kernel.ApprovalPolicy
+	}
+	return a.Type
+}
+
+// sessionView is an execution with the lease its caller now holds.
+func sessionView(e *kernel.Execution) wire.Session {
+	return wire.Session{Execution: executionView(e), DispatchID: e.Lease.DispatchID, DispatchAttempt: e.Lease.Attempt,
+		LeaseUntil: e.Dispatch.LeaseUntil.UTC()}
 }
 
 func tenantView(t *kernel.Tenant) wire.Tenant {

@@ -277,7 +277,7 @@ func execCommand(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return usageError{"usage: wicket " + execUsage}
 }
 
-const agentUsage = "agent ls | get ID | rm ID | put ID --webhook-url URL --secret S [--bundle B] [--signing v1|body] (--bundle '' unbinds)"
+const agentUsage = "agent ls | get ID | rm ID | put ID [--webhook-url URL] --secret S [--bundle B] [--signing v1|body] [--on-interrupted indeterminate|approval] (--bundle '' unbinds; no webhook: gate-only, driven by sessions)"
 
 func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, agentUsage)
@@ -314,6 +314,7 @@ func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		secret := fs.String("secret", os.Getenv("WICKET_AGENT_SECRET"), "HMAC secret (WICKET_AGENT_SECRET)")
 		bundle := fs.String("bundle", "", "bundle to bind ('' unbinds; omitted keeps the binding)")
 		signing := fs.String("signing", "", "signature scheme: v1 or body (omitted: v1 for a new agent, unchanged for an existing one)")
+		interrupted := fs.String("on-interrupted", "", "an at_most_once step found in flight: indeterminate (fail it) or approval (ask an operator); omitted keeps it")
 		pos, err := parseArgs(fs, rest, 1, agentUsage)
 		if err != nil {
 			return err
@@ -322,13 +323,16 @@ func agentCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if flagSet(fs, "bundle") {
 			req.Policy = bundle
 		}
+		if flagSet(fs, "on-interrupted") {
+			req.OnInterrupted = interrupted
+		}
 		a, err := o.client().PutAgent(ctx, req)
 		return printAnswer(stdout, a, err)
 	}
 	return usageError{"usage: wicket " + agentUsage}
 }
 
-const approvalUsage = "approval ls [--status S] | get ID | grant ID [--rationale R] [--request-hash H] [--by NAME] | deny ID [--rationale R] [--request-hash H] [--by NAME]"
+const approvalUsage = "approval ls [--status S] | get ID | grant|deny ID [--rationale R] [--request-hash H] [--by NAME] | retry ID | happened ID --result JSON (retry and happened answer an interrupted_side_effect approval)"
 
 func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	sub, rest, err := subcommand(args, approvalUsage)
@@ -340,7 +344,7 @@ func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	o := clientFlags(fs)
 	switch sub {
 	case "ls":
-		status := fs.String("status", "", "pending, granted, denied or expired")
+		status := fs.String("status", "", "pending, granted, denied, expired or happened")
 		if _, err := parseArgs(fs, rest, 0, approvalUsage); err != nil {
 			return err
 		}
@@ -353,20 +357,28 @@ func approvalCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		}
 		a, err := o.client().Approval(ctx, pos[0])
 		return printAnswer(stdout, a, err)
-	case "grant", "deny":
+	case "grant", "deny", "retry", "happened":
 		by := fs.String("by", "", "admin keys only: the person the decision is made for (otherwise the key's principal decides)")
 		rationale := fs.String("rationale", "", "why")
 		hash := fs.String("request-hash", "", "the request hash the approver saw")
+		result := fs.String("result", "", "happened: the effect's result, as JSON (recorded as the step's result)")
 		pos, err := parseArgs(fs, rest, 1, approvalUsage)
 		if err != nil {
 			return err
 		}
-		c := o.client()
-		resolve := c.Deny
-		if sub == "grant" {
-			resolve = c.Grant
+		req := wire.ResolveApprovalRequest{DecidedBy: *by, Rationale: *rationale, RequestHash: *hash}
+		if sub == "happened" {
+			if !json.Valid([]byte(*result)) {
+				return usageError{"happened needs --result with the effect's result as JSON (e.g. '\"sent\"' or '{\"id\": 7}')"}
+			}
+			req.Result = json.RawMessage(*result)
+		} else if *result != "" {
+			return usageError{"--result goes with happened only"}
 		}
-		a, err := resolve(ctx, pos[0], wire.ResolveApprovalRequest{DecidedBy: *by, Rationale: *rationale, RequestHash: *hash})
+		c := o.client()
+		resolve := map[string]func(context.Context, string, wire.ResolveApprovalRequest) (*wire.Approval, error){
+			"grant": c.Grant, "deny": c.Deny, "retry": c.Retry, "happened": c.Happened}[sub]
+		a, err := resolve(ctx, pos[0], req)
 		return printAnswer(stdout, a, err)
 	}
 	return usageError{"usage: wicket " + approvalUsage}

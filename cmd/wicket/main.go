@@ -50,9 +50,10 @@ commands:
   bench     measure steps/s over HTTP against an in-process kernel
   exec      ls | create | get | events | watch | cancel executions
   agent     ls | get | put | rm agents
-  approval  ls | get | grant | deny approvals
+  approval  ls | get | grant | deny | retry | happened approvals
   tenant    ls | create tenants; key create | ls | rm
   store     copy a store (embedded directory ↔ PostgreSQL), verified
+  mcp-proxy an MCP server whose tool calls go through a Wicket session
   version   print the version
 `
 
@@ -79,6 +80,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return tenantCommand(ctx, args[1:], stdout, stderr)
 	case "store":
 		return storeCommand(ctx, args[1:], stdout, stderr)
+	case "mcp-proxy":
+		return mcpProxyCommand(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintf(stdout, "wicket %s\n", version)
 		return nil

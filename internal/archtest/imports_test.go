@@ -19,6 +19,9 @@ var owners = map[string][]string{
 	"github.com/tetratelabs/wazero":    {module + "/plugins/wasm"},
 	"github.com/gorilla/mux":           {module + "/server"},
 	"github.com/jackc/pgx":             {module + "/store/postgres"},
+	// The MCP Go SDK: wicket mcp-proxy (its tests build MCP clients and
+	// servers with it too; test files are not checked).
+	"github.com/modelcontextprotocol/go-sdk": {module + "/internal/mcpproxy"},
 }
 
 func TestImportRules(t *testing.T) {

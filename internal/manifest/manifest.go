@@ -124,6 +124,9 @@ type Agent struct {
 	// Signing is "v1" or "body"; empty keeps the scheme of an agent
 	// already stored and gives a new agent "v1".
 	Signing string `yaml:"signing"`
+	// OnInterrupted is "indeterminate" (the default) or "approval": what an
+	// at_most_once step of the agent found in flight becomes.
+	OnInterrupted string `yaml:"on_interrupted"`
 }
 
 // Load reads and validates a manifest file, expanding ${ENV} references
@@ -258,6 +261,11 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 		default:
 			return nil, fmt.Errorf("%s: signing %q is invalid (want %s or %s)", where, a.Signing, kernel.SigningV1, kernel.SigningBody)
 		}
+		switch a.OnInterrupted {
+		case "", kernel.OnInterruptedIndeterminate, kernel.OnInterruptedApproval:
+		default:
+			return nil, fmt.Errorf("%s: on_interrupted %q is invalid (want %s or %s)", where, a.OnInterrupted, kernel.OnInterruptedIndeterminate, kernel.OnInterruptedApproval)
+		}
 	}
 	return &m, nil
 }
@@ -301,7 +309,8 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 		}
 	}
 	for _, a := range m.Agents {
-		ag := kernel.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Secret: a.Secret, Bundle: a.Bundle, Signing: a.Signing}
+		ag := kernel.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Secret: a.Secret, Bundle: a.Bundle, Signing: a.Signing,
+			OnInterrupted: a.OnInterrupted}
 		if a.Policy != "" || a.PolicyFile != "" {
 			ag.Bundle = kernel.AgentPolicyBundle(a.ID)
 		}

@@ -272,6 +272,7 @@ agents:
   - {id: fresh, webhook_url: "http://127.0.0.1:9/hook", secret: s3cret-0123456789}
   - {id: seeds, webhook_url: "http://127.0.0.1:9/hook", secret: s3cret-0123456789, signing: body}
   - {id: upgraded, webhook_url: "http://127.0.0.1:9/hook", secret: s3cret-0123456789, signing: v1}
+  - {id: desk, secret: s3cret-0123456789, on_interrupted: approval}
 `
 	m, err := manifest.Parse([]byte(src), env(nil))
 	if err != nil {
@@ -281,6 +282,12 @@ agents:
 		if err := m.Apply(ctx, e.Kernel); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if a, err := e.Kernel.Agent(ctx, "default", "desk"); err != nil || !a.GateOnly() || a.OnInterrupted != kernel.OnInterruptedApproval {
+		t.Fatalf("gate-only agent with on_interrupted: %+v %v", a, err)
+	}
+	if _, err := manifest.Parse([]byte("agents:\n  - {id: x, secret: s3cret-0123456789, on_interrupted: sometimes}\n"), env(nil)); err == nil || !strings.Contains(err.Error(), "on_interrupted") {
+		t.Fatalf("a bad on_interrupted: %v", err)
 	}
 	for id, want := range map[string]string{"legacy": "body", "fresh": "v1", "seeds": "body", "upgraded": "v1"} {
 		a, err := e.Kernel.Agent(ctx, "default", id)

@@ -121,6 +121,7 @@ func fullExecution(tenant, id string) *kernel.Execution {
 	e.Lease = kernel.Lease{DispatchID: "d-1", Attempt: 2}
 	e.Dispatch = kernel.DispatchState{ID: "d-1", Attempt: 2, State: kernel.DispatchAcked, LeaseUntil: at(90 * time.Second), Failures: 1}
 	e.BlockedOn = "ap-1"
+	e.Holder = &kernel.Holder{KeyID: "key_7", Principal: "ide-bot"}
 	return e
 }
 
@@ -355,7 +356,7 @@ func testSteps(t *testing.T, s kernel.Store) {
 			ID: id, ExecutionID: e.ID, Tenant: "t", Kind: "tool_call", Target: "web.search",
 			Args: json.RawMessage(`{"q":"` + id + `"}`), ArgsHash: strings.Repeat("a", 64), Idempotency: kernel.SafeToRetry,
 			Effect: "read_only", Status: kernel.StepExecuting, Lease: kernel.Lease{DispatchID: "d", Attempt: 1},
-			Seq: seq, CreatedAt: at(time.Duration(seq) * time.Second),
+			Seq: seq, CreatedAt: at(time.Duration(seq) * time.Second), OnInterrupted: kernel.OnInterruptedApproval,
 		}
 	}
 	// Inserted out of Seq order, and ids not in Seq order either.
@@ -567,6 +568,7 @@ func testAgents(t *testing.T, s kernel.Store) {
 	moved := mk("b", "http://127.0.0.1:5002/b")
 	moved.UpdatedAt = at(time.Second)
 	moved.Signing = kernel.SigningBody
+	moved.OnInterrupted = kernel.OnInterruptedApproval
 	update(t, s, func(tx kernel.Tx) error {
 		if err := tx.PutAgent(moved); err != nil {
 			return fmt.Errorf("PutAgent: %w", err)
@@ -605,6 +607,7 @@ func testApprovals(t *testing.T, s kernel.Store) {
 	decided := at(time.Minute)
 	a2.DecidedBy, a2.Rationale, a2.DecidedAt = "alice", "ok", &decided
 	a2.DecidedByKey, a2.DecidedByPrincipal = "key_1", "admin"
+	a2.Type, a2.Status, a2.Result = kernel.ApprovalInterrupted, kernel.ApprovalHappened, json.RawMessage(`{"sent":true}`)
 	a3 := approval("t", "ap-0", 2*time.Second, kernel.ApprovalPending, time.Hour) // newest, smallest id
 	update(t, s, func(tx kernel.Tx) error {
 		for _, a := range []*kernel.Approval{a1, a2, a3} {
@@ -626,7 +629,8 @@ func testApprovals(t *testing.T, s kernel.Store) {
 		}{
 			{"", []*kernel.Approval{a3, a2, a1}},
 			{kernel.ApprovalPending, []*kernel.Approval{a3, a1}},
-			{kernel.ApprovalGranted, []*kernel.Approval{a2}},
+			{kernel.ApprovalHappened, []*kernel.Approval{a2}},
+			{kernel.ApprovalGranted, nil},
 			{kernel.ApprovalDenied, nil},
 		}
 		for _, c := range cases {

@@ -61,6 +61,7 @@ type manifestFile struct {
 	Entrypoint    string          `yaml:"entrypoint"`
 	ABI           string          `yaml:"abi"`
 	DefaultAction string          `yaml:"default_action"`
+	OnInterrupted string          `yaml:"on_interrupted"`
 	RateLimits    []rateLimitFile `yaml:"rate_limits"`
 	Sandbox       Sandbox         `yaml:"sandbox"`
 }
@@ -110,6 +111,7 @@ func ParseManifest(src []byte) (Manifest, error) {
 		Entrypoint:    f.Entrypoint,
 		ABI:           f.ABI,
 		DefaultAction: policy.Action(f.DefaultAction),
+		OnInterrupted: f.OnInterrupted,
 		Sandbox:       f.Sandbox,
 	}
 	if m.Name != "" && !ValidName(m.Name) {
@@ -142,6 +144,11 @@ func ParseManifest(src []byte) (Manifest, error) {
 	case "", policy.Allow, policy.Deny:
 	default:
 		return m, mf("default_action", fmt.Errorf("must be allow or deny, got %q", m.DefaultAction))
+	}
+	switch m.OnInterrupted {
+	case "", OnInterruptedIndeterminate, OnInterruptedApproval:
+	default:
+		return m, mf("on_interrupted", fmt.Errorf("must be %s or %s, got %q", OnInterruptedIndeterminate, OnInterruptedApproval, m.OnInterrupted))
 	}
 
 	ids := make(map[string]int, len(f.RateLimits))

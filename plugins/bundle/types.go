@@ -37,11 +37,24 @@ type Manifest struct {
 	// DefaultAction applies when no rule matched: allow or deny (default deny).
 	// For the rules engine, rules.yaml's own default_action is used when this is empty.
 	DefaultAction policy.Action `yaml:"default_action,omitempty" json:"default_action,omitempty"`
+	// OnInterrupted is what an at_most_once step this bundle allowed
+	// becomes when it is found in flight by a later attempt:
+	// OnInterruptedIndeterminate (empty: the default, the step fails
+	// "indeterminate") or OnInterruptedApproval (an
+	// interrupted_side_effect approval). The stricter of the agent's and
+	// the evaluated bundles' settings applies.
+	OnInterrupted string `yaml:"on_interrupted,omitempty" json:"on_interrupted,omitempty"`
 	// RateLimits declared by the manifest apply to matching steps whatever the engine answered.
 	RateLimits []ManifestRateLimit `yaml:"rate_limits,omitempty" json:"rate_limits,omitempty"`
 	// Sandbox limits for wasm bundles.
 	Sandbox Sandbox `yaml:"sandbox,omitempty" json:"sandbox,omitempty"`
 }
+
+// Values of Manifest.OnInterrupted.
+const (
+	OnInterruptedIndeterminate = "indeterminate"
+	OnInterruptedApproval      = "approval"
+)
 
 // ManifestRateLimit is a rate limit declared in bundle.yaml.
 type ManifestRateLimit struct {

@@ -332,3 +332,59 @@ func (o *op) holds(raw []byte) bool {
 	}
 	return false
 }
+
+// DeniesOutright reports whether the rule set denies (or aborts) a step
+// like in whatever its arguments: the first rule that could match it,
+// looking at everything but the arguments, denies with no condition on
+// them, or every rule that could match denies and nothing else would
+// (def, the default action when no rule matches; "" for a bundle whose
+// default does not apply, a guard). A rule with argument conditions that
+// does not deny makes the answer false: some arguments may reach it. It
+// is what `wicket mcp-proxy --hide-denied` asks.
+func (rs *RuleSet) DeniesOutright(in *policy.Input, def policy.Action) bool {
+	km, em := kindBit(in.Step.Kind), effectBit(in.Step.Effect)
+	for _, r := range rs.rules {
+		if !r.matchStatic(in, km, em) {
+			continue
+		}
+		denies := r.decision.Decision.Rank() >= policy.Deny.Rank()
+		if !denies {
+			return false
+		}
+		if len(r.args) == 0 {
+			return true
+		}
+	}
+	if def == "" {
+		return false
+	}
+	return policy.ApplyDefault(nil, def, in.Step.Kind).Decision.Rank() >= policy.Deny.Rank()
+}
+
+// DeniesOutright implements the host's static check (see
+// [RuleSet.DeniesOutright]).
+func (e *evaluator) DeniesOutright(in *policy.Input, def policy.Action) bool {
+	return e.rs.DeniesOutright(in, def)
+}
+
+// matchStatic is match without the argument predicates.
+func (r *rule) matchStatic(in *policy.Input, km, em uint8) bool {
+	if r.kinds != 0 && r.kinds&km == 0 {
+		return false
+	}
+	if r.effects != 0 && r.effects&em == 0 {
+		return false
+	}
+	if r.agents != nil && !containsString(r.agents, in.AgentID) {
+		return false
+	}
+	if r.targets != nil {
+		for _, g := range r.targets {
+			if g.Match(in.Step.Target) {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}

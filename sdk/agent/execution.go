@@ -197,7 +197,13 @@ func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wi
 	if err := e.mutateWith(ctx, "submit step", "/steps", header, req, &d); err != nil {
 		return nil, err
 	}
-	if o != nil && d.StepID != "" { // the kernel counted this submission
+	switch {
+	case o == nil || d.StepID == "":
+	case d.Decision == wire.DecisionBlocked:
+		// A blocked answer consumes no occurrence: proposed again under
+		// this lease (a session after Wait), the step keeps its id.
+		o.next = d.Occurrence
+	default: // the kernel counted this submission
 		o.next = d.Occurrence + 1
 	}
 	return &d, nil

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"runtime/debug"
 	"time"
 
@@ -44,6 +45,38 @@ type StepOptions struct {
 	Idempotency string
 	// Effect is the declared side-effect class; empty means undeclared.
 	Effect string
+	// Reconcile, when set, is asked what became of the step should the
+	// kernel find it interrupted (an at_most_once step in flight when an
+	// earlier attempt ended): see Reconciliation. Without it the
+	// agent's on_interrupted applies (the step replays as an
+	// indeterminate *ToolError, or waits for an operator's approval).
+	Reconcile func(ctx context.Context, stepID string) (Reconciliation, error)
+}
+
+// Outcomes of a Reconciliation.
+const (
+	// ReconcileContinue: the effect did not happen; run the body again.
+	ReconcileContinue = wire.ReconcileContinue
+	// ReconcileCompleted: the effect happened; Result is its result.
+	ReconcileCompleted = wire.ReconcileCompleted
+	// ReconcileConflict: the outcome cannot be reconciled; the execution
+	// fails with reason reconcile_conflict and Detail.
+	ReconcileConflict = wire.ReconcileConflict
+	// ReconcileApproval: the code cannot tell; an operator answers an
+	// interrupted_side_effect approval (the call returns *Blocked).
+	ReconcileApproval = wire.ReconcileApproval
+)
+
+// Reconciliation is what a Reconcile function says became of an
+// interrupted step; the kernel records it as step.reconciled.
+type Reconciliation struct {
+	// Outcome is ReconcileContinue, ReconcileCompleted, ReconcileConflict
+	// or ReconcileApproval.
+	Outcome string
+	// Result is the effect's result (JSON), with ReconcileCompleted.
+	Result json.RawMessage
+	// Detail says why; with ReconcileConflict, the execution's error.
+	Detail string
 }
 
 // Body is the work of a step: it runs only on proceed, and its result (any
@@ -66,9 +99,15 @@ func Invoke(ctx context.Context, kind, target string, args any, opts StepOptions
 	if err != nil {
 		return nil, &ArgsError{Target: target, Err: err}
 	}
-	d, err := ex.Submit(ctx, wire.StepSubmitRequest{Kind: kind, Target: target, Args: raw, Idempotency: opts.Idempotency, Effect: opts.Effect})
+	d, err := ex.Submit(ctx, wire.StepSubmitRequest{Kind: kind, Target: target, Args: raw, Idempotency: opts.Idempotency,
+		Effect: opts.Effect, Reconcile: opts.Reconcile != nil})
 	if err != nil {
 		return nil, err
+	}
+	if d.Decision == wire.DecisionInterrupted && opts.Reconcile != nil {
+		if d, err = ex.reconcile(ctx, d.StepID, target, opts.Reconcile); err != nil {
+			return nil, err
+		}
 	}
 	switch d.Decision {
 	case wire.DecisionProceed:
@@ -111,6 +150,22 @@ func withStepID(ctx context.Context, id string) context.Context {
 func StepID(ctx context.Context) (string, bool) {
 	id, ok := ctx.Value(stepKey{}).(string)
 	return id, ok && id != ""
+}
+
+// reconcile asks fn what became of an interrupted step and records the
+// answer; the kernel answers like a submission (proceed, replay,
+// execution_terminal, blocked).
+func (e *Execution) reconcile(ctx context.Context, stepID, target string, fn func(context.Context, string) (Reconciliation, error)) (*wire.StepDecision, error) {
+	rc, err := fn(withStepID(ctx, stepID), stepID)
+	if err != nil {
+		return nil, fmt.Errorf("agent: reconcile step %s (%s): %w", short(stepID), target, err)
+	}
+	var d wire.StepDecision
+	if err := e.mutate(ctx, "reconcile step", "/steps/"+url.PathEscape(stepID)+"/reconcile",
+		wire.ReconcileRequest{Outcome: rc.Outcome, Result: rc.Result, Detail: rc.Detail}, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
 }
 
 // refused maps a decision other than proceed and replay to its error,
@@ -186,8 +241,9 @@ type Tool[In, Out any] struct {
 	// Name is the step target (the tool id policy sees).
 	Name string
 	// Options are the tool's idempotency and effect class.
-	Options StepOptions
-	fn      func(context.Context, In) (Out, error)
+	Options   StepOptions
+	fn        func(context.Context, In) (Out, error)
+	reconcile func(context.Context, In) (Reconciled[Out], error)
 }
 
 // ToolOption configures a Tool.
@@ -210,6 +266,29 @@ func NewTool[In, Out any](name string, fn func(ctx context.Context, in In) (Out,
 	return t
 }
 
+// Reconciled is a typed tool's Reconciliation: Result is its Out.
+type Reconciled[Out any] struct {
+	// Outcome is ReconcileContinue, ReconcileCompleted, ReconcileConflict
+	// or ReconcileApproval.
+	Outcome string
+	// Result is the effect's result, with ReconcileCompleted.
+	Result Out
+	// Detail says why; with ReconcileConflict, the execution's error.
+	Detail string
+}
+
+// WithReconcile gives the tool a reconciliation: when the kernel finds a
+// call of it interrupted (in flight when an earlier attempt ended, so the
+// effect may or may not have happened), fn is called with the call's
+// input (and the step id in ctx, see StepID) and says what happened: run
+// it again, it completed with this result, or it cannot be reconciled. The
+// kernel records the answer (step.reconciled) without an operator. It
+// returns t.
+func (t *Tool[In, Out]) WithReconcile(fn func(ctx context.Context, in In) (Reconciled[Out], error)) *Tool[In, Out] {
+	t.reconcile = fn
+	return t
+}
+
 // Call runs the tool as a step of the execution in ctx: the body's result
 // on proceed, the recorded result on replay. Errors are *ToolError (the
 // body failed, now or on record), *PolicyError, *RateLimited, *Blocked,
@@ -217,7 +296,23 @@ func NewTool[In, Out any](name string, fn func(ctx context.Context, in In) (Out,
 // ErrNoExecution.
 func (t *Tool[In, Out]) Call(ctx context.Context, in In) (Out, error) {
 	var out Out
-	raw, err := Invoke(ctx, KindToolCall, t.Name, in, t.Options, func(ctx context.Context) (json.RawMessage, *wire.Usage, error) {
+	opts := t.Options
+	if t.reconcile != nil {
+		opts.Reconcile = func(ctx context.Context, _ string) (Reconciliation, error) {
+			r, err := t.reconcile(ctx, in)
+			if err != nil {
+				return Reconciliation{}, err
+			}
+			rc := Reconciliation{Outcome: r.Outcome, Detail: r.Detail}
+			if r.Outcome == ReconcileCompleted {
+				if rc.Result, err = json.Marshal(r.Result); err != nil {
+					return Reconciliation{}, fmt.Errorf("encode reconciled result: %w", err)
+				}
+			}
+			return rc, nil
+		}
+	}
+	raw, err := Invoke(ctx, KindToolCall, t.Name, in, opts, func(ctx context.Context) (json.RawMessage, *wire.Usage, error) {
 		v, err := t.fn(ctx, in)
 		if err != nil {
 			return nil, nil, err

@@ -54,6 +54,21 @@ func (c *Client) Deny(ctx context.Context, id string, req ResolveApprovalRequest
 	return c.resolve(ctx, id, "deny", req)
 }
 
+// Retry answers an interrupted_side_effect approval: the effect did not
+// happen (or may run again); the step proceeds again when next proposed.
+// The rules of Grant apply; on a policy's approval it is 409.
+func (c *Client) Retry(ctx context.Context, id string, req ResolveApprovalRequest) (*Approval, error) {
+	return c.resolve(ctx, id, "retry", req)
+}
+
+// Happened answers an interrupted_side_effect approval: the effect
+// happened, and req.Result (any JSON) is recorded as the step's result,
+// which its replay returns. The rules of Grant apply; on a policy's
+// approval it is 409.
+func (c *Client) Happened(ctx context.Context, id string, req ResolveApprovalRequest) (*Approval, error) {
+	return c.resolve(ctx, id, "happened", req)
+}
+
 func (c *Client) resolve(ctx context.Context, id, verb string, req ResolveApprovalRequest) (*Approval, error) {
 	var a Approval
 	if err := c.Do(ctx, http.MethodPost, "/v0/approvals/"+seg(id)+"/"+verb, nil, req, &a); err != nil {

@@ -149,6 +149,30 @@ func (c *Client) Cancel(ctx context.Context, id string) error {
 	return c.Do(ctx, http.MethodPost, "/v0/executions/"+seg(id)+"/cancel", nil, nil, nil)
 }
 
+// BeginSession begins a session: an execution of req.AgentID that no
+// webhook drives, held by this client's key (client, tenant-admin or admin)
+// for its own loop. The answer carries the lease; sdk/agent's Session
+// wraps it. The agent may be gate-only (registered without webhook_url).
+func (c *Client) BeginSession(ctx context.Context, req SessionRequest) (*Session, error) {
+	var s Session
+	if err := c.Do(ctx, http.MethodPost, "/v0/sessions", nil, req, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// AttachSession takes the lease of a session whose holder is gone (its
+// lease expired or was given up): a new attempt, whose steps replay what
+// was recorded. While the lease is live the kernel answers 409
+// wire.CodeExecutionLeased, with details.lease_until.
+func (c *Client) AttachSession(ctx context.Context, id string) (*Session, error) {
+	var s Session
+	if err := c.Do(ctx, http.MethodPost, "/v0/executions/"+seg(id)+"/attach", nil, struct{}{}, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
 // Health checks that the kernel answers GET /v0/health.
 func (c *Client) Health(ctx context.Context) error {
 	return c.Do(ctx, http.MethodGet, "/v0/health", nil, nil, nil)

@@ -48,6 +48,11 @@ type (
 	CreatedKey = wire.CreatedKey
 	// Key is an API key as listed (never its secret).
 	Key = wire.Key
+	// SessionRequest is the body of BeginSession.
+	SessionRequest = wire.SessionRequest
+	// Session is an execution and the lease its holder holds (BeginSession,
+	// AttachSession).
+	Session = wire.Session
 )
 
 // Types of the events that end an execution's log. Nothing is appended

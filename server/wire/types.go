@@ -14,6 +14,30 @@ const (
 	DecisionBlocked           = "blocked"
 	DecisionExecutionBlocked  = "execution_blocked"
 	DecisionExecutionTerminal = "execution_terminal"
+	// DecisionInterrupted answers a submission that sent reconcile: true
+	// for a step found in flight: POST …/steps/{step_id}/reconcile says
+	// what happened.
+	DecisionInterrupted = "interrupted"
+)
+
+// Outcomes of a reconciliation (ReconcileRequest.Outcome).
+const (
+	ReconcileContinue  = "continue"
+	ReconcileCompleted = "completed"
+	ReconcileConflict  = "conflict"
+	ReconcileApproval  = "approval"
+)
+
+// What an interrupted at_most_once step becomes (AgentRequest.OnInterrupted).
+const (
+	OnInterruptedIndeterminate = "indeterminate"
+	OnInterruptedApproval      = "approval"
+)
+
+// Approval types (Approval.Type).
+const (
+	ApprovalPolicy      = "policy"
+	ApprovalInterrupted = "interrupted_side_effect"
 )
 
 // Owners of a stored bundle: stored with an admin key (a tenant-admin may
@@ -141,6 +165,58 @@ type StepSubmitRequest struct {
 	Idempotency string `json:"idempotency,omitempty"`
 	// Effect is read_only, local_mutation, remote_mutation, destructive or empty.
 	Effect string `json:"effect,omitempty"`
+	// Reconcile says the submitter can reconcile the step if it is found
+	// interrupted: it is then answered DecisionInterrupted.
+	Reconcile bool `json:"reconcile,omitempty"`
+}
+
+// ReconcileRequest is the body of POST …/steps/{step_id}/reconcile: what
+// became of an interrupted step. Outcome is ReconcileContinue (run it
+// again), ReconcileCompleted (it happened; Result is its result),
+// ReconcileConflict (the execution fails reconcile_conflict, Detail says
+// why) or ReconcileApproval (an operator decides).
+type ReconcileRequest struct {
+	Outcome string          `json:"outcome"`
+	Result  json.RawMessage `json:"result,omitempty"`
+	Detail  string          `json:"detail,omitempty"`
+}
+
+// StepProbeRequest is the body of POST /v0/executions/{id}/probe: a step
+// without its arguments.
+type StepProbeRequest struct {
+	Kind        string `json:"kind"`
+	Target      string `json:"target"`
+	Effect      string `json:"effect,omitempty"`
+	Idempotency string `json:"idempotency,omitempty"`
+}
+
+// StepProbe is the answer of a probe: whether policy denies the step
+// whatever its arguments (false when the policy cannot tell). Nothing is
+// recorded.
+type StepProbe struct {
+	DeniedOutright bool `json:"denied_outright"`
+}
+
+// SessionRequest is the body of POST /v0/sessions: an execution that the
+// calling API key's own loop drives (no webhook).
+type SessionRequest struct {
+	AgentID      string            `json:"agent_id"`
+	Input        json.RawMessage   `json:"input,omitempty"`
+	AgentVersion string            `json:"agent_version,omitempty"`
+	Labels       map[string]string `json:"labels,omitempty"`
+	Limits       *Limits           `json:"limits,omitempty"`
+	Deadline     *time.Time        `json:"deadline,omitempty"`
+}
+
+// Session is the answer of POST /v0/sessions and POST
+// /v0/executions/{id}/attach: the execution and the lease the caller now
+// holds. Send DispatchID and DispatchAttempt as HeaderDispatchID and
+// HeaderDispatchAttempt on every mutation, and heartbeat before LeaseUntil.
+type Session struct {
+	Execution       Execution `json:"execution"`
+	DispatchID      string    `json:"dispatch_id"`
+	DispatchAttempt int       `json:"dispatch_attempt"`
+	LeaseUntil      time.Time `json:"lease_until"`
 }
 
 // StepDecision is the answer of a step submission (HTTP 200 for every
@@ -281,6 +357,9 @@ type AgentRequest struct {
 	// Signing is SigningV1 or SigningBody; empty keeps an existing agent's
 	// scheme and gives a new agent SigningV1.
 	Signing string `json:"signing,omitempty"`
+	// OnInterrupted is OnInterruptedIndeterminate (the default) or
+	// OnInterruptedApproval; omitted keeps an existing agent's.
+	OnInterrupted *string `json:"on_interrupted,omitempty"`
 }
 
 // Agent is an agent as the API shows it: never with its secret.
@@ -290,7 +369,12 @@ type Agent struct {
 	WebhookURL string `json:"webhook_url"`
 	Bundle     string `json:"bundle,omitempty"`
 	// Signing is the agent's scheme: SigningV1 or SigningBody.
-	Signing   string    `json:"signing"`
+	Signing string `json:"signing"`
+	// OnInterrupted is what an at_most_once step found in flight becomes.
+	OnInterrupted string `json:"on_interrupted"`
+	// GateOnly is true for an agent without a webhook: its executions are
+	// sessions.
+	GateOnly  bool      `json:"gate_only,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
@@ -408,13 +492,18 @@ type Approval struct {
 	Kind        string          `json:"kind"`
 	Target      string          `json:"target"`
 	Args        json.RawMessage `json:"args"`
-	RequestHash string          `json:"request_hash"`
-	Status      string          `json:"status"`
-	Approvers   []string        `json:"approvers,omitempty"`
-	Message     string          `json:"message,omitempty"`
-	Reason      string          `json:"reason,omitempty"`
-	RuleID      string          `json:"rule_id,omitempty"`
-	ExpiresAt   time.Time       `json:"expires_at"`
+	// Type is ApprovalPolicy or ApprovalInterrupted.
+	Type        string `json:"type"`
+	RequestHash string `json:"request_hash"`
+	// Status is pending, granted, denied, expired or happened.
+	Status string `json:"status"`
+	// Result is the result given with "happened".
+	Result    json.RawMessage `json:"result,omitempty"`
+	Approvers []string        `json:"approvers,omitempty"`
+	Message   string          `json:"message,omitempty"`
+	Reason    string          `json:"reason,omitempty"`
+	RuleID    string          `json:"rule_id,omitempty"`
+	ExpiresAt time.Time       `json:"expires_at"`
 	// DecidedBy is who decided: the deciding key's principal, or the person
 	// an admin key decided for; DecidedByKey and DecidedByPrincipal are the
 	// key that decided and its principal.
@@ -431,8 +520,9 @@ type ApprovalList struct {
 	Approvals []Approval `json:"approvals"`
 }
 
-// ResolveApprovalRequest is the body of POST /v0/approvals/{id}/grant and
-// .../deny. The decider is the key's principal: DecidedBy may be left out;
+// ResolveApprovalRequest is the body of POST /v0/approvals/{id}/grant,
+// .../deny, and for an interrupted_side_effect approval .../retry (grant)
+// and .../happened (with Result, recorded as the step's result). The decider is the key's principal: DecidedBy may be left out;
 // naming anyone else is 403, except with an admin key, which decides for
 // the person it names (the record keeps both). RequestHash, when given, must
 // equal the approval's.
@@ -440,6 +530,8 @@ type ResolveApprovalRequest struct {
 	DecidedBy   string `json:"decided_by,omitempty"`
 	Rationale   string `json:"rationale,omitempty"`
 	RequestHash string `json:"request_hash,omitempty"`
+	// Result is the effect's result (happened only).
+	Result json.RawMessage `json:"result,omitempty"`
 }
 
 // ---- tenants ----

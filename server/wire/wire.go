@@ -69,6 +69,7 @@ const (
 	CodeConflict         = "conflict"           // 409
 	CodeLeaseSuperseded  = "lease_superseded"   // 409
 	CodeStepIDDivergence = "step_id_divergence" // 409
+	CodeExecutionLeased  = "execution_leased"   // 409: a session's lease is live
 	CodeTooLarge         = "too_large"          // 413
 	CodeRateLimited      = "rate_limited"       // 429
 	CodeInternal         = "internal"           // 500

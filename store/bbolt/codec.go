@@ -72,6 +72,9 @@ import (
 // Binary record format and kinds.
 const (
 	formatBinary1 byte = 0x01 // JSON records start with '{'
+	// formatBinary2 (schema 5) adds, at the end of the head, an
+	// execution's session holder and a step's on_interrupted.
+	formatBinary2 byte = 0x02
 
 	kindExecution  byte = 'E'
 	kindStep       byte = 'S'
@@ -221,12 +224,12 @@ func orNull(raw json.RawMessage) json.RawMessage {
 
 // header starts a record of kind whose blobs are blobs; size is a capacity
 // hint for the head.
-func header(kind byte, size int, blobs ...[]byte) []byte {
+func header(format, kind byte, size int, blobs ...[]byte) []byte {
 	for _, bl := range blobs {
 		size += len(bl) + binary.MaxVarintLen32
 	}
 	b := make([]byte, 0, size+2)
-	b = append(b, formatBinary1, kind)
+	b = append(b, format, kind)
 	for _, bl := range blobs {
 		b = appendUint(b, uint64(len(bl)))
 	}
@@ -244,7 +247,10 @@ func encodeExecution(e *kernel.Execution) []byte {
 	for k, v := range e.Labels {
 		size += len(k) + len(v) + 4
 	}
-	b := header(kindExecution, size, input, e.Output, e.Error)
+	if h := e.Holder; h != nil {
+		size += 2 + len(h.KeyID) + len(h.Principal)
+	}
+	b := header(formatBinary2, kindExecution, size, input, e.Output, e.Error)
 	// Index fields.
 	b = appendStr(b, e.ID)
 	b = appendStr(b, e.Tenant)
@@ -281,6 +287,12 @@ func encodeExecution(e *kernel.Execution) []byte {
 	b = appendInt(b, int64(e.Dispatch.Attempt))
 	b = appendInt(b, int64(e.Dispatch.Failures))
 	b = appendStr(b, e.BlockedOn)
+	// Format 2.
+	b = appendBool(b, e.Holder != nil)
+	if h := e.Holder; h != nil {
+		b = appendStr(b, h.KeyID)
+		b = appendStr(b, h.Principal)
+	}
 	b = append(b, input...)
 	b = append(b, e.Output...)
 	return append(b, e.Error...)
@@ -295,7 +307,8 @@ func encodeStep(s *kernel.Step) []byte {
 		size += 48 + len(d.Action) + len(d.Reason) + len(d.RuleID) + len(d.Bundle.Name) +
 			len(d.Bundle.Revision) + len(d.Bundle.Digest) + len(d.Bundle.Engine)
 	}
-	b := header(kindStep, size, args, s.Result, s.Error)
+	size += len(s.OnInterrupted)
+	b := header(formatBinary2, kindStep, size, args, s.Result, s.Error)
 	b = appendStr(b, s.ID)
 	b = appendStr(b, s.ExecutionID)
 	b = appendStr(b, s.Tenant)
@@ -330,6 +343,8 @@ func encodeStep(s *kernel.Step) []byte {
 	b = appendUint(b, s.Seq)
 	b = appendTime(b, s.CreatedAt)
 	b = appendOptTime(b, s.CompletedAt)
+	// Format 2.
+	b = appendStr(b, s.OnInterrupted)
 	b = append(b, args...)
 	b = append(b, s.Result...)
 	return append(b, s.Error...)
@@ -338,7 +353,7 @@ func encodeStep(s *kernel.Step) []byte {
 // encodeEvent returns the stored form of ev.
 func encodeEvent(ev *kernel.Event) []byte {
 	payload := orNull(ev.Payload)
-	b := header(kindEvent, 32+len(ev.ExecutionID)+len(ev.Type), payload)
+	b := header(formatBinary1, kindEvent, 32+len(ev.ExecutionID)+len(ev.Type), payload)
 	b = appendStr(b, ev.ExecutionID)
 	b = appendUint(b, ev.Seq)
 	b = appendStr(b, ev.Type)
@@ -348,7 +363,7 @@ func encodeEvent(ev *kernel.Event) []byte {
 
 // encodeOccurrence returns the stored form of o.
 func encodeOccurrence(o kernel.Occurrence) []byte {
-	b := header(kindOccurrence, 16+len(o.Lease.DispatchID))
+	b := header(formatBinary1, kindOccurrence, 16+len(o.Lease.DispatchID))
 	b = appendStr(b, o.Lease.DispatchID)
 	b = appendInt(b, int64(o.Lease.Attempt))
 	return appendInt(b, int64(o.Count))
@@ -359,11 +374,13 @@ func encodeOccurrence(o kernel.Occurrence) []byte {
 // reader reads a binary record. After the first error every read returns
 // a zero value; err reports it.
 type reader struct {
-	b   []byte // the record
-	s   string // b[:end] as a string: string fields are substrings of it
-	off int    // next byte to read
-	end int    // end of the head (start of the blobs)
-	err error
+	b []byte // the record
+	s string // b[:end] as a string: string fields are substrings of it
+	// format is the record's format byte (formatBinary1 or 2).
+	format byte
+	off    int // next byte to read
+	end    int // end of the head (start of the blobs)
+	err    error
 }
 
 // fail records an error at the current byte; nothing can be read after it.
@@ -380,7 +397,7 @@ func (r *reader) fail() {
 // fields (rawStr) can.
 func (r *reader) begin(b []byte, kind byte, lens []int, str bool) {
 	r.b = b
-	if len(b) < 2 || b[0] != formatBinary1 || b[1] != kind {
+	if len(b) < 2 || (b[0] != formatBinary1 && b[0] != formatBinary2) || b[1] != kind {
 		if len(b) > 0 && b[0] == '{' {
 			r.err = fmt.Errorf("%w: a JSON record (schema 1) where a binary one is expected", errMalformed)
 		} else {
@@ -388,6 +405,7 @@ func (r *reader) begin(b []byte, kind byte, lens []int, str bool) {
 		}
 		return
 	}
+	r.format = b[0]
 	r.off, r.end = 2, len(b)
 	total := 0
 	for i := range lens {
@@ -617,6 +635,9 @@ func decodeExecution(b []byte) (*kernel.Execution, error) {
 	e.Dispatch.Attempt = r.int()
 	e.Dispatch.Failures = r.int()
 	e.BlockedOn = r.str()
+	if r.format >= formatBinary2 && r.bool() {
+		e.Holder = &kernel.Holder{KeyID: r.str(), Principal: r.str()}
+	}
 	if err := r.finish(); err != nil {
 		return nil, malformed("execution", err)
 	}
@@ -688,6 +709,9 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 	s.Seq = r.uvarint()
 	s.CreatedAt = r.time()
 	s.CompletedAt = r.optTime()
+	if r.format >= formatBinary2 {
+		s.OnInterrupted = r.str()
+	}
 	if err := r.finish(); err != nil {
 		return nil, malformed("step", err)
 	}

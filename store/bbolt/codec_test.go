@@ -70,7 +70,7 @@ func roundTrip[T any](t *testing.T, v *T) *T {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(raw) < 2 || raw[0] != formatBinary1 {
+	if len(raw) < 2 || (raw[0] != formatBinary1 && raw[0] != formatBinary2) {
 		t.Fatalf("%T is not stored in binary: %q", v, raw)
 	}
 	got, err := decode[T](raw)

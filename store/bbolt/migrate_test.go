@@ -96,7 +96,7 @@ func TestMigrateV1File(t *testing.T) {
 			n := 0
 			err := tx.Bucket(b).ForEach(func(k, v []byte) error {
 				n++
-				if len(v) < 2 || v[0] != formatBinary1 {
+				if len(v) < 2 || (v[0] != formatBinary1 && v[0] != formatBinary2) {
 					return fmt.Errorf("bucket %s: key %q not binary: %q", b, k, v)
 				}
 				return nil

@@ -13,7 +13,7 @@ import (
 
 // SchemaVersion is the schema version this binary writes: the number of
 // migrations it knows.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // ErrNewerSchema is returned by Open for a file written by a newer binary.
 var ErrNewerSchema = errors.New("store schema is newer than this binary supports")
@@ -26,7 +26,15 @@ var migrations = []func(tx *bolt.Tx) error{
 	1: migrateBinaryRecords, // codec_v1.go
 	2: migrateAgentSigning,  // migrate_signing.go
 	3: migrateBundleOwners,
+	4: migrateSessions,
 }
+
+// migrateSessions (schema 5) changes nothing stored: executions and steps
+// are written in binary format 2 from now on (a session's holder, a step's
+// on_interrupted), and format 1 records read as before, with the new
+// fields zero. The version moves so that a schema 4 binary, which cannot
+// read format 2, refuses the file instead of misreading it.
+func migrateSessions(*bolt.Tx) error { return nil }
 
 // migrateBundleOwners gives every stored bundle an owner (schema 4): the
 // bundles a tenant names as its guards become the admin's, so that the

@@ -88,6 +88,24 @@ func main() {
 			return fmt.Sprintf("charged %d", cents), nil
 		}, agent.WithIdempotency(idem), agent.WithEffect(agent.RemoteMutation))
 	}
+	// reconciled is the charge with a Reconcile function: in a later life
+	// it is asked what became of the charge that was in flight, and
+	// answers the mode (completed with a result from "the ledger",
+	// continue, or conflict).
+	reconciled := func(mode string) *agent.Tool[int, string] {
+		return agent.NewTool("charge", func(ctx context.Context, cents int) (string, error) {
+			note("charge-start %d", cents)
+			if err := hang(ctx); err != nil {
+				return "", err
+			}
+			note("charge-done %d", cents)
+			return fmt.Sprintf("charged %d", cents), nil
+		}, agent.WithEffect(agent.RemoteMutation)).WithReconcile(func(ctx context.Context, cents int) (agent.Reconciled[string], error) {
+			sid, _ := agent.StepID(ctx)
+			note("reconcile %d %s %s", cents, mode, sid)
+			return agent.Reconciled[string]{Outcome: mode, Result: fmt.Sprintf("ledger says charged %d", cents), Detail: "the ledger and the provider disagree"}, nil
+		})
+	}
 	plan := agent.NewTool("plan", func(ctx context.Context, env string) (string, error) {
 		note("plan %s", env)
 		return "plan for " + env, nil
@@ -110,10 +128,19 @@ func main() {
 			if errors.As(err, &te) && te.Indeterminate() {
 				return map[string]any{"page": page, "charge": "indeterminate"}, nil
 			}
+			if errors.As(err, &te) && te.Code() == "interrupted" {
+				return map[string]any{"page": page, "charge": "interrupted: " + te.Message()}, nil
+			}
 			if err != nil {
 				return nil, err
 			}
 			return map[string]any{"page": page, "charge": res}, nil
+		case "reconcile":
+			res, err := reconciled(in.Mode).Call(ctx, 990)
+			if err != nil {
+				return nil, err
+			}
+			return map[string]any{"charge": res}, nil
 		case "approval":
 			p, err := plan.Call(ctx, "prod")
 			if err != nil {
