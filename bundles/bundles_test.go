@@ -412,7 +412,7 @@ func testInput(kind, target, effect string, canonicalArgs []byte, hash string) *
 // evaluation error or an invalid answer is a disagreement too.
 func disagreement(ctx context.Context, bs []*bundle.Bundle, evs []policy.Evaluator, in *policy.Input) string {
 	answers := make([]string, len(evs))
-	var first *policy.Decision
+	var first *policy.Answer
 	same := true
 	for i, ev := range evs {
 		d, err := ev.Evaluate(ctx, in)

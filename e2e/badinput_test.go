@@ -144,7 +144,7 @@ func TestBundlesSurviveRestart(t *testing.T) {
 	ctx := context.Background()
 	for effect, want := range map[string]string{"read_only": "allow", "destructive": "deny"} {
 		res, err := env2.Kernel.EvalPolicy(ctx, kernel.EvalRequest{Tenant: "default", AgentID: "kept", Kind: "tool_call", Target: "x", Effect: effect})
-		if err != nil || string(res.Decision) != want || res.Bundle.Name != kernel.AgentPolicyBundle("kept") {
+		if err != nil || string(res.Action) != want || res.Bundle.Name != kernel.AgentPolicyBundle("kept") {
 			t.Errorf("%s after restart: %+v %v, want %s from the agent's bundle", effect, res, err, want)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/rules"
+	"github.com/wicket-run/wicket/plugins/worker"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
@@ -127,10 +128,28 @@ func BenchmarkStepSubmitComplete(b *testing.B) {
 }
 
 // BenchmarkStepSubmitEngine is BenchmarkStepSubmitComplete with each
-// engine's form of the e2e decision policy in the path (10 executions).
+// engine's form of the e2e decision policy in the path (10 executions);
+// "rego-worker" is the Rego engine as serve runs it, in the tenant's worker
+// process.
 func BenchmarkStepSubmitEngine(b *testing.B) {
+	type benchCase struct {
+		name string
+		engineCase
+	}
+	var cases []benchCase
 	for _, ec := range policyEngines() {
-		b.Run(ec.engine, func(b *testing.B) {
+		cases = append(cases, benchCase{ec.engine, ec})
+		if ec.engine == "rego" {
+			w := ec
+			w.eng = func() plugins.Engine {
+				return worker.New(worker.Config{Name: "rego", Command: []string{wicketBinary(b), "policy-worker"}})
+			}
+			cases = append(cases, benchCase{"rego-worker", w})
+		}
+	}
+	for _, bc := range cases {
+		ec := bc.engineCase
+		b.Run(bc.name, func(b *testing.B) {
 			var archive []byte
 			if ec.archive != nil {
 				archive = ec.archive(b)

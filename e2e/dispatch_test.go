@@ -19,7 +19,7 @@ import (
 func eventTime(t *testing.T, evs []kernel.Event, typ string) time.Time {
 	t.Helper()
 	for _, ev := range evs {
-		if ev.Type == typ {
+		if string(ev.Type) == typ {
 			return ev.Time
 		}
 	}
@@ -49,12 +49,12 @@ func TestDispatchClaimedInTheQueueingCommit(t *testing.T) {
 		}
 	}
 	evs := mustCheckLog(t, env, first)
-	created := eventTime(t, evs, kernel.EvExecutionCreated)
-	if claimed := eventTime(t, evs, kernel.EvDispatchClaimed); !claimed.Equal(created) {
+	created := eventTime(t, evs, string(kernel.EvExecutionCreated))
+	if claimed := eventTime(t, evs, string(kernel.EvDispatchClaimed)); !claimed.Equal(created) {
 		t.Fatalf("first: claimed at %s, created at %s: want one transaction", claimed, created)
 	}
 	evs = mustCheckLog(t, env, second)
-	if claimed, created := eventTime(t, evs, kernel.EvDispatchClaimed), eventTime(t, evs, kernel.EvExecutionCreated); !claimed.After(created) {
+	if claimed, created := eventTime(t, evs, string(kernel.EvDispatchClaimed)), eventTime(t, evs, string(kernel.EvExecutionCreated)); !claimed.After(created) {
 		t.Fatalf("second: claimed at %s, created at %s: want the dispatcher's later claim", claimed, created)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -84,7 +84,7 @@ func TestNoClaimBeforeStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	k, err := kernel.New(st, webhook.New(), nil, kernel.Config{ReapInterval: 20 * time.Millisecond})
+	k, err := kernel.New(st, webhook.New(), nil, nil, kernel.Config{ReapInterval: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

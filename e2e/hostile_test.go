@@ -63,7 +63,11 @@ func TestHostileWasm(t *testing.T) {
 	defer agent.Close()
 	env.RegisterAgent(agent, "hostile")
 	id := env.CreateExecution("victim", nil)
-	want := []struct{ target, decision, reason string }{
+	want := []struct {
+		target   string
+		decision kernel.Decision
+		reason   string
+	}{
 		{"loop", "denied", "timed out after 1s"},
 		{"fine", "proceed", ""},
 		{"bomb", "denied", "memory"},

@@ -85,7 +85,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("same call twice: %+v / %+v", d0, d1)
 	}
 	evs := mustCheckLog(t, env, id)
-	for typ, want := range map[string]int{kernel.EvStepProposed: 4, kernel.EvStepAllowed: 4, kernel.EvStepExecuting: 4, kernel.EvStepSucceeded: 4,
+	for typ, want := range map[kernel.EventType]int{kernel.EvStepProposed: 4, kernel.EvStepAllowed: 4, kernel.EvStepExecuting: 4, kernel.EvStepSucceeded: 4,
 		kernel.EvExecutionStarted: 1, kernel.EvDispatchClaimed: 1, kernel.EvExecutionCompleted: 1} {
 		if got := testkit.Count(evs, typ); got != want {
 			t.Errorf("%s: %d events, want %d", typ, got, want)
@@ -494,11 +494,20 @@ func TestListPaging(t *testing.T) {
 // finishes under attempt 1 instead of being re-delivered.
 func TestLostAcknowledgement(t *testing.T) {
 	env := testkit.Start(t, testkit.Options{Config: fast()})
-	agent := testkit.NewAgent("late", secret, env.URL, func(ctx context.Context, r *testkit.Run) (any, error) {
+	var agent *testkit.Agent
+	agent = testkit.NewAgent("late", secret, env.URL, func(ctx context.Context, r *testkit.Run) (any, error) {
 		if _, err := r.Step(ctx, "tool_call", "work", nil, testkit.StepOpts{}, func() (any, error) { return 1, nil }); err != nil {
 			return nil, err
 		}
-		time.Sleep(300 * time.Millisecond) // past the dispatch timeout
+		// Gate: the late acknowledgement has been sent, long after the
+		// kernel's dispatch timeout gave up waiting for it.
+		for agent.Acks.Load() == 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
 		return r.Lease.Attempt, nil
 	})
 	agent.SlowAck = 400 * time.Millisecond // longer than the 200ms dispatch timeout

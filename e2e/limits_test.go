@@ -69,7 +69,7 @@ func TestExecutionLimits(t *testing.T) {
 			case errors.As(err, &se):
 				got = append(got, "failed")
 			case errors.As(err, &de):
-				got = append(got, de.Decision.Decision+":"+de.Decision.RuleID)
+				got = append(got, string(de.Decision.Decision)+":"+de.Decision.RuleID)
 			default:
 				return nil, err
 			}
@@ -94,7 +94,7 @@ func TestExecutionLimits(t *testing.T) {
 			var de *testkit.DecisionError
 			dec := "proceed"
 			if errors.As(err, &de) {
-				dec = de.Decision.Decision + ":" + de.Decision.RuleID
+				dec = string(de.Decision.Decision) + ":" + de.Decision.RuleID
 			} else if err != nil {
 				return nil, err
 			}

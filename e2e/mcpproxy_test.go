@@ -205,7 +205,7 @@ func TestMCPProxyProcess(t *testing.T) {
 	got := map[string]string{}
 	for _, s := range steps {
 		got[s.Target] = s.Status
-		if s.Decision == nil || s.Decision.RuleID == "" {
+		if s.Verdict == nil || s.Verdict.RuleID == "" {
 			t.Errorf("step %s has no decision", s.Target)
 		}
 	}

@@ -30,7 +30,7 @@ func waitEvent(t *testing.T, p *process, id, typ string) kernel.Event {
 			t.Fatal(err)
 		}
 		for _, ev := range evs {
-			if ev.Type == typ {
+			if string(ev.Type) == typ {
 				return ev
 			}
 		}
@@ -97,7 +97,7 @@ func TestWebhookAddressPolicy(t *testing.T) {
 	if _, err := registerAgent(p, "gone", "http://"+closedAddr+"/hook"); err != nil {
 		t.Fatal(err)
 	}
-	ev := waitEvent(t, p, createExecution(t, p, "gone"), kernel.EvDispatchFailed)
+	ev := waitEvent(t, p, createExecution(t, p, "gone"), string(kernel.EvDispatchFailed))
 	var payload map[string]any
 	if err := json.Unmarshal(ev.Payload, &payload); err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func TestWebhookAddressPolicy(t *testing.T) {
 	p = startServe(t, dir, addr, "--dispatch-max-attempts", "1",
 		"--webhook-deny-cidr", "127.0.0.2/32", "--webhook-allow-cidr", "169.254.10.0/24")
 	id := createExecution(t, p, "moved")
-	ev = waitEvent(t, p, id, kernel.EvDispatchFailed)
+	ev = waitEvent(t, p, id, string(kernel.EvDispatchFailed))
 	if err := json.Unmarshal(ev.Payload, &payload); err != nil {
 		t.Fatal(err)
 	}

@@ -208,7 +208,7 @@ func decideThroughKernel(t *testing.T, eng plugins.Engine, archive []byte, td *t
 		}
 		for i, s := range steps {
 			wantDec, wantRule := td.decide(t, map[string]any{"agent_id": id, "step": map[string]any{"kind": "tool_call", "target": s.target, "args": s.args}})
-			want := map[string]string{"allow": kernel.DecisionProceed, "deny": kernel.DecisionDenied}[wantDec]
+			want := map[string]kernel.Decision{"allow": kernel.DecisionProceed, "deny": kernel.DecisionDenied}[wantDec]
 			if d := got[id][i]; d.Decision != want || d.RuleID != wantRule {
 				t.Errorf("%s %s %v: wicket %s/%s, OPA %s/%s", id, s.target, s.args, d.Decision, d.RuleID, wantDec, wantRule)
 			}

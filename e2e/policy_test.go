@@ -19,6 +19,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
+	"github.com/wicket-run/wicket/server/wire"
 )
 
 // decisionRules is the test policy in the native format: one target per
@@ -166,12 +167,12 @@ func (s *scriptAgent) handler(targets ...string) testkit.Handler {
 	return func(ctx context.Context, r *testkit.Run) (any, error) {
 		for _, tg := range targets {
 			_, err := r.Step(ctx, "tool_call", tg, map[string]string{"x": "y"}, testkit.StepOpts{}, func() (any, error) { return tg + "-ok", nil })
-			dec := "proceed"
+			dec := kernel.DecisionProceed
 			var de *testkit.DecisionError
 			switch {
 			case err == nil:
 				if d := r.Decisions[len(r.Decisions)-1]; d.Decision == kernel.DecisionReplay {
-					dec = "replay"
+					dec = kernel.DecisionReplay
 				}
 			case errors.As(err, &de):
 				dec = de.Decision.Decision
@@ -179,7 +180,7 @@ func (s *scriptAgent) handler(targets ...string) testkit.Handler {
 				return nil, err
 			}
 			s.mu.Lock()
-			s.decisions[r.ExecutionID] = append(s.decisions[r.ExecutionID], tg+"="+dec)
+			s.decisions[r.ExecutionID] = append(s.decisions[r.ExecutionID], tg+"="+string(dec))
 			s.mu.Unlock()
 			if dec == kernel.DecisionBlocked || dec == kernel.DecisionExecutionTerminal {
 				return nil, err
@@ -295,7 +296,7 @@ func TestPolicyDecisionsPerEngine(t *testing.T) {
 				t.Errorf("decisions\n got %s\nwant %s", got, want)
 			}
 			evs := mustCheckLog(t, env, id)
-			for _, typ := range []string{kernel.EvStepDenied, kernel.EvStepRateLimited, kernel.EvStepAwaitingApproval, kernel.EvApprovalRequested,
+			for _, typ := range []kernel.EventType{kernel.EvStepDenied, kernel.EvStepRateLimited, kernel.EvStepAwaitingApproval, kernel.EvApprovalRequested,
 				kernel.EvExecutionBlocked, kernel.EvApprovalGranted, kernel.EvExecutionResumed} {
 				if testkit.Count(evs, typ) == 0 {
 					t.Errorf("no %s in %v", typ, testkit.Types(evs))
@@ -343,11 +344,11 @@ func TestPolicyDecisionsPerEngine(t *testing.T) {
 			mustCheckLog(t, env, id4)
 
 			// The dry run answers the same without recording anything.
-			var ev kernel.EvalResult
+			var ev wire.PolicyEvalResponse
 			if _, err := env.Admin("POST", "/v0/policy/eval", map[string]any{"agent_id": "grant", "step": map[string]any{"kind": "tool_call", "target": "delete"}}, &ev); err != nil {
 				t.Fatal(err)
 			}
-			if ev.Decision != "deny" || ev.RuleID != "no-delete" || ev.Bundle.Engine != ec.engine {
+			if ev.Action != "deny" || ev.RuleID != "no-delete" || ev.Bundle.Engine != ec.engine {
 				t.Errorf("dry run: %+v", ev)
 			}
 		})

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,13 +54,29 @@ func TestReadmeQuickStart(t *testing.T) {
 	agent := exec.Command(hello, "--kernel", url, "--listen", agentAddr)
 	agent.Stdout, agent.Stderr = &helloOut, &helloOut
 	// The agent first, as a user who is quick with the second terminal:
-	// it must wait for the kernel rather than give up.
+	// it must wait for the kernel rather than give up. Gate: the agent
+	// listens (it does so before it waits for the kernel), then the kernel
+	// starts.
 	for _, c := range []*exec.Cmd{agent, serve} {
 		if err := c.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
-		time.Sleep(300 * time.Millisecond)
+		if c != agent {
+			continue
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			conn, err := net.Dial("tcp", agentAddr)
+			if err == nil {
+				conn.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the hello agent never listened: %v\n%s", err, helloOut.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(helloOut.String(), "is registered") {

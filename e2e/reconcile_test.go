@@ -12,7 +12,7 @@ import (
 )
 
 // eventPayload returns the payload of the last event of type typ.
-func eventPayload(t *testing.T, evs []kernel.Event, typ string) map[string]any {
+func eventPayload(t *testing.T, evs []kernel.Event, typ kernel.EventType) map[string]any {
 	t.Helper()
 	for i := len(evs) - 1; i >= 0; i-- {
 		if evs[i].Type == typ {
@@ -99,7 +99,7 @@ func TestInterruptedSideEffectOfAKilledAgent(t *testing.T) {
 				t.Fatalf("%s: journal %q", answer, r.lines())
 			}
 			evs := r.checkLog(id)
-			typ := map[string]string{"retry": kernel.EvApprovalGranted, "happened": kernel.EvApprovalHappened, "deny": kernel.EvApprovalDenied}[answer]
+			typ := map[string]kernel.EventType{"retry": kernel.EvApprovalGranted, "happened": kernel.EvApprovalHappened, "deny": kernel.EvApprovalDenied}[answer]
 			p := eventPayload(t, evs, typ)
 			if p["answer"] != answer || p["decided_by"] != "admin" || p["decided_by_key"] != "admin-key" || p["type"] != wire.ApprovalInterrupted {
 				t.Fatalf("%s: %v", typ, p)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/postgres"
 	"github.com/wicket-run/wicket/store/postgres/pgtest"
 )
@@ -110,9 +111,9 @@ func TestReplicaKilled(t *testing.T) {
 	// Every replica decides with the bundle before the executions start.
 	for i := range urls {
 		eventually(t, 15*time.Second, fmt.Sprintf("replica %d loads the bundle", i), func() (bool, string) {
-			var res kernel.EvalResult
+			var res wire.PolicyEvalResponse
 			err := admin(i, "POST", "/v0/policy/eval", map[string]any{"agent_id": "worker", "step": map[string]any{"kind": "tool_call", "target": "deploy"}}, &res)
-			return err == nil && res.Decision == "require_approval", fmt.Sprintf("%+v %v", res, err)
+			return err == nil && res.Action == "require_approval", fmt.Sprintf("%+v %v", res, err)
 		})
 	}
 
@@ -231,7 +232,7 @@ func TestReplicaKilled(t *testing.T) {
 
 // claimerBefore returns the replica that claimed the dispatch attempt in
 // force when the first event of type typ was written.
-func claimerBefore(t *testing.T, url, id, typ string) string {
+func claimerBefore(t *testing.T, url, id string, typ kernel.EventType) string {
 	t.Helper()
 	evs, err := testkit.AllEvents(url, testkit.AdminKey, id)
 	if err != nil {

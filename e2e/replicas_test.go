@@ -183,7 +183,7 @@ rules:
 		if err != nil {
 			return false, err.Error()
 		}
-		return res.Bundle.Digest == br.Digest && string(res.Decision) == "require_approval", fmt.Sprintf("%+v", res)
+		return res.Bundle.Digest == br.Digest && string(res.Action) == "require_approval", fmt.Sprintf("%+v", res)
 	})
 	t.Logf("bundle uploaded to A decides on B after %s", took)
 
@@ -308,7 +308,7 @@ rules:
 }
 
 // countTarget counts the events of typ about steps on target.
-func countTarget(evs []kernel.Event, typ, target string) int {
+func countTarget(evs []kernel.Event, typ kernel.EventType, target string) int {
 	n := 0
 	for _, ev := range evs {
 		if ev.Type != typ {

@@ -45,7 +45,7 @@ func startWicket(t *testing.T, fdLimit int, extra ...string) *process {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if b, err := os.ReadFile(ready); err == nil && len(b) > 0 {
-			return &process{cmd: cmd, url: "http://" + addr, stderr: &syncBuffer{}}
+			return &process{cmd: cmd, url: "http://" + addr, stderr: &stderr}
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("wicket serve did not become ready: %s", stderr.String())

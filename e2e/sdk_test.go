@@ -298,7 +298,7 @@ func TestSDKApprovalAcrossAgentRestart(t *testing.T) {
 		t.Fatalf("journal %q: plan and deploy must each run once", r.lines())
 	}
 	evs := r.checkLog(id)
-	for _, typ := range []string{kernel.EvApprovalRequested, kernel.EvApprovalGranted, kernel.EvExecutionResumed} {
+	for _, typ := range []kernel.EventType{kernel.EvApprovalRequested, kernel.EvApprovalGranted, kernel.EvExecutionResumed} {
 		if testkit.Count(evs, typ) != 1 {
 			t.Fatalf("%s appears %d times: %v", typ, testkit.Count(evs, typ), testkit.Types(evs))
 		}
@@ -367,6 +367,11 @@ func TestSDKAgentSurvivesKernelKill(t *testing.T) {
 	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
 
 	const steps, n = 12, 6
+	// The kill lands while every execution is inside step 4: steps 0-3 are
+	// acknowledged, step 4 is executing.
+	const killAt = 4
+	gate := newCrashGate(killAt, n)
+	var killed atomic.Bool
 	var mu sync.Mutex
 	runs := map[string]int{}   // tool body runs by execution/step
 	acked := map[string]bool{} // Call returned: the kernel acknowledged the completion
@@ -374,7 +379,9 @@ func TestSDKAgentSurvivesKernelKill(t *testing.T) {
 		mu.Lock()
 		runs[fmt.Sprint(in.X, "/", in.I)]++
 		mu.Unlock()
-		time.Sleep(15 * time.Millisecond)
+		if in.I == killAt && !killed.Load() {
+			gate.hold(ctx, in.X)
+		}
 		return in.I * in.I, nil
 	}, agent.WithIdempotency(agent.SafeToRetry))
 	var kernelErrors atomic.Int64
@@ -416,18 +423,29 @@ func TestSDKAgentSurvivesKernelKill(t *testing.T) {
 		}
 		ids[i] = x.ID
 	}
-	time.Sleep(80 * time.Millisecond) // a few steps in
+	gate.wait(t, "before the kill", p)
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	_ = p.cmd.Wait()
+	killed.Store(true)
 	mu.Lock()
 	ackedAtKill := map[string]bool{}
 	for k := range acked {
 		ackedAtKill[k] = true
 	}
 	mu.Unlock()
-	time.Sleep(300 * time.Millisecond) // the agents hit the dead kernel
+	close(gate.release) // the held bodies finish; completing them hits the dead kernel
+	deadline := time.Now().Add(30 * time.Second)
 	for a.Running() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d dispatches still running against a dead kernel", a.Running())
+		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if len(ackedAtKill) != n*killAt {
+		t.Fatalf("%d steps acknowledged at the kill, want %d (steps 0-%d of each execution)", len(ackedAtKill), n*killAt, killAt-1)
+	}
+	if got := kernelErrors.Load(); got != n {
+		t.Fatalf("%d handlers saw the dead kernel as a KernelError, want %d", got, n)
 	}
 
 	p2 := startServe(t, dir, addr)
@@ -461,10 +479,10 @@ func TestSDKAgentSurvivesKernelKill(t *testing.T) {
 			t.Errorf("step %s was acknowledged before the kill but its body ran %d times", k, runs[k])
 		}
 	}
-	if len(ackedAtKill) == 0 || len(ackedAtKill) == n*steps {
-		t.Logf("%d of %d steps were acknowledged at the kill: the test proves less this run", len(ackedAtKill), n*steps)
-	}
-	if kernelErrors.Load() == 0 {
-		t.Log("no handler saw the dead kernel: the kill landed between steps of every execution")
+	for i := range n {
+		// The step in flight at the kill was not acknowledged: it runs again.
+		if k := fmt.Sprint("x", i, "/", killAt); runs[k] != 2 {
+			t.Errorf("step %s was in flight at the kill; its body ran %d times, want 2", k, runs[k])
+		}
 	}
 }

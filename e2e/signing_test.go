@@ -243,7 +243,7 @@ func TestStepIDDivergence(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no dispatch")
 	}
-	waitEvent(t, p, x.ID, kernel.EvDispatchAcked) // the log is quiet from here on
+	waitEvent(t, p, x.ID, string(kernel.EvDispatchAcked)) // the log is quiet from here on
 	before, err := testkit.AllEvents(p.url, testkit.AdminKey, x.ID)
 	if err != nil {
 		t.Fatal(err)

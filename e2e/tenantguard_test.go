@@ -55,7 +55,7 @@ func TestGuardCannotBeSwitchedOffByItsTenant(t *testing.T) {
 		wantStatus(t, "eval", st, err, 200)
 		return res
 	}
-	if res := eval(); res.Decision != "deny" || res.Bundle.Name != "safe-shell" {
+	if res := eval(); res.Action != "deny" || res.Bundle.Name != "safe-shell" {
 		t.Fatalf("guarded step: %+v", res)
 	}
 
@@ -66,7 +66,7 @@ func TestGuardCannotBeSwitchedOffByItsTenant(t *testing.T) {
 	wantStatus(t, "tenant-admin deletes the guard", st, err, 403)
 	st, err = tenant("PUT", "/v0/tenants/acme", map[string]any{"guards": []string{}}, nil)
 	wantStatus(t, "tenant-admin clears the guards", st, err, 403)
-	if res := eval(); res.Decision != "deny" || res.Bundle.Name != "safe-shell" {
+	if res := eval(); res.Action != "deny" || res.Bundle.Name != "safe-shell" {
 		t.Fatalf("guarded step after the attack: %+v", res)
 	}
 	var l wire.BundleList

@@ -19,6 +19,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/sdk/agent"
 	"github.com/wicket-run/wicket/sdk/client"
+	"github.com/wicket-run/wicket/server/llmgw"
 	"github.com/wicket-run/wicket/server/wire"
 )
 
@@ -385,5 +386,94 @@ func TestLLM(t *testing.T) {
 	t.Logf("the watcher saw %d step deltas", deltas)
 	if x.Totals.LLMCalls != 2 {
 		t.Errorf("execution totals %+v, want 2 llm calls", x.Totals)
+	}
+}
+
+// TestGatewayPython runs examples/gateway-python (standard library only)
+// against a kernel serving the LLM gateway in front of the fake provider:
+// its two calls are llm_call steps, answered through the gateway, and a
+// model its policy denies comes back to it as the rebuno_refusal marker.
+func TestGatewayPython(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 is not installed: the Python gateway example is not run")
+	}
+	prov := &fakellm.Provider{APIKey: "sk-python-example-provider-key"}
+	base, stop, err := fakellm.Listen("127.0.0.1:0", prov)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	env := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}, LLM: &llmgw.Config{Providers: []llmgw.Provider{
+		{Name: "fake", Dialect: llmgw.DialectOpenAI, BaseURL: base + "/v1", APIKey: prov.APIKey,
+			Models: []llmgw.Model{{Name: "gpt-py", Input: 1, Output: 2}, {Name: "gpt-denied"}}},
+	}}})
+	admin := client.New(env.URL, client.WithAPIKey(testkit.AdminKey))
+	ctx := context.Background()
+	const secret = "python-agent-secret-0123456789"
+	policy := "default_action: allow\nrules:\n  - id: no\n    priority: 1\n    when: {target: gpt-denied}\n    then: {decision: deny, reason: not this one}\n"
+	for _, model := range []string{"gpt-py", "gpt-denied"} {
+		addr := freeAddr(t)
+		id := "py-" + strings.TrimPrefix(model, "gpt-")
+		if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: id, WebhookURL: "http://" + addr + "/webhook", Secret: secret}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := admin.SetPolicy(ctx, id, policy); err != nil {
+			t.Fatal(err)
+		}
+		logf := filepath.Join(t.TempDir(), id+".log")
+		out, err := os.Create(logf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(py, "gateway-python/agent.py", "--kernel", env.URL, "--listen", addr, "--id", id, "--secret", secret, "--model", model)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); out.Close() })
+		deadline := time.Now().Add(timeout)
+		for {
+			if c, err := net.Dial("tcp", addr); err == nil {
+				c.Close()
+				break
+			}
+			if time.Now().After(deadline) {
+				b, _ := os.ReadFile(logf)
+				t.Fatalf("the Python agent did not listen on %s:\n%s", addr, b)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		x, err := admin.CreateExecution(ctx, client.CreateExecutionRequest{AgentID: id, Input: json.RawMessage(`{"prompt":"hello from python"}`)}, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		done, err := admin.Wait(wctx, x.ID)
+		cancel()
+		if err != nil {
+			b, _ := os.ReadFile(logf)
+			t.Fatalf("wait: %v\n%s", err, b)
+		}
+		steps, err := admin.Steps(ctx, x.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch model {
+		case "gpt-py":
+			var o struct{ Reply, Streamed string }
+			if done.Status != "completed" || json.Unmarshal(done.Output, &o) != nil ||
+				!strings.Contains(o.Reply, `"hello from python"`) || !strings.Contains(o.Streamed, `"hello from python"`) {
+				t.Fatalf("execution %s: %s %s", done.Status, done.Output, done.Error)
+			}
+			if len(steps) != 2 || steps[0].Kind != "llm_call" || steps[0].Target != "gpt-py" || steps[1].Status != "succeeded" ||
+				done.Totals.Tokens == 0 || done.Totals.CostUSD == 0 || prov.Calls() != 2 {
+				t.Fatalf("steps %+v, totals %+v, provider calls %d", steps, done.Totals, prov.Calls())
+			}
+		case "gpt-denied":
+			if done.Status != "failed" || !strings.Contains(string(done.Error), `"decision":"denied"`) || len(steps) != 1 || prov.Calls() != 2 {
+				t.Fatalf("execution %s %s; steps %+v; provider calls %d", done.Status, done.Error, steps, prov.Calls())
+			}
+		}
 	}
 }

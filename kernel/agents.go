@@ -21,8 +21,9 @@ func ValidBundleName(s string) bool { return bundlePattern.MatchString(s) }
 func ValidID(s string) bool { return idPattern.MatchString(s) }
 
 // PutAgent registers or updates an agent (upsert). The secret must be at
-// least 16 bytes. An empty Signing keeps an existing agent's scheme and
-// gives a new agent SigningV1.
+// least 16 bytes, and a bundle it is bound to must be stored in its tenant.
+// An empty Signing keeps an existing agent's scheme and gives a new agent
+// SigningV1.
 func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	if a.Tenant == "" {
 		a.Tenant = DefaultTenant
@@ -64,6 +65,16 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 				return Errorf(CodeNotFound, "tenant %s not found", a.Tenant)
 			}
 			return err
+		}
+		if a.Bundle != "" {
+			// The binding is checked when it is made: a name that resolves to
+			// nothing would otherwise fail closed on every step, silently.
+			if _, err := r.tx.Bundle(a.Tenant, a.Bundle); err != nil {
+				if errors.Is(err, ErrNotFound) {
+					return Errorf(CodeValidation, "agent %s: bundle %q does not exist in tenant %s: upload it first (wicket bundle put)", a.ID, a.Bundle, a.Tenant)
+				}
+				return fmt.Errorf("read bundle %s: %w", a.Bundle, err)
+			}
 		}
 		n := a
 		n.CreatedAt, n.UpdatedAt = r.now, r.now

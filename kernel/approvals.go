@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/wicket-run/wicket/kernel/policy"
 )
 
 // ListApprovals lists a tenant's approvals, newest first.
@@ -146,6 +148,11 @@ func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval
 		out = a
 		return nil
 	})
+	if err == nil {
+		k.log.Info("approval decided", "tenant", out.Tenant, "approval_id", out.ID, "status", out.Status,
+			"decided_by", out.DecidedBy, "execution_id", out.ExecutionID, "target", out.Target,
+			"waited", out.DecidedAt.Sub(out.CreatedAt).Round(time.Millisecond).String())
+	}
 	return out, err
 }
 
@@ -159,11 +166,11 @@ func (k *Kernel) denyApprovedStep(r *rec, e *Execution, a *Approval, reason stri
 		return nil
 	}
 	s.Status = StepDenied
-	info := StepDecisionInfo{Action: "deny", Reason: reason, RuleID: a.RuleID}
-	if s.Decision != nil {
-		info.Bundle = s.Decision.Bundle
+	v := StepVerdict{Action: policy.Deny, Reason: reason, RuleID: a.RuleID}
+	if s.Verdict != nil {
+		v.Bundle = s.Verdict.Bundle
 	}
-	s.Decision = &info
+	s.Verdict = &v
 	if err := r.tx.PutStep(s); err != nil {
 		return err
 	}
@@ -218,7 +225,9 @@ func (k *Kernel) expireApprovals(ctx context.Context, now time.Time) error {
 	for i := range refs {
 		ids[i] = k.ids.next(now)
 	}
+	var expired []*Approval
 	_, err := k.update(ctx, func(r *rec) error {
+		expired = expired[:0]
 		for i, ref := range refs {
 			a, err := r.tx.Approval(ref.Tenant, ref.ApprovalID)
 			if err != nil || a.Status != ApprovalPending || a.ExpiresAt.After(r.now) {
@@ -233,6 +242,7 @@ func (k *Kernel) expireApprovals(ctx context.Context, now time.Time) error {
 			if err := r.tx.PutApproval(a); err != nil {
 				return err
 			}
+			expired = append(expired, a)
 			if e.Status.Terminal() {
 				continue
 			}
@@ -261,5 +271,11 @@ func (k *Kernel) expireApprovals(ctx context.Context, now time.Time) error {
 		}
 		return nil
 	})
+	if err == nil {
+		for _, a := range expired {
+			k.log.Info("approval expired", "tenant", a.Tenant, "approval_id", a.ID, "execution_id", a.ExecutionID,
+				"target", a.Target, "waited", a.DecidedAt.Sub(a.CreatedAt).Round(time.Millisecond).String(), "on_expiry", k.cfg.ApprovalExpiry)
+		}
+	}
 	return err
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 )
@@ -20,6 +21,10 @@ type BundleSource struct {
 	// Name is the name the bundle is put under; it names a bundle whose own
 	// manifest gives none (an OPA bundle as `opa build` writes it).
 	Name string
+	// TenantKeys are the tenant's own bundle verification keys. The kernel
+	// fills them in (from the tenant record) before it asks the loader to
+	// compile, so the loader needs no read of its own.
+	TenantKeys []BundleKey
 }
 
 // CompiledBundle is a validated, compiled bundle that is not live yet.
@@ -35,18 +40,19 @@ type CompiledBundle struct {
 // implements it). Compile must refuse a bad bundle whole, with an error
 // naming the file and field, and must not change what is live; Activate
 // swaps a compiled bundle in atomically (the previous revision is released);
-// Remove unloads one.
+// Discard releases a compiled bundle that will not be activated; Remove
+// unloads one. Failed records that a stored bundle did not load at boot
+// (agents bound to it are denied with that reason until it is replaced).
 type BundleLoader interface {
 	Compile(ctx context.Context, tenant string, src BundleSource) (*CompiledBundle, error)
 	Activate(tenant string, cb *CompiledBundle)
+	Discard(cb *CompiledBundle)
 	Remove(tenant, name string)
+	Failed(tenant, name string, err error)
 	// RulesBundle wraps native YAML rules (the body of POST /v0/policies/{agent})
 	// as a rules bundle named name.
 	RulesBundle(name string, rulesYAML []byte) (BundleSource, error)
 }
-
-// SetBundleLoader installs the loader (call before serving).
-func (k *Kernel) SetBundleLoader(l BundleLoader) { k.bundles = l }
 
 func (k *Kernel) loader() (BundleLoader, error) {
 	if k.bundles == nil {
@@ -77,7 +83,12 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 			return nil, err
 		}
 	}
+	if src.TenantKeys, err = k.TenantBundleKeys(ctx, tenant); err != nil {
+		return nil, fmt.Errorf("read the bundle keys of tenant %s: %w", tenant, err)
+	}
+	t0 := time.Now()
 	cb, err := l.Compile(ctx, tenant, src)
+	compiled := time.Since(t0)
 	if err != nil {
 		var ke *Error
 		if errors.As(err, &ke) {
@@ -86,6 +97,7 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, &Error{Code: CodeValidation, Message: "bundle refused: " + err.Error()}
 	}
 	if name != "" && cb.Ref.Name != name {
+		l.Discard(cb)
 		return nil, Errorf(CodeValidation, "bundle manifest names %q but the request names %q", cb.Ref.Name, name)
 	}
 	br := &BundleRecord{Tenant: tenant, Name: cb.Ref.Name, Revision: cb.Ref.Revision, Digest: cb.Ref.Digest, Engine: cb.Ref.Engine,
@@ -108,10 +120,13 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return r.tx.PutBundle(br)
 	})
 	if err != nil {
+		l.Discard(cb)
 		return nil, err
 	}
 	l.Activate(tenant, cb)
 	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest)
+	k.log.Info("bundle activated", "tenant", tenant, "bundle", br.Name, "revision", br.Revision, "engine", br.Engine,
+		"sha256", br.Digest, "compile", compiled.Round(time.Microsecond).String())
 	return br, nil
 }
 
@@ -376,11 +391,56 @@ func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rul
 	return rec, nil
 }
 
-// LoadBundles compiles and activates every stored bundle (at boot). A stored
-// bundle that no longer compiles is logged and skipped: agents bound to it
-// are denied until it is replaced.
+// LoadBundles compiles and activates every stored bundle (at boot), a few
+// at a time (GOMAXPROCS), each under Config.BundleLoadTimeout, so that no
+// bundle can hold the boot up: one that fails or does not load in time is
+// skipped with a warning naming it (its late result, if any, is
+// discarded), the loader is told (Failed), and agents bound to it are
+// denied (engine_error) until it is replaced.
 func (k *Kernel) LoadBundles(ctx context.Context) error {
 	return k.syncBundles(ctx)
+}
+
+// loadStored compiles and activates one stored bundle under the load
+// timeout; an error says why it is not live. The loader is not trusted to
+// honour ctx: a compile that outlasts it is left to finish in the
+// background and discarded.
+func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) error {
+	timeout := k.cfg.BundleLoadTimeout
+	lctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	type result struct {
+		cb  *CompiledBundle
+		err error
+	}
+	t0 := time.Now()
+	done := make(chan result, 1)
+	go func() {
+		keys, err := k.TenantBundleKeys(lctx, rec.Tenant)
+		if err != nil {
+			done <- result{nil, fmt.Errorf("read the bundle keys of tenant %s: %w", rec.Tenant, err)}
+			return
+		}
+		cb, err := k.bundles.Compile(lctx, rec.Tenant, BundleSource{Archive: rec.Archive, Name: rec.Name, TenantKeys: keys})
+		done <- result{cb, err}
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return r.err
+		}
+		k.bundles.Activate(rec.Tenant, r.cb)
+		k.log.Info("bundle loaded", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "engine", rec.Engine,
+			"sha256", rec.Digest, "compile", time.Since(t0).Round(time.Microsecond).String())
+		return nil
+	case <-lctx.Done():
+		go func() {
+			if r := <-done; r.err == nil {
+				k.bundles.Discard(r.cb)
+			}
+		}()
+		return fmt.Errorf("did not load within %s", timeout)
+	}
 }
 
 // EvalRequest is a policy dry run.
@@ -392,45 +452,30 @@ type EvalRequest struct {
 	Args    json.RawMessage
 	Effect  string
 	// Idempotency defaults as for a submission.
-	Idempotency string
+	Idempotency Idempotency
 	Labels      map[string]string
 }
 
-// EvalResult is what a dry run answers: the decision and what produced it.
-type EvalResult struct {
-	Decision   policy.Action    `json:"decision"`
-	Reason     string           `json:"reason,omitempty"`
-	RuleID     string           `json:"rule_id,omitempty"`
-	Bundle     policy.BundleRef `json:"bundle"`
-	EvalTimeNS int64            `json:"eval_ns"`
-	Approval   *policy.Approval `json:"approval,omitempty"`
-	RateLimits []RateLimitRule  `json:"rate_limits,omitempty"`
-}
-
-// EvalPolicy runs the agent's policy on a step without recording anything.
-func (k *Kernel) EvalPolicy(ctx context.Context, req EvalRequest) (*EvalResult, error) {
-	sr := StepRequest{Kind: req.Kind, Target: req.Target, Args: req.Args, Effect: req.Effect, Idempotency: req.Idempotency}
-	if err := validateStep(&sr); err != nil {
-		return nil, err
-	}
-	if len(sr.Args) == 0 {
-		sr.Args = json.RawMessage("null")
-	}
-	agent, err := k.Agent(ctx, req.Tenant, req.AgentID)
+// EvalPolicy runs the agent's policy on a step without recording anything
+// and returns the verdict: the action and the bundle and rule behind it.
+// Execution limits are not applied (there is no execution).
+func (k *Kernel) EvalPolicy(ctx context.Context, req EvalRequest) (*Verdict, error) {
+	sub, err := newSubmission(StepRequest{Kind: req.Kind, Target: req.Target, Args: req.Args, Effect: req.Effect, Idempotency: req.Idempotency})
 	if err != nil {
 		return nil, err
 	}
-	args, h, err := canonArgs(sr.Args)
+	var preq *PolicyRequest
+	err = k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		preq, err = policyRequest(tx, req.Tenant, req.AgentID)
+		return err
+	})
 	if err != nil {
-		return nil, Errorf(CodeValidation, "args: %v", err)
+		return nil, err
 	}
-	in := &policy.Input{Tenant: req.Tenant, AgentID: req.AgentID, ExecutionID: "dry-run",
-		Step:      policy.Step{Kind: sr.Kind, Target: sr.Target, Args: args, ArgsHash: h, Idempotency: sr.Idempotency, Effect: sr.Effect},
+	preq.Input = &policy.Input{Tenant: req.Tenant, AgentID: req.AgentID, ExecutionID: "dry-run",
+		Step: policy.Step{Kind: sub.Kind, Target: sub.Target, Args: sub.Args, ArgsHash: sub.argsHash,
+			Idempotency: string(sub.Idempotency), Effect: sub.Effect},
 		Execution: policy.Execution{Status: string(ExecRunning), Labels: req.Labels, CreatedAt: k.now()}}
-	res, err := k.policy.Decide(ctx, agent, in)
-	if err != nil {
-		return nil, err
-	}
-	return &EvalResult{Decision: res.Decision.Decision, Reason: res.Decision.Reason, RuleID: res.Decision.RuleID,
-		Bundle: res.Bundle, EvalTimeNS: res.EvalTime.Nanoseconds(), Approval: res.Decision.Approval, RateLimits: res.RateLimits}, nil
+	return k.decide(ctx, preq)
 }

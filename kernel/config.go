@@ -6,12 +6,15 @@ import (
 	"time"
 )
 
-// Approval-expiry behaviours (Config.ApprovalExpiry).
+// ApprovalExpiry is what an expired approval does (Config.ApprovalExpiry).
+type ApprovalExpiry string
+
+// Approval-expiry behaviours.
 const (
 	// ExpireFailsExecution fails the execution with reason approval_expired (default).
-	ExpireFailsExecution = "fail_execution"
+	ExpireFailsExecution ApprovalExpiry = "fail_execution"
 	// ExpireDeniesStep denies the step and resumes the execution.
-	ExpireDeniesStep = "deny_step"
+	ExpireDeniesStep ApprovalExpiry = "deny_step"
 )
 
 // Config holds the kernel's operational settings. The zero value of a field
@@ -34,16 +37,53 @@ type Config struct {
 	// ApprovalTimeout is the default lifetime of an approval (default 24h).
 	ApprovalTimeout time.Duration
 	// ApprovalExpiry is ExpireFailsExecution (default) or ExpireDeniesStep.
-	ApprovalExpiry string
+	ApprovalExpiry ApprovalExpiry
 	// ReapInterval is how often expired leases and approvals are looked for (default 1s).
 	ReapInterval time.Duration
+	// BundleLoadTimeout bounds the compilation of one stored bundle at
+	// boot; a bundle that takes longer is skipped (default 10s).
+	BundleLoadTimeout time.Duration
 	// Logger receives operational logs (default slog.Default()).
 	Logger *slog.Logger
 	// Replica names this kernel among the replicas sharing its store; the
 	// dispatch.claimed events it writes carry it ("replica"), so the log
 	// says which replica delivered each attempt. Empty: not recorded.
 	Replica string
+	// Clock is the kernel's time: event times, lease and approval expiry,
+	// execution deadlines and max_duration (default SystemClock). Tests set
+	// a clock they move by hand.
+	Clock Clock
+	// Observer receives measurements (nil: none are taken).
+	Observer Observer
+	// Retention is how long terminal executions are kept before retention
+	// deletes them with their events, steps, approvals and counters (0:
+	// forever, the default; at least MinRetention). Tenant.Retention
+	// overrides it per tenant.
+	Retention time.Duration
+	// RetentionInterval is the time between retention passes (default 1m).
+	RetentionInterval time.Duration
+	// RetentionBatch bounds the records one retention transaction deletes
+	// (default 2000; an execution larger than that is deleted alone).
+	RetentionBatch int
+	// RetentionPause is the pause between retention transactions (default
+	// 10ms), so that step traffic keeps the store's writer.
+	RetentionPause time.Duration
+	// LLMGatewayTokens gives every claimed dispatch attempt an LLM gateway
+	// token (Delivery.LLMGatewayToken; see AuthenticateLLMToken). Set it
+	// when the LLM gateway is served.
+	LLMGatewayTokens bool
 }
+
+// Clock tells the kernel the time. Now must be safe for concurrent use.
+type Clock interface {
+	Now() time.Time
+}
+
+// SystemClock is the machine's clock.
+type SystemClock struct{}
+
+// Now implements Clock.
+func (SystemClock) Now() time.Time { return time.Now() }
 
 // DefaultConfig returns the defaults `wicket serve` documents (README,
 // Configuration).
@@ -58,6 +98,10 @@ func DefaultConfig() Config {
 		ApprovalTimeout:     24 * time.Hour,
 		ApprovalExpiry:      ExpireFailsExecution,
 		ReapInterval:        time.Second,
+		BundleLoadTimeout:   10 * time.Second,
+		RetentionInterval:   time.Minute,
+		RetentionBatch:      2000,
+		RetentionPause:      10 * time.Millisecond,
 	}
 }
 
@@ -91,8 +135,23 @@ func (c Config) withDefaults() Config {
 	if c.ReapInterval == 0 {
 		c.ReapInterval = d.ReapInterval
 	}
+	if c.BundleLoadTimeout <= 0 {
+		c.BundleLoadTimeout = d.BundleLoadTimeout
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Clock == nil {
+		c.Clock = SystemClock{}
+	}
+	if c.RetentionInterval == 0 {
+		c.RetentionInterval = d.RetentionInterval
+	}
+	if c.RetentionBatch == 0 {
+		c.RetentionBatch = d.RetentionBatch
+	}
+	if c.RetentionPause == 0 {
+		c.RetentionPause = d.RetentionPause
 	}
 	return c
 }
@@ -113,6 +172,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("approval expiry must be %s or %s, got %q", ExpireFailsExecution, ExpireDeniesStep, c.ApprovalExpiry)
 	case c.DeliveryConcurrency < 1:
 		return fmt.Errorf("delivery concurrency must be >= 1")
+	case c.Retention < 0 || (c.Retention > 0 && c.Retention < MinRetention):
+		return fmt.Errorf("retention %s must be 0 (keep forever) or at least %s", c.Retention, MinRetention)
+	case c.RetentionInterval < 0 || c.RetentionBatch < 0 || c.RetentionPause < 0:
+		return fmt.Errorf("retention interval, batch and pause must not be negative")
 	}
 	return nil
 }

@@ -262,8 +262,14 @@ func (k *Kernel) claim(r *rec, e *Execution) (*Delivery, error) {
 	if err := r.tx.PutExecution(e); err != nil {
 		return nil, err
 	}
-	return &Delivery{Tenant: e.Tenant, AgentID: e.AgentID, WebhookURL: agent.WebhookURL, Secret: agent.Secret, Signing: agent.SigningScheme(),
-		ExecutionID: e.ID, DispatchID: e.Dispatch.ID, Attempt: e.Dispatch.Attempt}, nil
+	d := &Delivery{Tenant: e.Tenant, AgentID: e.AgentID, WebhookURL: agent.WebhookURL, Secret: agent.Secret, Signing: agent.SigningScheme(),
+		ExecutionID: e.ID, DispatchID: e.Dispatch.ID, Attempt: e.Dispatch.Attempt}
+	if k.cfg.LLMGatewayTokens {
+		if d.LLMGatewayToken, err = issueLLMToken(r.tx, e); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
 }
 
 // exhaust fails e after its dispatch used every attempt.
@@ -301,6 +307,9 @@ func (k *Kernel) deliver(ctx context.Context, d Delivery) {
 	dctx, cancel := context.WithTimeout(ctx, k.cfg.DispatchTimeout)
 	derr := k.deliv.Deliver(dctx, d)
 	cancel()
+	if obs := k.cfg.Observer; obs != nil {
+		obs.Delivery(derr)
+	}
 	if ctx.Err() != nil {
 		return // shutting down: the lease (or recoverDeliveries) takes over
 	}

@@ -263,7 +263,7 @@ func (k *Kernel) finish(r *rec, e *Execution, st ExecStatus, reason string, outp
 	if errv != nil {
 		payload["error"] = errv
 	}
-	typ := map[ExecStatus]string{ExecCompleted: EvExecutionCompleted, ExecFailed: EvExecutionFailed, ExecCancelled: EvExecutionCancelled}[st]
+	typ := map[ExecStatus]EventType{ExecCompleted: EvExecutionCompleted, ExecFailed: EvExecutionFailed, ExecCancelled: EvExecutionCancelled}[st]
 	if err := r.event(e, typ, payload); err != nil {
 		return err
 	}

@@ -24,6 +24,10 @@ type Delivery struct {
 	ExecutionID string
 	DispatchID  string
 	Attempt     int
+	// LLMGatewayToken authenticates the attempt's calls to the LLM gateway
+	// (Config.LLMGatewayTokens; empty otherwise). It is a secret: the
+	// Deliverer hands it to the agent and nobody else.
+	LLMGatewayToken string
 }
 
 // Deliverer sends webhooks (internal/webhook implements it). Deliver returns
@@ -87,20 +91,37 @@ func deliveryClass(err error) (string, int) {
 	return DeliveryOther, 0
 }
 
-// PolicyResult is the final answer of the policy layer for one step: the
-// composed decision with default_action already applied, and which bundle
-// produced it.
-type PolicyResult struct {
-	Decision policy.Decision
-	Bundle   policy.BundleRef
-	EvalTime time.Duration
+// Verdict is the policy layer's answer for one step, with what produced it:
+// the composed action (default_action already applied), the bundle and rule
+// behind it, how long the evaluation took, and what the action needs (an
+// approval's settings, the rate limits to count). The step records the
+// first five fields as its [StepVerdict].
+type Verdict struct {
+	Action   policy.Action    `json:"action"`
+	Reason   string           `json:"reason,omitempty"`
+	RuleID   string           `json:"rule_id,omitempty"`
+	Bundle   policy.BundleRef `json:"bundle"`
+	EvalTime time.Duration    `json:"eval_ns"`
+	// Approval configures a require_approval verdict (nil: the kernel's defaults).
+	Approval *policy.Approval `json:"approval,omitempty"`
 	// RateLimits are the limits to check and count for this step: the one
-	// attached to the winning answer and those declared by the bundle's manifest.
-	RateLimits []RateLimitRule
+	// attached to the winning answer and those declared by the manifests of
+	// the evaluated bundles that match the step.
+	RateLimits []RateLimitRule `json:"rate_limits,omitempty"`
 	// OnInterrupted is OnInterruptedApproval when a bundle evaluated for
 	// the step declares on_interrupted: approval; the step records it when
 	// it proceeds.
-	OnInterrupted string
+	OnInterrupted string `json:"on_interrupted,omitempty"`
+}
+
+// record is what the step records of v.
+func (v *Verdict) record() *StepVerdict {
+	return &StepVerdict{Action: v.Action, Reason: v.Reason, RuleID: v.RuleID, Bundle: v.Bundle, EvalTime: v.EvalTime}
+}
+
+// VerdictOf makes the verdict of an engine's answer from bundle ref.
+func VerdictOf(a *policy.Answer, ref policy.BundleRef) Verdict {
+	return Verdict{Action: a.Action, Reason: a.Reason, RuleID: a.RuleID, Bundle: ref, Approval: a.Approval}
 }
 
 // RateLimitRule is a rate limit with the id its counter is kept under.
@@ -109,11 +130,25 @@ type RateLimitRule struct {
 	policy.RateLimit `json:",inline"`
 }
 
-// Policy decides steps (plugins.Host implements it). Decide must not return
-// an error for a policy that fails to answer: it returns a deny with the
-// reason instead (fail closed). An error means the request itself is wrong.
+// PolicyRequest is what the policy layer decides on: the input document and
+// the bundles that apply, read by the kernel in the transaction that read
+// the execution, so a decision needs no read of its own.
+type PolicyRequest struct {
+	Input *policy.Input
+	// Guards are the tenant's guard bundles, evaluated first, in order.
+	Guards []string
+	// Bundle is the agent's bundle; empty when the agent is bound to none.
+	Bundle string
+}
+
+// Policy decides steps (plugins.Host implements it).
+//
+// Decide must not return an error for a policy that fails to answer: it
+// returns a deny verdict with the reason instead (fail closed). An error
+// means the request itself is wrong. Decide must be safe for concurrent use
+// and must honour ctx.
 type Policy interface {
-	Decide(ctx context.Context, agent *Agent, in *policy.Input) (PolicyResult, error)
+	Decide(ctx context.Context, req *PolicyRequest) (Verdict, error)
 }
 
 // DefaultPolicy is the kernel's policy for agents bound to no bundle: it
@@ -123,16 +158,21 @@ type DefaultPolicy struct{ Action policy.Action }
 // DefaultBundleRef names the kernel's default policy in decision events.
 var DefaultBundleRef = policy.BundleRef{Name: "kernel-default", Revision: "1", Engine: "builtin"}
 
-// Decide implements Policy.
-func (p DefaultPolicy) Decide(_ context.Context, _ *Agent, in *policy.Input) (PolicyResult, error) {
+// Decide implements Policy. It ignores the request's bundles.
+func (p DefaultPolicy) Decide(_ context.Context, req *PolicyRequest) (Verdict, error) {
+	return p.Verdict(req.Input.Step.Kind), nil
+}
+
+// Verdict is the default policy's verdict for a step of the given kind.
+func (p DefaultPolicy) Verdict(kind string) Verdict {
 	a := p.Action
 	if a == "" {
 		a = policy.Allow
 	}
-	d := policy.ApplyDefault(nil, a, in.Step.Kind)
-	d.Reason = "kernel default policy: " + string(d.Decision)
-	d.RuleID = "kernel_default"
-	return PolicyResult{Decision: *d, Bundle: DefaultBundleRef}, nil
+	v := VerdictOf(policy.ApplyDefault(nil, a, kind), DefaultBundleRef)
+	v.Reason = "kernel default policy: " + string(v.Action)
+	v.RuleID = "kernel_default"
+	return v
 }
 
 // CheckWritable commits an empty transaction: it fails when the store
@@ -183,9 +223,22 @@ type Kernel struct {
 
 type owner struct{ tenant, agentID string }
 
-// New builds a kernel. pol may be nil (DefaultPolicy{Allow}); deliv may be
-// nil only for kernels that never call Start.
-func New(st Store, deliv Deliverer, pol Policy, cfg Config) (*Kernel, error) {
+// New builds a kernel from its collaborators, which it uses from then on
+// and never replaces:
+//
+//   - st, the store (store/bbolt); required;
+//   - deliv, the webhook sender (internal/webhook); nil only for a kernel
+//     that never calls Start;
+//   - pol, the policy layer (plugins.Host); nil means DefaultPolicy{Allow};
+//   - bundles, the bundle loader (plugins.Host); nil means a kernel without
+//     policy engines, whose bundle routes answer unavailable.
+//
+// cfg is checked with Config.Validate; its zero fields take the defaults of
+// DefaultConfig.
+func New(st Store, deliv Deliverer, pol Policy, bundles BundleLoader, cfg Config) (*Kernel, error) {
+	if st == nil {
+		return nil, errors.New("kernel: no store")
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("kernel config: %w", err)
 	}
@@ -194,23 +247,22 @@ func New(st Store, deliv Deliverer, pol Policy, cfg Config) (*Kernel, error) {
 		pol = DefaultPolicy{Action: policy.Allow}
 	}
 	return &Kernel{
-		store:  st,
-		deliv:  deliv,
-		policy: pol,
-		cfg:    cfg,
-		log:    cfg.Logger,
-		wake:   make(chan struct{}, 1),
-		sem:    make(chan struct{}, cfg.DeliveryConcurrency),
-		agents: map[string]*Agent{},
-		owners: map[string]owner{},
-		subs:   map[string]map[chan struct{}]struct{}{},
+		store:   st,
+		deliv:   deliv,
+		policy:  pol,
+		bundles: bundles,
+		cfg:     cfg,
+		log:     cfg.Logger,
+		wake:    make(chan struct{}, 1),
+		sem:     make(chan struct{}, cfg.DeliveryConcurrency),
+		agents:  map[string]*Agent{},
+		owners:  map[string]owner{},
+		subs:    map[string]map[chan struct{}]struct{}{},
 	}, nil
 }
 
-// SetPolicy replaces the policy (call before Start).
-func (k *Kernel) SetPolicy(p Policy) { k.policy = p }
-
-func (k *Kernel) now() time.Time { return time.Now().UTC() }
+// now is the kernel's clock reading, in UTC.
+func (k *Kernel) now() time.Time { return k.cfg.Clock.Now().UTC() }
 
 // Start runs the dispatcher, the lease reaper and the approval expirer
 // until Close.
@@ -218,14 +270,30 @@ func (k *Kernel) Start(ctx context.Context) error {
 	if k.deliv == nil {
 		return errors.New("kernel: start: no deliverer")
 	}
+	t0 := time.Now()
+	counts, err := k.countExecutions(ctx)
+	if err != nil {
+		return fmt.Errorf("kernel: start: %w", err)
+	}
+	if obs := k.cfg.Observer; obs != nil {
+		obs.ExecutionsAtStart(counts)
+	}
+	resumed := []any{}
+	n := 0
+	for _, st := range []ExecStatus{ExecPending, ExecRunning, ExecBlocked} {
+		resumed = append(resumed, string(st), counts[st])
+		n += counts[st]
+	}
+	k.log.Info("executions resumed", append(append([]any{"executions", n}, resumed...), "counted_in", time.Since(t0).Round(time.Millisecond).String())...)
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k.cancel = cancel
 	k.runMu.Lock()
 	k.runCtx = ctx
 	k.runMu.Unlock()
-	k.wg.Add(2)
+	k.wg.Add(3)
 	go func() { defer k.wg.Done(); k.dispatchLoop(ctx) }()
 	go func() { defer k.wg.Done(); k.reapLoop(ctx) }()
+	go func() { defer k.wg.Done(); k.retentionLoop(ctx) }()
 	if f, ok := k.shared(); ok {
 		k.wg.Add(1)
 		go func() { defer k.wg.Done(); k.follow(ctx, f) }()
@@ -312,6 +380,10 @@ func (k *Kernel) update(ctx context.Context, fn func(r *rec) error) ([]string, e
 			slots += last.slots
 		}
 		r := &rec{tx: tx, now: k.now()}
+		if k.cfg.Observer != nil {
+			r.obs = &observed{}
+			r.tx = &observedTx{Tx: tx, o: r.obs}
+		}
 		last = r
 		if err := fn(r); err != nil {
 			return err
@@ -327,6 +399,9 @@ func (k *Kernel) update(ctx context.Context, fn func(r *rec) error) ([]string, e
 	}
 	k.releaseSlots(slots)
 	if err == nil {
+		if last.obs != nil {
+			last.obs.report(k.cfg.Observer, last.now)
+		}
 		k.startClaimed(last)
 		k.notify(touched...)
 		if queued {
@@ -349,11 +424,14 @@ type rec struct {
 	// one of slots delivery slots; they start once it commits.
 	claimed []Delivery
 	slots   int
+	// obs collects what the Observer is told once this run commits (nil
+	// without an Observer).
+	obs *observed
 }
 
 // event appends an event to e's log; it refuses to append after the
 // terminal execution event.
-func (r *rec) event(e *Execution, typ string, payload any) error {
+func (r *rec) event(e *Execution, typ EventType, payload any) error {
 	if e.Status.Terminal() && !isTerminalExecEvent(typ) {
 		return &Error{Code: CodeInternal, Message: fmt.Sprintf("refusing %s after terminal execution event", typ)}
 	}
@@ -375,13 +453,16 @@ func (r *rec) event(e *Execution, typ string, payload any) error {
 	if err := r.tx.AppendEvent(e.Tenant, Event{ExecutionID: e.ID, Seq: e.LastSeq, Type: typ, Time: r.now, Payload: raw}); err != nil {
 		return fmt.Errorf("append %s to %s: %w", typ, e.ID, err)
 	}
+	if r.obs != nil {
+		r.obs.observeEvent(payload)
+	}
 	if len(r.touched) == 0 || r.touched[len(r.touched)-1] != e.ID {
 		r.touched = append(r.touched, e.ID)
 	}
 	return nil
 }
 
-func isTerminalExecEvent(typ string) bool {
+func isTerminalExecEvent(typ EventType) bool {
 	return typ == EvExecutionCompleted || typ == EvExecutionFailed || typ == EvExecutionCancelled
 }
 

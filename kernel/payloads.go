@@ -20,18 +20,17 @@ func refOf(s *Step) stepRef { return stepRef{StepID: s.ID, Kind: s.Kind, Target:
 // proposedPayload is step.proposed.
 type proposedPayload struct {
 	stepRef
-	ArgsHash        string `json:"args_hash"`
-	Occurrence      int    `json:"occurrence"`
-	Idempotency     string `json:"idempotency"`
-	Effect          string `json:"effect"`
-	DispatchID      string `json:"dispatch_id"`
-	DispatchAttempt int    `json:"dispatch_attempt"`
+	ArgsHash        string      `json:"args_hash"`
+	Occurrence      int         `json:"occurrence"`
+	Idempotency     Idempotency `json:"idempotency"`
+	Effect          string      `json:"effect"`
+	DispatchID      string      `json:"dispatch_id"`
+	DispatchAttempt int         `json:"dispatch_attempt"`
 }
 
-// decisionPayload is step.allowed, step.denied, step.rate_limited and
-// step.awaiting_approval: the
-// decision and what produced it.
-type decisionPayload struct {
+// verdictPayload is step.allowed, step.denied, step.rate_limited and
+// step.awaiting_approval: the verdict and what produced it.
+type verdictPayload struct {
 	stepRef
 	Decision    policy.Action    `json:"decision"`
 	Reason      string           `json:"reason"`
@@ -43,16 +42,19 @@ type decisionPayload struct {
 	ApprovalID  string           `json:"approval_id,omitempty"`
 }
 
-func decisionOf(s *Step, info *StepDecisionInfo) decisionPayload {
-	return decisionPayload{stepRef: refOf(s), Decision: info.Action, Reason: info.Reason, RuleID: info.RuleID,
-		Bundle: info.Bundle, Engine: info.Bundle.Engine, EvalNS: info.EvalTime.Nanoseconds()}
+func verdictOf(s *Step, v *Verdict) verdictPayload {
+	return verdictPayload{stepRef: refOf(s), Decision: v.Action, Reason: v.Reason, RuleID: v.RuleID,
+		Bundle: v.Bundle, Engine: v.Bundle.Engine, EvalNS: v.EvalTime.Nanoseconds()}
 }
 
-// executingPayload is step.executing on a step's first proceed.
+// executingPayload is step.executing: the lease the step runs under, and
+// why it runs again when it does (an orphan re-run, a granted approval).
 type executingPayload struct {
 	stepRef
 	DispatchID      string `json:"dispatch_id"`
 	DispatchAttempt int    `json:"dispatch_attempt"`
+	OrphanedFrom    *Lease `json:"orphaned_from,omitempty"`
+	ApprovalID      string `json:"approval_id,omitempty"`
 }
 
 // outcomePayload is step.succeeded and step.failed reported by the agent.

@@ -50,7 +50,7 @@ func (w window) roll(now time.Time, length time.Duration) window {
 
 // rateLimit checks every limit and, when all admit the call, counts it in
 // each (in the caller's transaction, so counting is exact and durable).
-func (k *Kernel) rateLimit(r *rec, e *Execution, req *StepRequest, rules []RateLimitRule) (limited bool, reason, ruleID string, err error) {
+func (k *Kernel) rateLimit(r *rec, e *Execution, rules []RateLimitRule) (limited bool, reason, ruleID string, err error) {
 	if len(rules) == 0 {
 		return false, "", "", nil
 	}
@@ -67,18 +67,22 @@ func (k *Kernel) rateLimit(r *rec, e *Execution, req *StepRequest, rules []RateL
 			}
 			return true, fmt.Sprintf("rate limit %s is misconfigured (fail closed)", rl.ID), rl.ID, nil
 		}
-		scope := e.ID
+		var key, legacy string
 		switch rl.Per {
 		case policy.PerAgent:
-			scope = "agent:" + e.AgentID
+			key = "rl\x00" + rl.ID + "\x00agent:" + e.AgentID
 		case policy.PerTenant:
-			scope = "tenant"
+			key = "rl\x00" + rl.ID + "\x00tenant"
 		default:
-			scope = "exec:" + e.ID
+			// Kept under the execution, so that deleting it deletes them.
+			key = ExecCounterPrefix(e.ID) + "rl\x00" + rl.ID
+			legacy = "rl\x00" + rl.ID + "\x00exec:" + e.ID // before 0.2: read until rewritten
 		}
-		key := "rl\x00" + rl.ID + "\x00" + scope
 		var w window
 		raw, cerr := r.tx.Counter(e.Tenant, key)
+		if cerr == nil && raw == nil && legacy != "" {
+			raw, cerr = r.tx.Counter(e.Tenant, legacy)
+		}
 		if cerr == nil && raw != nil {
 			cerr = json.Unmarshal(raw, &w)
 		}

@@ -3,7 +3,10 @@ package kernel
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
 	"sync"
+	"time"
 )
 
 // Replicas: several kernels may share one store (a database); each is a
@@ -108,20 +111,19 @@ func (k *Kernel) reloadBundle(ctx context.Context, ref Ref) error {
 	return k.activateStored(ctx, rec)
 }
 
-// activateStored compiles and activates a stored bundle unless its digest
-// is live already. bundleMu must be held.
+// activateStored makes a stored bundle live unless its digest is live
+// already. A revision that does not load here leaves the running one live
+// (the decision events' digests say which) and is tried again at the next
+// sync. bundleMu must be held.
 func (k *Kernel) activateStored(ctx context.Context, rec *BundleRecord) error {
 	ref := Ref{Tenant: rec.Tenant, Name: rec.Name}
 	if d, live := k.sh.active[ref]; live && d == rec.Digest {
 		return nil
 	}
-	cb, err := k.bundles.Compile(ctx, rec.Tenant, BundleSource{Archive: rec.Archive, Name: rec.Name})
-	if err != nil {
+	if err := k.loadStored(ctx, rec); err != nil {
 		return err
 	}
-	k.bundles.Activate(rec.Tenant, cb)
 	k.markActive(ref, rec.Digest)
-	k.log.Info("bundle activated", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "sha256", rec.Digest)
 	return nil
 }
 
@@ -134,7 +136,14 @@ func (k *Kernel) markActive(ref Ref, digest string) {
 }
 
 // syncBundles makes every stored bundle live at its stored revision and
-// removes the live ones no longer stored.
+// removes the live ones no longer stored: at boot (LoadBundles), and when
+// the feed from the other replicas had a gap. The bundles to load compile
+// a few at a time (GOMAXPROCS), each under Config.BundleLoadTimeout, so
+// that no bundle can hold the boot up: one that fails or does not load in
+// time is skipped with a warning naming it (its late result, if any, is
+// discarded), the loader is told (Failed), and agents bound to it are
+// denied (engine_error) until it is replaced; a replica that had an older
+// revision live keeps it until the new one loads.
 func (k *Kernel) syncBundles(ctx context.Context) error {
 	if k.bundles == nil {
 		return nil
@@ -143,20 +152,57 @@ func (k *Kernel) syncBundles(ctx context.Context) error {
 	defer k.sh.bundleMu.Unlock()
 	recs, err := k.ListBundles(ctx, "")
 	if err != nil {
-		return err
+		return fmt.Errorf("list bundles: %w", err)
 	}
+	start := time.Now()
 	stored := map[Ref]bool{}
+	var todo []*BundleRecord
 	for _, rec := range recs {
-		stored[Ref{Tenant: rec.Tenant, Name: rec.Name}] = true
-		if err := k.activateStored(ctx, rec); err != nil {
-			k.log.Error("stored bundle does not load", "tenant", rec.Tenant, "bundle", rec.Name, "err", err)
+		ref := Ref{Tenant: rec.Tenant, Name: rec.Name}
+		stored[ref] = true
+		if d, live := k.sh.active[ref]; !live || d != rec.Digest {
+			todo = append(todo, rec)
 		}
+	}
+	errs := make([]error, len(todo))
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for i, rec := range todo {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return ctx.Err()
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = k.loadStored(ctx, rec)
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	failed := 0
+	for i, rec := range todo {
+		if errs[i] == nil {
+			k.markActive(Ref{Tenant: rec.Tenant, Name: rec.Name}, rec.Digest)
+			continue
+		}
+		failed++
+		k.log.Warn("stored bundle skipped: it does not load; agents bound to it are denied (engine_error) until it is replaced",
+			"tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "err", errs[i])
+		k.bundles.Failed(rec.Tenant, rec.Name, errs[i])
 	}
 	for ref := range k.sh.active {
 		if !stored[ref] {
 			k.bundles.Remove(ref.Tenant, ref.Name)
 			delete(k.sh.active, ref)
 		}
+	}
+	if len(todo) > 0 {
+		k.log.Info("bundles loaded", "bundles", len(todo)-failed, "failed", failed, "took", time.Since(start).Round(time.Millisecond).String())
 	}
 	return nil
 }

@@ -69,6 +69,10 @@ func (l *loader) Remove(tenant, name string) {
 	delete(l.live, tenant+"/"+name)
 }
 
+func (l *loader) Discard(*kernel.CompiledBundle) {}
+
+func (l *loader) Failed(string, string, error) {}
+
 func (l *loader) RulesBundle(string, []byte) (kernel.BundleSource, error) {
 	return kernel.BundleSource{}, nil
 }
@@ -105,12 +109,11 @@ func TestFollowOtherReplicas(t *testing.T) {
 	}
 	defer st.Close()
 	fs := &feedStore{Store: st, changes: make(chan kernel.Change)}
-	k, err := kernel.New(fs, noDeliveries{}, nil, kernel.Config{})
+	l := &loader{live: map[string]string{}}
+	k, err := kernel.New(fs, noDeliveries{}, nil, l, kernel.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &loader{live: map[string]string{}}
-	k.SetBundleLoader(l)
 	ctx := context.Background()
 	if err := k.Start(ctx); err != nil {
 		t.Fatal(err)

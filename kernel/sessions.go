@@ -208,7 +208,7 @@ func (k *Kernel) CheckHolder(ctx context.Context, tenant, id, keyID string) erro
 // step's arguments, that it denies the step whatever they are
 // (plugins.Host, for the rules engine). Probe uses it.
 type OutrightDenier interface {
-	DeniesOutright(ctx context.Context, agent *Agent, in *policy.Input) (bool, error)
+	DeniesOutright(ctx context.Context, req *PolicyRequest) (bool, error)
 }
 
 // ProbeRequest asks whether policy denies a step outright.
@@ -223,29 +223,26 @@ type ProbeRequest struct {
 // execution's agent or its session's holder (no lease needed). It is what
 // `wicket mcp-proxy --hide-denied` asks before listing a tool.
 func (k *Kernel) Probe(ctx context.Context, req ProbeRequest) (bool, error) {
-	sr := StepRequest{Kind: req.Kind, Target: req.Target, Effect: req.Effect, Idempotency: req.Idempotency}
+	sr := StepRequest{Kind: req.Kind, Target: req.Target, Effect: req.Effect, Idempotency: Idempotency(req.Idempotency)}
 	if err := validateStep(&sr); err != nil {
 		return false, err
 	}
+	od, ok := k.policy.(OutrightDenier)
 	var e *Execution
+	var preq *PolicyRequest
 	err := k.store.View(ctx, func(tx ReadTx) error {
 		var err error
-		e, err = checkOwner(tx, req.AgentCall)
+		if e, err = checkOwner(tx, req.AgentCall); err != nil || !ok {
+			return err
+		}
+		preq, err = policyRequest(tx, e.Tenant, e.AgentID)
 		return err
 	})
-	if err != nil {
+	if err != nil || !ok {
 		return false, err
 	}
-	od, ok := k.policy.(OutrightDenier)
-	if !ok {
-		return false, nil
-	}
-	a, err := k.Agent(ctx, e.Tenant, e.AgentID)
-	if err != nil {
-		return false, err
-	}
-	in := &policy.Input{Tenant: e.Tenant, AgentID: e.AgentID, ExecutionID: e.ID,
-		Step:      policy.Step{Kind: sr.Kind, Target: sr.Target, Args: json.RawMessage("null"), Idempotency: sr.Idempotency, Effect: sr.Effect},
+	preq.Input = &policy.Input{Tenant: e.Tenant, AgentID: e.AgentID, ExecutionID: e.ID,
+		Step:      policy.Step{Kind: sr.Kind, Target: sr.Target, Args: json.RawMessage("null"), Idempotency: string(sr.Idempotency), Effect: sr.Effect},
 		Execution: policy.Execution{Status: string(e.Status), Labels: e.Labels, Totals: e.Totals, CreatedAt: e.CreatedAt}}
-	return od.DeniesOutright(ctx, a, in)
+	return od.DeniesOutright(ctx, preq)
 }

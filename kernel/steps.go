@@ -15,19 +15,30 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 )
 
-// Decisions answered to a step submission (docs/protocol.md).
+// Decision is the kernel's answer to a step submission
+// (docs/protocol.md#decisions).
+type Decision string
+
+// Decisions answered to a step submission.
 const (
-	DecisionProceed           = "proceed"
-	DecisionReplay            = "replay"
-	DecisionDenied            = "denied"
-	DecisionRateLimited       = "rate_limited"
-	DecisionBlocked           = "blocked"
-	DecisionExecutionBlocked  = "execution_blocked"
-	DecisionExecutionTerminal = "execution_terminal"
+	// DecisionProceed: a new step, allowed; run it, then complete or fail it.
+	DecisionProceed Decision = "proceed"
+	// DecisionReplay: the step is terminal; its recorded result or error is returned.
+	DecisionReplay Decision = "replay"
+	// DecisionDenied: refused by policy, a limit, or a denied or expired approval.
+	DecisionDenied Decision = "denied"
+	// DecisionRateLimited: over a rate limit.
+	DecisionRateLimited Decision = "rate_limited"
+	// DecisionBlocked: an approval is pending for this step.
+	DecisionBlocked Decision = "blocked"
+	// DecisionExecutionBlocked: the execution waits on another step's approval.
+	DecisionExecutionBlocked Decision = "execution_blocked"
+	// DecisionExecutionTerminal: the execution is completed, failed or cancelled.
+	DecisionExecutionTerminal Decision = "execution_terminal"
 	// DecisionInterrupted: the step was in flight when an earlier attempt
 	// ended, and the submitter said it can reconcile it: it answers with
 	// POST …/steps/{step_id}/reconcile.
-	DecisionInterrupted = "interrupted"
+	DecisionInterrupted Decision = "interrupted"
 )
 
 // MaxTargetLen bounds a step target.
@@ -39,7 +50,7 @@ type StepRequest struct {
 	Kind        string
 	Target      string
 	Args        json.RawMessage
-	Idempotency string
+	Idempotency Idempotency
 	Effect      string
 	// ClaimedStepID is the step id the agent computed itself
 	// (Rebuno-Step-Id), or "". When it differs from the kernel's id the
@@ -56,7 +67,7 @@ type StepRequest struct {
 
 // StepDecision is the kernel's answer to a submission.
 type StepDecision struct {
-	Decision   string          `json:"decision"`
+	Decision   Decision        `json:"decision"`
 	StepID     string          `json:"step_id,omitempty"`
 	Occurrence int             `json:"occurrence"`
 	Result     json.RawMessage `json:"result,omitempty"`
@@ -69,6 +80,9 @@ type StepDecision struct {
 // errRetry asks SubmitStep to read again: state changed between the read
 // and the write.
 var errRetry = errors.New("state changed; retry")
+
+// maxSubmitTries bounds SubmitStep's read-decide-write rounds.
+const maxSubmitTries = 8
 
 // validateStep checks and normalises a submission.
 func validateStep(req *StepRequest) error {
@@ -104,28 +118,16 @@ func validateStep(req *StepRequest) error {
 	return nil
 }
 
-// occKey is the occurrence-counter key of a (kind, target, args_hash) triple.
-func occKey(kind, target, argsHash string) string {
-	return kind + "\x00" + argsHash + "\x00" + target
+// submission is a validated step submission: the request with its args in
+// canonical form, their hash and the key of its occurrence counter.
+type submission struct {
+	StepRequest
+	argsHash string
+	occKey   string
 }
 
-// preread is what SubmitStep saw before deciding.
-type preread struct {
-	exec     *Execution
-	occ      int
-	stepID   string
-	step     *Step // nil when new
-	decision *StepDecision
-	// failures is the execution's count of consecutive failed steps (read
-	// only when max_consecutive_failures is set).
-	failures int64
-}
-
-// SubmitStep decides a step: replay when recorded, otherwise limits, policy,
-// rate limits and approvals (docs/policy.md), and records the decision with its
-// events in one transaction. On proceed, step.executing is durable before
-// this returns.
-func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision, error) {
+// newSubmission validates req and canonicalises its args.
+func newSubmission(req StepRequest) (*submission, error) {
 	if err := validateStep(&req); err != nil {
 		return nil, err
 	}
@@ -136,11 +138,56 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 	if err != nil {
 		return nil, Errorf(CodeValidation, "args: %v", err)
 	}
-	key := occKey(req.Kind, req.Target, argsHash)
-	for try := 0; try < 8; try++ {
+	req.Args = args
+	return &submission{StepRequest: req, argsHash: argsHash, occKey: occKey(req.Kind, req.Target, argsHash)}, nil
+}
+
+// occKey is the occurrence-counter key of a (kind, target, args_hash) triple.
+func occKey(kind, target, argsHash string) string {
+	return kind + "\x00" + argsHash + "\x00" + target
+}
+
+// newStep is the record of a step submitted for the first time.
+func (sub *submission) newStep(e *Execution, id string, occurrence int, now time.Time) *Step {
+	return &Step{ID: id, ExecutionID: e.ID, Tenant: e.Tenant, Kind: sub.Kind, Target: sub.Target,
+		Args: sub.Args, ArgsHash: sub.argsHash, Occurrence: occurrence, Idempotency: sub.Idempotency,
+		Effect: sub.Effect, CreatedAt: now, Seq: e.LastSeq + 1}
+}
+
+// preread is what SubmitStep saw before deciding.
+type preread struct {
+	exec   *Execution
+	occ    int
+	stepID string
+	step   *Step // nil when new
+	// decision is set when the answer needs no write.
+	decision *StepDecision
+	// failures is the execution's count of consecutive failed steps (read
+	// only when max_consecutive_failures is set).
+	failures int64
+	// policy is what the policy layer needs for a step it must decide:
+	// the agent's bundle and the tenant's guards (nil when no policy runs).
+	policy *PolicyRequest
+}
+
+// SubmitStep decides a step: replay when recorded, otherwise limits, policy,
+// rate limits and approvals (docs/policy.md), and records the decision with
+// its events in one transaction. On proceed, step.executing is durable
+// before this returns.
+//
+// It reads (one read transaction), evaluates policy outside any
+// transaction, then writes and re-checks what it read; when something
+// changed in between it starts over, at most maxSubmitTries times
+// (then unavailable).
+func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision, error) {
+	sub, err := newSubmission(req)
+	if err != nil {
+		return nil, err
+	}
+	for range maxSubmitTries {
 		var pre preread
 		err := k.store.View(ctx, func(tx ReadTx) error {
-			return k.preread(tx, &req, argsHash, key, &pre)
+			return k.preread(tx, sub, &pre)
 		})
 		if err != nil {
 			return nil, err
@@ -148,22 +195,17 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 		if pre.decision != nil {
 			return pre.decision, nil
 		}
-		var pres *PolicyResult
-		var limit *StepDecisionInfo
-		if needsPolicy(pre.step) {
-			if info := k.checkLimits(pre.exec, req.Kind, args, &pre); info != nil {
-				limit = info
-			} else {
-				pres, err = k.decide(ctx, &req, args, argsHash, &pre)
-				if err != nil {
+		var v *Verdict
+		if pre.policy != nil {
+			if v = k.checkLimits(pre.exec, sub, &pre); v == nil {
+				if v, err = k.decide(ctx, pre.policy); err != nil {
 					return nil, err
 				}
 			}
 		}
 		var out *StepDecision
 		_, err = k.update(ctx, func(r *rec) error {
-			out = nil
-			d, err := k.writeStep(r, &req, args, argsHash, key, &pre, pres, limit)
+			d, err := k.writeStep(r, sub, &pre, v)
 			out = d
 			return err
 		})
@@ -180,8 +222,8 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 
 // preread reads what the decision depends on; it sets pre.decision when the
 // answer needs no write.
-func (k *Kernel) preread(tx ReadTx, req *StepRequest, argsHash, key string, pre *preread) error {
-	e, err := checkCall(tx, req.AgentCall)
+func (k *Kernel) preread(tx ReadTx, sub *submission, pre *preread) error {
+	e, err := checkCall(tx, sub.AgentCall)
 	if err != nil {
 		return err
 	}
@@ -194,24 +236,19 @@ func (k *Kernel) preread(tx ReadTx, req *StepRequest, argsHash, key string, pre 
 		pre.decision = &StepDecision{Decision: DecisionExecutionBlocked, ApprovalID: e.BlockedOn, Reason: "the execution waits on an approval"}
 		return nil
 	}
-	oc, err := tx.Occurrence(e.Tenant, e.ID, key)
+	oc, err := tx.Occurrence(e.Tenant, e.ID, sub.occKey)
 	if err != nil {
 		return fmt.Errorf("read occurrence: %w", err)
 	}
 	if oc.Lease == e.Lease {
 		pre.occ = oc.Count
 	}
-	if e.Limits.MaxConsecutiveFailures > 0 {
-		if pre.failures, err = readFailures(tx, e); err != nil {
-			return err
-		}
-	}
-	pre.stepID = canon.StepID(e.ID, req.Kind, req.Target, argsHash, pre.occ)
-	if req.ClaimedStepID != "" && req.ClaimedStepID != pre.stepID {
+	pre.stepID = canon.StepID(e.ID, sub.Kind, sub.Target, sub.argsHash, pre.occ)
+	if sub.ClaimedStepID != "" && sub.ClaimedStepID != pre.stepID {
 		return (&Error{Code: CodeStepIDDivergence, Message: fmt.Sprintf(
 			"the agent's step id %.16s… is not the kernel's %.16s… (occurrence %d, args_hash %.16s…): the agent computes step ids differently; nothing was recorded",
-			req.ClaimedStepID, pre.stepID, pre.occ, argsHash)}).WithDetails(map[string]any{
-			"step_id": pre.stepID, "sent_step_id": req.ClaimedStepID, "occurrence": pre.occ, "args_hash": argsHash})
+			sub.ClaimedStepID, pre.stepID, pre.occ, sub.argsHash)}).WithDetails(map[string]any{
+			"step_id": pre.stepID, "sent_step_id": sub.ClaimedStepID, "occurrence": pre.occ, "args_hash": sub.argsHash})
 	}
 	s, err := tx.Step(e.Tenant, e.ID, pre.stepID)
 	switch {
@@ -225,8 +262,49 @@ func (k *Kernel) preread(tx ReadTx, req *StepRequest, argsHash, key string, pre 
 		// A session keeps its lease while blocked: only the step that waits
 		// is answered (blocked until its approval is resolved).
 		pre.decision = &StepDecision{Decision: DecisionExecutionBlocked, ApprovalID: e.BlockedOn, Reason: "the execution waits on an approval"}
+		return nil
+	}
+	if !needsPolicy(pre.step) {
+		return nil
+	}
+	if e.Limits.MaxConsecutiveFailures > 0 {
+		if pre.failures, err = readFailures(tx, e); err != nil {
+			return err
+		}
+	}
+	pre.policy, err = policyRequest(tx, e.Tenant, e.AgentID)
+	if err != nil {
+		return err
+	}
+	pre.policy.Input = &policy.Input{
+		Tenant: e.Tenant, AgentID: e.AgentID, ExecutionID: e.ID,
+		Step: policy.Step{Kind: sub.Kind, Target: sub.Target, Args: sub.Args, ArgsHash: sub.argsHash,
+			Idempotency: string(sub.Idempotency), Effect: sub.Effect, Occurrence: pre.occ},
+		Execution: policy.Execution{Status: string(e.Status), Labels: e.Labels, Totals: e.Totals, CreatedAt: e.CreatedAt},
 	}
 	return nil
+}
+
+// policyRequest reads the bundles that decide an agent's steps: the agent's
+// own and its tenant's guards. The caller fills in the input document.
+func policyRequest(tx ReadTx, tenant, agentID string) (*PolicyRequest, error) {
+	a, err := tx.Agent(tenant, agentID)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return nil, Errorf(CodeNotFound, "agent %s not found", agentID)
+		}
+		return nil, fmt.Errorf("read agent %s: %w", agentID, err)
+	}
+	req := &PolicyRequest{Bundle: a.Bundle}
+	t, err := tx.Tenant(tenant)
+	switch {
+	case err == nil:
+		req.Guards = t.Guards
+	case errors.Is(err, ErrNotFound): // the default tenant has no record until configured
+	default:
+		return nil, fmt.Errorf("read tenant %s: %w", tenant, err)
+	}
+	return req, nil
 }
 
 // needsPolicy reports whether a step in this state is decided by policy.
@@ -234,17 +312,21 @@ func needsPolicy(s *Step) bool {
 	return s == nil || s.Status == StepRateLimited || (s.Status == StepDenied && s.ApprovalID == "")
 }
 
-// checkLimits applies the execution's limits (docs/policy.md, step 2).
-func (k *Kernel) checkLimits(e *Execution, kind string, args json.RawMessage, pre *preread) *StepDecisionInfo {
+// limitsBundle names the execution limits in the verdicts they produce.
+var limitsBundle = policy.BundleRef{Name: "kernel-limits", Revision: "1", Engine: "builtin"}
+
+// checkLimits applies the execution's limits (docs/policy.md, step 2); it
+// returns the deny verdict of the first limit reached, or nil.
+func (k *Kernel) checkLimits(e *Execution, sub *submission, pre *preread) *Verdict {
 	occurrence := pre.occ
 	l := e.Limits
-	deny := func(rule, reason string) *StepDecisionInfo {
-		return &StepDecisionInfo{Action: policy.Deny, RuleID: rule, Reason: reason, Bundle: policy.BundleRef{Name: "kernel-limits", Revision: "1", Engine: "builtin"}}
+	deny := func(rule, reason string) *Verdict {
+		return &Verdict{Action: policy.Deny, RuleID: rule, Reason: reason, Bundle: limitsBundle}
 	}
 	switch {
 	case l.MaxSteps > 0 && e.Totals.Steps >= l.MaxSteps:
 		return deny("limit_steps", fmt.Sprintf("limit_steps: the execution has run %d of %d steps", e.Totals.Steps, l.MaxSteps))
-	case kind == policy.KindLLMCall && l.MaxLLMCalls > 0 && e.Totals.LLMCalls >= l.MaxLLMCalls:
+	case sub.Kind == policy.KindLLMCall && l.MaxLLMCalls > 0 && e.Totals.LLMCalls >= l.MaxLLMCalls:
 		return deny("limit_llm_calls", fmt.Sprintf("limit_llm_calls: the execution has made %d of %d LLM calls", e.Totals.LLMCalls, l.MaxLLMCalls))
 	case l.MaxTotalTokens > 0 && e.Totals.Tokens >= l.MaxTotalTokens:
 		return deny("limit_tokens", fmt.Sprintf("limit_tokens: %d of %d tokens used", e.Totals.Tokens, l.MaxTotalTokens))
@@ -256,14 +338,14 @@ func (k *Kernel) checkLimits(e *Execution, kind string, args json.RawMessage, pr
 	case l.MaxConsecutiveFailures > 0 && pre.failures >= l.MaxConsecutiveFailures:
 		return deny("limit_consecutive_failures", fmt.Sprintf("limit_consecutive_failures: the last %d steps failed (max %d)", pre.failures, l.MaxConsecutiveFailures))
 	}
-	if kind == policy.KindLLMCall && l.MaxOutputTokensPerCall > 0 {
+	if sub.Kind == policy.KindLLMCall && l.MaxOutputTokensPerCall > 0 {
 		// Enforced before the call: the request's own output cap must fit.
 		var req struct {
 			MaxTokens           *int64 `json:"max_tokens"`
 			MaxOutputTokens     *int64 `json:"max_output_tokens"`
 			MaxCompletionTokens *int64 `json:"max_completion_tokens"`
 		}
-		_ = json.Unmarshal(args, &req)
+		_ = json.Unmarshal(sub.Args, &req)
 		for _, v := range []*int64{req.MaxTokens, req.MaxOutputTokens, req.MaxCompletionTokens} {
 			if v != nil && *v > l.MaxOutputTokensPerCall {
 				return deny("limit_output_tokens", fmt.Sprintf("limit_output_tokens: the call asks for %d output tokens (max %d per call)", *v, l.MaxOutputTokensPerCall))
@@ -281,40 +363,34 @@ func (k *Kernel) checkLimits(e *Execution, kind string, args json.RawMessage, pr
 	return nil
 }
 
-// decide evaluates policy for a new step (outside any transaction).
-func (k *Kernel) decide(ctx context.Context, req *StepRequest, args json.RawMessage, argsHash string, pre *preread) (*PolicyResult, error) {
-	agent, err := k.Agent(ctx, req.Tenant, pre.exec.AgentID) // not req.AgentID: a session holder is a key
-	if err != nil {
-		return nil, err
-	}
-	e := pre.exec
-	in := &policy.Input{
-		Tenant: e.Tenant, AgentID: e.AgentID, ExecutionID: e.ID,
-		Step: policy.Step{Kind: req.Kind, Target: req.Target, Args: args, ArgsHash: argsHash,
-			Idempotency: req.Idempotency, Effect: req.Effect, Occurrence: pre.occ},
-		Execution: policy.Execution{Status: string(e.Status), Labels: e.Labels, Totals: e.Totals, CreatedAt: e.CreatedAt},
-	}
+// decide asks the policy layer for a verdict (outside any transaction).
+func (k *Kernel) decide(ctx context.Context, req *PolicyRequest) (*Verdict, error) {
 	start := time.Now()
-	res, err := k.policy.Decide(ctx, agent, in)
+	v, err := k.policy.Decide(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
-	if res.EvalTime == 0 {
-		res.EvalTime = time.Since(start)
+	if v.EvalTime == 0 {
+		v.EvalTime = time.Since(start)
 	}
-	return &res, nil
+	if !v.Action.Valid() {
+		v.Reason = fmt.Sprintf("policy answered unknown action %q", v.Action)
+		v.Action = policy.Deny
+	}
+	return &v, nil
 }
 
-// writeStep re-checks what preread saw and records the decision.
-func (k *Kernel) writeStep(r *rec, req *StepRequest, args json.RawMessage, argsHash, key string, pre *preread, pres *PolicyResult, limit *StepDecisionInfo) (*StepDecision, error) {
-	e, err := checkCall(r.tx, req.AgentCall)
+// writeStep re-checks what preread saw and records the decision. v is the
+// verdict for a step that needs policy (nil otherwise).
+func (k *Kernel) writeStep(r *rec, sub *submission, pre *preread, v *Verdict) (*StepDecision, error) {
+	e, err := checkCall(r.tx, sub.AgentCall)
 	if err != nil {
 		return nil, err
 	}
-	if e.Status.Terminal() || !leaseLive(e) || e.LastSeq != pre.exec.LastSeq && !sameStepState(r.tx, e, pre) {
+	if e.Status.Terminal() || !leaseLive(e) || e.LastSeq != pre.exec.LastSeq && !sameStepState(e, pre) {
 		return nil, errRetry
 	}
-	oc, err := r.tx.Occurrence(e.Tenant, e.ID, key)
+	oc, err := r.tx.Occurrence(e.Tenant, e.ID, sub.occKey)
 	if err != nil {
 		return nil, err
 	}
@@ -344,13 +420,19 @@ func (k *Kernel) writeStep(r *rec, req *StepRequest, args json.RawMessage, argsH
 		d = replayOf(base, s)
 	case s != nil && s.Status == StepDenied && s.ApprovalID != "":
 		d = base
-		d.Decision, d.Reason, d.RuleID, d.ApprovalID = DecisionDenied, s.Decision.Reason, s.Decision.RuleID, s.ApprovalID
+		d.Decision, d.ApprovalID = DecisionDenied, s.ApprovalID
+		if s.Verdict != nil {
+			d.Reason, d.RuleID = s.Verdict.Reason, s.Verdict.RuleID
+		}
 	case s != nil && (s.Status == StepExecuting || s.Status == StepInterrupted):
-		d, err = k.orphan(r, e, s, base, req.Reconcile)
+		d, err = k.orphan(r, e, s, base, sub.Reconcile)
 	case s != nil && s.Status == StepAwaitingApproval:
 		d, err = k.afterApproval(r, e, s, base)
 	default:
-		d, err = k.newDecision(r, e, s, req, args, argsHash, base, pres, limit)
+		if s == nil {
+			s = sub.newStep(e, pre.stepID, n, r.now)
+		}
+		d, err = k.newDecision(r, e, s, base, v)
 	}
 	if err != nil {
 		return nil, err
@@ -359,7 +441,7 @@ func (k *Kernel) writeStep(r *rec, req *StepRequest, args json.RawMessage, argsH
 		// A blocked answer consumes no occurrence: a session's holder,
 		// which keeps its lease, proposes the step again under the same id
 		// once the approval is resolved (an agent's attempt ends here).
-		if err := r.tx.PutOccurrence(e.Tenant, e.ID, key, Occurrence{Lease: e.Lease, Count: n + 1}); err != nil {
+		if err := r.tx.PutOccurrence(e.Tenant, e.ID, sub.occKey, Occurrence{Lease: e.Lease, Count: n + 1}); err != nil {
 			return nil, fmt.Errorf("put occurrence: %w", err)
 		}
 	}
@@ -373,7 +455,7 @@ func (k *Kernel) writeStep(r *rec, req *StepRequest, args json.RawMessage, argsH
 }
 
 // sameStepState is true when nothing preread depended on changed.
-func sameStepState(tx ReadTx, e *Execution, pre *preread) bool {
+func sameStepState(e *Execution, pre *preread) bool {
 	if e.Status != pre.exec.Status || e.Lease != pre.exec.Lease || e.Dispatch.State != pre.exec.Dispatch.State {
 		return false
 	}
@@ -391,6 +473,30 @@ func replayOf(base *StepDecision, s *Step) *StepDecision {
 	d.Result = s.Result
 	d.Error = s.Error
 	return d
+}
+
+// proceed marks s executing under e's current lease and records
+// step.executing: the one place a step is told to run. A step that runs for
+// the first time under this execution's totals (a new allowed step, or one
+// whose approval was granted) counts toward them; an orphan re-run does not.
+func (r *rec) proceed(e *Execution, s *Step, p executingPayload, count bool) error {
+	s.Status = StepExecuting
+	s.Lease = e.Lease
+	if err := r.tx.PutStep(s); err != nil {
+		return err
+	}
+	p.stepRef = refOf(s)
+	p.DispatchID, p.DispatchAttempt = e.Lease.DispatchID, e.Lease.Attempt
+	if err := r.event(e, EvStepExecuting, p); err != nil {
+		return err
+	}
+	if count {
+		e.Totals.Steps++
+		if s.Kind == policy.KindLLMCall {
+			e.Totals.LLMCalls++
+		}
+	}
+	return nil
 }
 
 // orphan handles a step found executing (or interrupted) under an older
@@ -435,12 +541,7 @@ func (k *Kernel) orphan(r *rec, e *Execution, s *Step, base *StepDecision, recon
 		}
 		return replayOf(base, s), nil
 	}
-	s.Status = StepExecuting
-	s.Lease = e.Lease
-	if err := r.tx.PutStep(s); err != nil {
-		return nil, err
-	}
-	if err := r.event(e, EvStepExecuting, stepPayload(s, map[string]any{"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt, "orphaned_from": prev})); err != nil {
+	if err := r.proceed(e, s, executingPayload{OrphanedFrom: &prev}, false); err != nil {
 		return nil, err
 	}
 	base.Decision = DecisionProceed
@@ -460,19 +561,9 @@ func (k *Kernel) afterApproval(r *rec, e *Execution, s *Step, base *StepDecision
 		base.Reason = a.Reason
 		return base, nil
 	case ApprovalGranted:
-		s.Status = StepExecuting
-		s.Lease = e.Lease
-		if err := r.tx.PutStep(s); err != nil {
+		// A retried interrupted step was counted when it first ran.
+		if err := r.proceed(e, s, executingPayload{ApprovalID: a.ID}, a.Type != ApprovalInterrupted); err != nil {
 			return nil, err
-		}
-		if err := r.event(e, EvStepExecuting, stepPayload(s, map[string]any{"dispatch_id": e.Lease.DispatchID, "dispatch_attempt": e.Lease.Attempt, "approval_id": a.ID})); err != nil {
-			return nil, err
-		}
-		if a.Type != ApprovalInterrupted { // a retried step was counted when it first ran
-			e.Totals.Steps++
-			if s.Kind == policy.KindLLMCall {
-				e.Totals.LLMCalls++
-			}
 		}
 		base.Decision = DecisionProceed
 		return base, nil
@@ -483,35 +574,19 @@ func (k *Kernel) afterApproval(r *rec, e *Execution, s *Step, base *StepDecision
 	}
 }
 
-// newDecision records a policy (or limit) decision for a new or re-decided step.
-func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, args json.RawMessage, argsHash string, base *StepDecision, pres *PolicyResult, limit *StepDecisionInfo) (*StepDecision, error) {
-	if s == nil {
-		s = &Step{ID: base.StepID, ExecutionID: e.ID, Tenant: e.Tenant, Kind: req.Kind, Target: req.Target,
-			Args: args, ArgsHash: argsHash, Occurrence: base.Occurrence, Idempotency: req.Idempotency,
-			Effect: req.Effect, CreatedAt: r.now, Seq: e.LastSeq + 1}
-	}
-	if err := r.event(e, EvStepProposed, proposedPayload{stepRef: refOf(s), ArgsHash: argsHash, Occurrence: base.Occurrence,
+// newDecision records the verdict for a new or re-decided step s: rate
+// limits, then allow (proceed), require_approval (blocked), abort (the
+// execution fails) or deny.
+func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, base *StepDecision, v *Verdict) (*StepDecision, error) {
+	if err := r.event(e, EvStepProposed, proposedPayload{stepRef: refOf(s), ArgsHash: s.ArgsHash, Occurrence: base.Occurrence,
 		Idempotency: s.Idempotency, Effect: s.Effect, DispatchID: e.Lease.DispatchID, DispatchAttempt: e.Lease.Attempt}); err != nil {
 		return nil, err
 	}
-	var info StepDecisionInfo
-	var rateLimits []RateLimitRule
-	var approvalCfg *policy.Approval
-	if limit != nil {
-		info = *limit
-	} else {
-		info = StepDecisionInfo{Action: pres.Decision.Decision, Reason: pres.Decision.Reason, RuleID: pres.Decision.RuleID, Bundle: pres.Bundle, EvalTime: pres.EvalTime}
-		rateLimits = pres.RateLimits
-		approvalCfg = pres.Decision.Approval
-	}
-	if !info.Action.Valid() {
-		info.Reason = fmt.Sprintf("policy answered unknown decision %q", info.Action)
-		info.Action = policy.Deny
-	}
-	s.Decision = &info
-	base.Reason, base.RuleID = info.Reason, info.RuleID
-	if info.Action == policy.Allow || info.Action == policy.RequireApproval {
-		if limited, reason, ruleID, err := k.rateLimit(r, e, req, rateLimits); err != nil {
+	s.Verdict = v.record()
+	s.OnInterrupted = v.OnInterrupted
+	base.Reason, base.RuleID = v.Reason, v.RuleID
+	if v.Action == policy.Allow || v.Action == policy.RequireApproval {
+		if limited, reason, ruleID, err := k.rateLimit(r, e, v.RateLimits); err != nil {
 			return nil, err
 		} else if limited {
 			s.Status = StepRateLimited
@@ -519,48 +594,36 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 			if err := r.tx.PutStep(s); err != nil {
 				return nil, err
 			}
-			p := decisionOf(s, &info)
+			p := verdictOf(s, v)
 			p.Reason, p.RateLimitID = reason, ruleID
 			return base, r.event(e, EvStepRateLimited, p)
 		}
 	}
-	if pres != nil {
-		s.OnInterrupted = pres.OnInterrupted
-	}
-	switch info.Action {
+	switch v.Action {
 	case policy.Allow:
-		s.Status = StepExecuting
-		s.Lease = e.Lease
-		if err := r.tx.PutStep(s); err != nil {
+		if err := r.event(e, EvStepAllowed, verdictOf(s, v)); err != nil {
 			return nil, err
 		}
-		if err := r.event(e, EvStepAllowed, decisionOf(s, &info)); err != nil {
+		if err := r.proceed(e, s, executingPayload{}, true); err != nil {
 			return nil, err
-		}
-		if err := r.event(e, EvStepExecuting, executingPayload{stepRef: refOf(s), DispatchID: e.Lease.DispatchID, DispatchAttempt: e.Lease.Attempt}); err != nil {
-			return nil, err
-		}
-		e.Totals.Steps++
-		if s.Kind == policy.KindLLMCall {
-			e.Totals.LLMCalls++
 		}
 		base.Decision = DecisionProceed
 		return base, nil
 	case policy.RequireApproval:
-		return k.requestApproval(r, e, s, base, &info, approvalCfg)
+		return k.requestApproval(r, e, s, base, v)
 	case policy.Abort:
 		s.Status = StepDenied
 		if err := r.tx.PutStep(s); err != nil {
 			return nil, err
 		}
-		if err := r.event(e, EvStepDenied, decisionOf(s, &info)); err != nil {
+		if err := r.event(e, EvStepDenied, verdictOf(s, v)); err != nil {
 			return nil, err
 		}
-		if err := k.finish(r, e, ExecFailed, "policy_abort", nil, mustJSON(map[string]any{"code": "policy_abort", "message": info.Reason, "rule_id": info.RuleID, "step_id": s.ID}), nil); err != nil {
+		if err := k.finish(r, e, ExecFailed, "policy_abort", nil, mustJSON(map[string]any{"code": "policy_abort", "message": v.Reason, "rule_id": v.RuleID, "step_id": s.ID}), nil); err != nil {
 			return nil, err
 		}
 		base.Decision = DecisionExecutionTerminal
-		base.Reason = "policy_abort: " + info.Reason
+		base.Reason = "policy_abort: " + v.Reason
 		return base, nil
 	default:
 		s.Status = StepDenied
@@ -568,17 +631,17 @@ func (k *Kernel) newDecision(r *rec, e *Execution, s *Step, req *StepRequest, ar
 			return nil, err
 		}
 		base.Decision = DecisionDenied
-		return base, r.event(e, EvStepDenied, decisionOf(s, &info))
+		return base, r.event(e, EvStepDenied, verdictOf(s, v))
 	}
 }
 
 // requestApproval creates a hash-bound approval and parks the dispatch.
-func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecision, info *StepDecisionInfo, cfg *policy.Approval) (*StepDecision, error) {
+func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecision, v *Verdict) (*StepDecision, error) {
 	timeout := k.cfg.ApprovalTimeout
 	a := &Approval{ID: k.ids.next(r.now), Tenant: e.Tenant, ExecutionID: e.ID, AgentID: e.AgentID, StepID: s.ID,
 		Kind: s.Kind, Target: s.Target, Args: s.Args, RequestHash: RequestHash(s.ID, s.Args), Status: ApprovalPending,
-		Reason: info.Reason, RuleID: info.RuleID, CreatedAt: r.now}
-	if cfg != nil {
+		Reason: v.Reason, RuleID: v.RuleID, CreatedAt: r.now}
+	if cfg := v.Approval; cfg != nil {
 		a.Approvers = cfg.Approvers
 		a.Message = cfg.Message
 		if cfg.Timeout != "" {
@@ -596,7 +659,7 @@ func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecisi
 	if err := r.tx.PutStep(s); err != nil {
 		return nil, err
 	}
-	payload := decisionOf(s, info)
+	payload := verdictOf(s, v)
 	payload.ApprovalID = a.ID
 	if err := r.event(e, EvStepAwaitingApproval, payload); err != nil {
 		return nil, err

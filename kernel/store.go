@@ -102,6 +102,9 @@ func (b *BundleRecord) OwnedBy() BundleOwner {
 type Tenant struct {
 	ID     string   `json:"id"`
 	Guards []string `json:"guards,omitempty"`
+	// Retention overrides Config.Retention for the tenant's executions: a
+	// Go duration ("720h"); "0s" keeps them forever; "" follows the kernel.
+	Retention string `json:"retention,omitempty"`
 	// BundleKeys verify the signatures of the tenant's bundles, beside the
 	// kernel's own keys; with any key, its bundles must be signed.
 	BundleKeys []BundleKey `json:"bundle_keys,omitempty"`
@@ -221,6 +224,18 @@ type Tx interface {
 	DeleteBundle(tenant, name string) error
 
 	PutCounter(tenant, key string, value []byte) error
+
+	// DeleteExecution deletes an execution and everything stored under it:
+	// its steps, the approvals they asked for, occurrence counters, the
+	// counters whose key starts with ExecCounterPrefix(id), its events and
+	// finally the execution with its index entries. It deletes at most
+	// limit records (limit <= 0: all), the events newest first with LastSeq
+	// following them (the log left is always 1..LastSeq), and reports what
+	// it deleted and whether the execution itself is gone (done); call it
+	// again, in another transaction, until it is. An implementation may
+	// delete more than limit. A missing execution is ErrNotFound.
+	// Retention calls it for terminal executions.
+	DeleteExecution(tenant, id string, limit int) (st PurgeStats, done bool, err error)
 
 	PutTenant(t *Tenant) error
 	PutAPIKey(k *APIKey) error

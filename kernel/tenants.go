@@ -28,6 +28,9 @@ func (k *Kernel) CreateTenant(ctx context.Context, t Tenant) (*Tenant, error) {
 	if !ValidID(t.ID) {
 		return nil, Errorf(CodeValidation, "tenant id %q is invalid", t.ID)
 	}
+	if err := ValidRetention(t.Retention); err != nil {
+		return nil, err
+	}
 	_, err := k.update(ctx, func(r *rec) error {
 		if _, err := r.tx.Tenant(t.ID); err == nil || t.ID == DefaultTenant {
 			return Errorf(CodeConflict, "tenant %s already exists", t.ID)

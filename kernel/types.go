@@ -52,19 +52,29 @@ func (s StepStatus) Terminal() bool {
 	return s == StepSucceeded || s == StepFailed || s == StepCancelled
 }
 
+// Idempotency is what may happen to a step found in flight after its
+// dispatch attempt ended (docs/durability.md).
+type Idempotency string
+
 // Idempotency modes of a step.
 const (
-	SafeToRetry = "safe_to_retry"
-	AtMostOnce  = "at_most_once"
+	// SafeToRetry steps proceed again under the new attempt, same step id
+	// (default for llm_call and local).
+	SafeToRetry Idempotency = "safe_to_retry"
+	// AtMostOnce steps fail "indeterminate" instead (default for tool_call).
+	AtMostOnce Idempotency = "at_most_once"
 )
 
-// Dispatch states kept on the execution.
+// DispatchStatus is where an execution's dispatch stands.
+type DispatchStatus string
+
+// Dispatch statuses kept on the execution.
 const (
-	DispatchNone       = ""           // no dispatch (terminal, or never queued)
-	DispatchQueued     = "queued"     // waiting in the due index until DueAt
-	DispatchDelivering = "delivering" // claimed; webhook POST in flight; lease held
-	DispatchAcked      = "acked"      // agent acknowledged; lease held
-	DispatchParked     = "parked"     // a step is blocked on an approval; no lease timer
+	DispatchNone       DispatchStatus = ""           // no dispatch (terminal, or never queued)
+	DispatchQueued     DispatchStatus = "queued"     // waiting in the due index until DueAt
+	DispatchDelivering DispatchStatus = "delivering" // claimed; webhook POST in flight; lease held
+	DispatchAcked      DispatchStatus = "acked"      // agent acknowledged; lease held
+	DispatchParked     DispatchStatus = "parked"     // a step is blocked on an approval; no lease timer
 )
 
 // Lease is the (dispatch_id, dispatch_attempt) pair an agent holds.
@@ -80,8 +90,8 @@ type DispatchState struct {
 	ID string `json:"id,omitempty"`
 	// Attempt is the number of the last claimed attempt of ID (0: never claimed).
 	Attempt int `json:"attempt"`
-	// State is one of the Dispatch* constants.
-	State string `json:"state,omitempty"`
+	// State is one of the Dispatch* statuses.
+	State DispatchStatus `json:"state,omitempty"`
 	// DueAt is when a queued dispatch may be claimed.
 	DueAt time.Time `json:"due_at,omitzero"`
 	// LeaseUntil is when a claimed attempt's lease expires.
@@ -145,8 +155,9 @@ type Holder struct {
 // dispatched to a webhook).
 func (e *Execution) Session() bool { return e.Holder != nil }
 
-// StepDecisionInfo is the decision record of a step.
-type StepDecisionInfo struct {
+// StepVerdict is the part of a [Verdict] a step records: the action and
+// what produced it.
+type StepVerdict struct {
 	Action   policy.Action    `json:"action"`
 	Reason   string           `json:"reason,omitempty"`
 	RuleID   string           `json:"rule_id,omitempty"`
@@ -164,7 +175,7 @@ type Step struct {
 	Args        json.RawMessage `json:"args"`
 	ArgsHash    string          `json:"args_hash"`
 	Occurrence  int             `json:"occurrence"`
-	Idempotency string          `json:"idempotency"`
+	Idempotency Idempotency     `json:"idempotency"`
 	Effect      string          `json:"effect,omitempty"`
 	Status      StepStatus      `json:"status"`
 	Result      json.RawMessage `json:"result,omitempty"`
@@ -175,9 +186,11 @@ type Step struct {
 	// OnInterrupted is what happens when the step is found in flight by a
 	// later attempt: OnInterruptedApproval when the agent or a bundle that
 	// decided it asked for it when it proceeded, else empty (indeterminate).
-	OnInterrupted string            `json:"on_interrupted,omitempty"`
-	Decision      *StepDecisionInfo `json:"decision,omitempty"`
-	ApprovalID    string            `json:"approval_id,omitempty"`
+	OnInterrupted string `json:"on_interrupted,omitempty"`
+	// Verdict is what decided the step: the policy verdict, or the limit
+	// that denied it.
+	Verdict    *StepVerdict `json:"decision,omitempty"`
+	ApprovalID string       `json:"approval_id,omitempty"`
 	// Seq is the seq of the step's first event (step.proposed); it orders steps.
 	Seq         uint64     `json:"seq"`
 	CreatedAt   time.Time  `json:"created_at"`
@@ -196,48 +209,51 @@ type Usage struct {
 type Event struct {
 	ExecutionID string          `json:"execution_id"`
 	Seq         uint64          `json:"seq"`
-	Type        string          `json:"type"`
+	Type        EventType       `json:"type"`
 	Time        time.Time       `json:"time"`
 	Payload     json.RawMessage `json:"payload"`
 }
 
-// Event types (docs/durability.md).
+// EventType names what an event records (docs/protocol.md#events).
+type EventType string
+
+// Event types.
 const (
-	EvExecutionCreated   = "execution.created"
-	EvExecutionStarted   = "execution.started"
-	EvExecutionBlocked   = "execution.blocked"
-	EvExecutionResumed   = "execution.resumed"
-	EvExecutionCompleted = "execution.completed"
-	EvExecutionFailed    = "execution.failed"
-	EvExecutionCancelled = "execution.cancelled"
+	EvExecutionCreated   EventType = "execution.created"
+	EvExecutionStarted   EventType = "execution.started"
+	EvExecutionBlocked   EventType = "execution.blocked"
+	EvExecutionResumed   EventType = "execution.resumed"
+	EvExecutionCompleted EventType = "execution.completed"
+	EvExecutionFailed    EventType = "execution.failed"
+	EvExecutionCancelled EventType = "execution.cancelled"
 
-	EvStepProposed         = "step.proposed"
-	EvStepAllowed          = "step.allowed"
-	EvStepDenied           = "step.denied"
-	EvStepRateLimited      = "step.rate_limited"
-	EvStepAwaitingApproval = "step.awaiting_approval"
-	EvStepExecuting        = "step.executing"
-	EvStepSucceeded        = "step.succeeded"
-	EvStepFailed           = "step.failed"
-	EvStepCancelled        = "step.cancelled"
-	EvStepInterrupted      = "step.interrupted"
-	EvStepReconciled       = "step.reconciled"
+	EvStepProposed         EventType = "step.proposed"
+	EvStepAllowed          EventType = "step.allowed"
+	EvStepDenied           EventType = "step.denied"
+	EvStepRateLimited      EventType = "step.rate_limited"
+	EvStepAwaitingApproval EventType = "step.awaiting_approval"
+	EvStepExecuting        EventType = "step.executing"
+	EvStepSucceeded        EventType = "step.succeeded"
+	EvStepFailed           EventType = "step.failed"
+	EvStepCancelled        EventType = "step.cancelled"
+	EvStepInterrupted      EventType = "step.interrupted"
+	EvStepReconciled       EventType = "step.reconciled"
 
-	EvApprovalRequested = "approval.requested"
-	EvApprovalGranted   = "approval.granted"
-	EvApprovalDenied    = "approval.denied"
-	EvApprovalExpired   = "approval.expired"
-	EvApprovalHappened  = "approval.happened"
+	EvApprovalRequested EventType = "approval.requested"
+	EvApprovalGranted   EventType = "approval.granted"
+	EvApprovalDenied    EventType = "approval.denied"
+	EvApprovalExpired   EventType = "approval.expired"
+	EvApprovalHappened  EventType = "approval.happened"
 
-	EvSessionAttached = "session.attached"
-	EvSessionDetached = "session.detached"
+	EvSessionAttached EventType = "session.attached"
+	EvSessionDetached EventType = "session.detached"
 
-	EvDispatchQueued     = "dispatch.queued"
-	EvDispatchClaimed    = "dispatch.claimed"
-	EvDispatchAcked      = "dispatch.acked"
-	EvDispatchFailed     = "dispatch.failed"
-	EvDispatchSuperseded = "dispatch.superseded"
-	EvDispatchDiscarded  = "dispatch.discarded"
+	EvDispatchQueued     EventType = "dispatch.queued"
+	EvDispatchClaimed    EventType = "dispatch.claimed"
+	EvDispatchAcked      EventType = "dispatch.acked"
+	EvDispatchFailed     EventType = "dispatch.failed"
+	EvDispatchSuperseded EventType = "dispatch.superseded"
+	EvDispatchDiscarded  EventType = "dispatch.discarded"
 )
 
 // Agent is a registered agent. Secret is the HMAC key; it is never returned

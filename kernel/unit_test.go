@@ -113,7 +113,7 @@ func TestValidateStep(t *testing.T) {
 	for _, tc := range []struct {
 		req     StepRequest
 		wantErr string
-		wantIdm string
+		wantIdm Idempotency
 	}{
 		{StepRequest{Kind: "tool_call", Target: "x"}, "", AtMostOnce},
 		{StepRequest{Kind: "llm_call", Target: "m"}, "", SafeToRetry},
@@ -150,8 +150,8 @@ func TestDefaultPolicy(t *testing.T) {
 		{policy.Deny, "tool_call", policy.Deny},
 		{policy.Deny, "local", policy.Allow},
 	} {
-		res, err := DefaultPolicy{Action: tc.action}.Decide(t.Context(), &Agent{}, &policy.Input{Step: policy.Step{Kind: tc.kind}})
-		if err != nil || res.Decision.Decision != tc.want || res.Bundle.Name != "kernel-default" {
+		res, err := DefaultPolicy{Action: tc.action}.Decide(t.Context(), &PolicyRequest{Input: &policy.Input{Step: policy.Step{Kind: tc.kind}}})
+		if err != nil || res.Action != tc.want || res.Bundle.Name != "kernel-default" {
 			t.Errorf("%+v: %+v %v", tc, res, err)
 		}
 	}

@@ -6,8 +6,7 @@
 // # Basics
 //
 //	host := plugins.NewHost(plugins.Options{}, rules.New(), rego.New(), wasm.New(cfg))
-//	k.SetPolicy(host)
-//	k.SetBundleLoader(host)
+//	k, err := kernel.New(store, deliverer, host, host, kernel.Config{})
 //
 // # Decisions
 //
@@ -42,17 +41,38 @@ type Engine interface {
 	Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluator, error)
 }
 
+// tenantKey carries the tenant of a Compile to the engine.
+type tenantKey struct{}
+
+// WithTenant returns ctx carrying the tenant a bundle is compiled for. The
+// host sets it in Compile; engines that isolate tenants from each other
+// (plugins/worker) read it with [TenantFrom].
+func WithTenant(ctx context.Context, tenant string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, tenant)
+}
+
+// TenantFrom returns the tenant set by [WithTenant], or "" when none is.
+func TenantFrom(ctx context.Context) string {
+	t, _ := ctx.Value(tenantKey{}).(string)
+	return t
+}
+
 // Options configure a Host.
 type Options struct {
 	// DefaultPolicy applies to agents bound to no bundle: "allow" (default),
 	// "deny", or the name of a bundle of the agent's tenant.
 	DefaultPolicy string
-	// Guards returns a tenant's guard bundles (nil: none).
-	Guards func(ctx context.Context, tenant string) ([]string, error)
-	// BundleKeys returns the keys that verify a tenant's bundle signatures
-	// (the kernel's and the tenant's). With any key, an unsigned or
-	// tampered bundle is refused; nil or none: signatures are not checked.
-	BundleKeys func(ctx context.Context, tenant string) ([]bundle.Key, error)
+	// BundleKeys are the kernel's bundle verification keys
+	// (--bundle-verification-key); a tenant's own keys come with each bundle
+	// to compile (kernel.BundleSource.TenantKeys). With any key, an unsigned
+	// or tampered bundle is refused; with none, signatures are not checked.
+	BundleKeys []bundle.Key
+	// Limits are the kernel's ceilings on what a manifest may ask for; give
+	// the engines the same value. A bundle over a ceiling is refused at
+	// Compile, and so is a wasm bundle that would take its tenant's
+	// reserved wasm memory past Limits.TenantMemory (zero: the defaults of
+	// bundle.Limits).
+	Limits bundle.Limits
 }
 
 // Host implements kernel.Policy and kernel.BundleLoader.
@@ -62,6 +82,13 @@ type Host struct {
 
 	mu   sync.RWMutex
 	live map[string]*loaded // tenant\x00name
+	// open holds every compiled revision not closed yet (live, about to
+	// be activated, or replaced with evaluations in flight), by tenant: the
+	// wasm memory they reserve is what Limits.TenantMemory bounds.
+	open map[string]map[*loaded]struct{}
+	// failed holds why a stored bundle did not load at boot, until it is
+	// replaced or removed (tenant\x00name).
+	failed map[string]string
 }
 
 var (
@@ -77,6 +104,12 @@ type loaded struct {
 	def    policy.Action
 	limits []declaredLimit
 
+	// tenant and reserved (wasm memory: cap × pool size) are for the
+	// tenant's memory account.
+	tenant   string
+	reserved int64
+	host     *Host
+
 	// use is held for reading during evaluations and for writing by the
 	// closer, so a replaced revision is closed only after its last evaluation.
 	use    sync.RWMutex
@@ -89,35 +122,27 @@ type declaredLimit struct {
 	kind    string
 }
 
-// KernelAndTenantKeys makes an Options.BundleKeys of the kernel's keys and
-// each tenant's own (tenant returns them, e.g. Kernel.TenantBundleKeys). A
-// tenant key may not reuse a kernel key's id: its bundles are then refused
-// with an error saying so, rather than verified against the wrong key.
-func KernelAndTenantKeys(kernelKeys []bundle.Key, tenant func(ctx context.Context, tenant string) ([]kernel.BundleKey, error)) func(context.Context, string) ([]bundle.Key, error) {
-	return func(ctx context.Context, t string) ([]bundle.Key, error) {
-		keys := append([]bundle.Key(nil), kernelKeys...)
-		if tenant == nil {
-			return keys, nil
-		}
-		tk, err := tenant(ctx, t)
-		if err != nil {
-			return nil, err
-		}
-		for _, k := range tk {
-			for _, kk := range kernelKeys {
-				if kk.ID == k.ID {
-					return nil, fmt.Errorf("tenant %s has a bundle key with id %q, which is also a kernel key's id: rename one", t, k.ID)
-				}
+// verificationKeys are the keys that verify a tenant's bundles: the
+// kernel's and the tenant's own. A tenant key may not reuse a kernel key's
+// id: its bundles are then refused with an error saying so, rather than
+// verified against the wrong key.
+func verificationKeys(kernelKeys []bundle.Key, tenant string, tenantKeys []kernel.BundleKey) ([]bundle.Key, error) {
+	keys := append([]bundle.Key(nil), kernelKeys...)
+	for _, k := range tenantKeys {
+		for _, kk := range kernelKeys {
+			if kk.ID == k.ID {
+				return nil, fmt.Errorf("tenant %s has a bundle key with id %q, which is also a kernel key's id: rename one", tenant, k.ID)
 			}
-			keys = append(keys, bundle.Key{ID: k.ID, Algorithm: k.Algorithm, Key: k.Key, Scope: k.Scope})
 		}
-		return keys, nil
+		keys = append(keys, bundle.Key{ID: k.ID, Algorithm: k.Algorithm, Key: k.Key, Scope: k.Scope})
 	}
+	return keys, nil
 }
 
 // NewHost builds a host with the given engines. A duplicate engine name panics.
 func NewHost(opts Options, engines ...Engine) *Host {
-	h := &Host{engines: map[string]Engine{}, opts: opts, live: map[string]*loaded{}}
+	opts.Limits = opts.Limits.WithDefaults()
+	h := &Host{engines: map[string]Engine{}, opts: opts, live: map[string]*loaded{}, open: map[string]map[*loaded]struct{}{}, failed: map[string]string{}}
 	for _, e := range engines {
 		if _, dup := h.engines[e.Name()]; dup {
 			panic("plugins: duplicate engine " + e.Name())
@@ -149,17 +174,17 @@ func (h *Host) CompileBundle(ctx context.Context, b *bundle.Bundle) (policy.Eval
 	return ev, nil
 }
 
-// Compile implements kernel.BundleLoader.
+// Compile implements kernel.BundleLoader. Besides the engine's checks it
+// refuses a manifest over the kernel's Limits and a wasm bundle that would
+// take its tenant's reserved wasm memory past Limits.TenantMemory (the
+// revision it replaces does not count); both errors match
+// bundle.ErrCeiling.
 func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSource) (*kernel.CompiledBundle, error) {
 	var b *bundle.Bundle
 	var err error
 	opts := bundle.Options{Name: src.Name}
-	if h.opts.BundleKeys != nil {
-		keys, err := h.opts.BundleKeys(ctx, tenant)
-		if err != nil {
-			return nil, fmt.Errorf("cannot read the bundle verification keys: %w", err)
-		}
-		opts.Keys = keys
+	if opts.Keys, err = verificationKeys(h.opts.BundleKeys, tenant, src.TenantKeys); err != nil {
+		return nil, err
 	}
 	switch {
 	case src.Archive != nil:
@@ -172,22 +197,31 @@ func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSour
 	if err != nil {
 		return nil, err
 	}
-	ev, err := h.CompileBundle(ctx, b)
+	eff, err := h.opts.Limits.Apply(&b.Manifest)
 	if err != nil {
 		return nil, err
 	}
+	l := &loaded{b: b, ref: b.Ref(), def: b.DefaultAction(), tenant: tenant, reserved: eff.Reserved(), host: h}
+	if err := h.reserve(l); err != nil {
+		return nil, err
+	}
+	ev, err := h.CompileBundle(WithTenant(ctx, tenant), b)
+	if err != nil {
+		h.release(l)
+		return nil, err
+	}
+	l.ev = ev
 	archive, err := b.TarGz()
 	if err != nil {
-		_ = ev.Close()
+		l.close()
 		return nil, fmt.Errorf("bundle %q: archive: %w", b.Manifest.Name, err)
 	}
-	l := &loaded{b: b, ev: ev, ref: b.Ref(), def: b.DefaultAction()}
 	for _, ml := range b.Manifest.RateLimits {
 		dl := declaredLimit{rule: kernel.RateLimitRule{ID: b.Manifest.Name + "/" + ml.ID, RateLimit: ml.RateLimit}, kind: ml.StepKind}
 		for _, t := range ml.Targets {
 			g, err := bundle.CompileGlob(t)
 			if err != nil {
-				_ = ev.Close()
+				l.close()
 				return nil, fmt.Errorf("bundle %q: rate_limits %s: %w", b.Manifest.Name, ml.ID, err)
 			}
 			dl.targets = append(dl.targets, g)
@@ -195,6 +229,68 @@ func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSour
 		l.limits = append(l.limits, dl)
 	}
 	return &kernel.CompiledBundle{Ref: l.ref, Archive: archive, Handle: l}, nil
+}
+
+// reserve opens l in its tenant's memory account, or refuses it when the
+// tenant's open revisions, but those of the same name (which l replaces),
+// reserve too much with it.
+func (h *Host) reserve(l *loaded) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var others int64
+	for o := range h.open[l.tenant] {
+		if o.ref.Name != l.ref.Name {
+			others += o.reserved
+		}
+	}
+	if l.reserved > 0 && others+l.reserved > h.opts.Limits.TenantMemory {
+		return bundle.CeilingError(fmt.Sprintf("bundle %q reserves %s of wasm memory (memory cap × pool size); with the tenant's other bundles (%s) that exceeds the kernel's ceiling of %s per tenant (serve --wasm-tenant-memory)",
+			l.ref.Name, bundle.BytesString(l.reserved), bundle.BytesString(others), bundle.BytesString(h.opts.Limits.TenantMemory)))
+	}
+	if h.open[l.tenant] == nil {
+		h.open[l.tenant] = map[*loaded]struct{}{}
+	}
+	h.open[l.tenant][l] = struct{}{}
+	return nil
+}
+
+// release takes l out of its tenant's memory account.
+func (h *Host) release(l *loaded) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.open[l.tenant], l)
+	if len(h.open[l.tenant]) == 0 {
+		delete(h.open, l.tenant)
+	}
+}
+
+// TenantMemory returns the wasm memory a tenant's compiled revisions
+// reserve (memory cap × pool size of each, including revisions being
+// replaced), and the ceiling.
+func (h *Host) TenantMemory(tenant string) (reserved, ceiling int64) {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	for o := range h.open[tenant] {
+		reserved += o.reserved
+	}
+	return reserved, h.opts.Limits.TenantMemory
+}
+
+// Discard implements kernel.BundleLoader: a compiled bundle that will not
+// be activated is closed and its memory reservation released.
+func (h *Host) Discard(cb *kernel.CompiledBundle) {
+	if l, ok := cb.Handle.(*loaded); ok {
+		go h.retire(l)
+	}
+}
+
+// Failed implements kernel.BundleLoader: a stored bundle that did not load
+// at boot is remembered with the reason, which the steps of agents bound to
+// it are denied with, until the bundle is replaced or removed.
+func (h *Host) Failed(tenant, name string, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.failed[tenant+"\x00"+name] = err.Error()
 }
 
 // Activate implements kernel.BundleLoader: the compiled bundle replaces the
@@ -206,9 +302,10 @@ func (h *Host) Activate(tenant string, cb *kernel.CompiledBundle) {
 	h.mu.Lock()
 	old := h.live[key]
 	h.live[key] = l
+	delete(h.failed, key)
 	h.mu.Unlock()
 	if old != nil && old != l {
-		go old.close()
+		go h.retire(old)
 	}
 }
 
@@ -218,18 +315,39 @@ func (h *Host) Remove(tenant, name string) {
 	h.mu.Lock()
 	old := h.live[key]
 	delete(h.live, key)
+	delete(h.failed, key)
 	h.mu.Unlock()
 	if old != nil {
-		go old.close()
+		go h.retire(old)
 	}
 }
 
+// cachePruner is implemented by engines that keep compiled artifacts on
+// disk (the wasm engine): PruneCache removes those no compiled bundle uses.
+type cachePruner interface{ PruneCache() error }
+
+// retire closes a revision that was replaced, removed or discarded (after
+// its last evaluation) and lets the engines drop what only it used.
+func (h *Host) retire(l *loaded) {
+	l.close()
+	for _, e := range h.engines {
+		if p, ok := e.(cachePruner); ok {
+			_ = p.PruneCache() // best effort: the cache is an optimisation
+		}
+	}
+}
+
+// close closes the evaluator once its evaluations are done and releases
+// the memory reservation.
 func (l *loaded) close() {
 	l.use.Lock()
 	defer l.use.Unlock()
 	if !l.closed {
 		l.closed = true
-		_ = l.ev.Close()
+		if l.ev != nil {
+			_ = l.ev.Close()
+		}
+		l.host.release(l)
 	}
 }
 
@@ -283,60 +401,59 @@ func (h *Host) get(tenant, name string) (*loaded, func()) {
 	}
 }
 
-// answer is one bundle's contribution.
-type answer struct {
-	d   *policy.Decision
-	ref policy.BundleRef
-}
-
-// Decide implements kernel.Policy.
-func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input) (kernel.PolicyResult, error) {
+// Decide implements kernel.Policy: the tenant's guards, then the agent's
+// bundle, composed with policy.Combine; nothing matched means the agent
+// bundle's default_action (or the kernel default when the agent has no
+// bundle). A bundle that is not loaded or fails to answer denies the step.
+func (h *Host) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.Verdict, error) {
 	start := time.Now()
-	var guards []string
-	if h.opts.Guards != nil {
-		g, err := h.opts.Guards(ctx, in.Tenant)
-		if err != nil {
-			return failClosed(kernel.DefaultBundleRef, fmt.Sprintf("cannot read the tenant's guard bundles: %v", err), start), nil
-		}
-		guards = g
-	}
-	agentBundle := agent.Bundle
+	in := req.Input
+	def := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}
+	agentBundle := req.Bundle
 	if agentBundle == "" {
 		switch h.opts.DefaultPolicy {
 		case "", "allow", "deny":
-			if len(guards) == 0 {
-				res, _ := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}.Decide(ctx, agent, in)
-				res.EvalTime = time.Since(start)
-				return res, nil
+			if len(req.Guards) == 0 {
+				v := def.Verdict(in.Step.Kind)
+				v.EvalTime = time.Since(start)
+				return v, nil
 			}
 		default:
 			agentBundle = h.opts.DefaultPolicy
 		}
 	}
-	var answers []answer
+	var answers []*policy.Answer
+	var refs []policy.BundleRef
 	var limits []kernel.RateLimitRule
 	onInterrupted := "" // approval when an evaluated bundle asks for it
-	eval := func(name string) (*loaded, *kernel.PolicyResult) {
+	// eval evaluates one bundle; it returns the bundle, or the fail-closed
+	// verdict when the bundle cannot answer.
+	eval := func(name string) (*loaded, *kernel.Verdict) {
 		l, done := h.get(in.Tenant, name)
 		defer done()
 		if l == nil {
-			r := failClosed(policy.BundleRef{Name: name}, fmt.Sprintf("bundle %q is not loaded (fail closed)", name), start)
-			return nil, &r
+			reason := fmt.Sprintf("bundle %q is not loaded (fail closed)", name)
+			h.mu.RLock()
+			if why, ok := h.failed[in.Tenant+"\x00"+name]; ok {
+				reason = fmt.Sprintf("bundle %q did not load at boot (fail closed): %s", name, why)
+			}
+			h.mu.RUnlock()
+			v := failClosed(policy.BundleRef{Name: name}, reason, start)
+			return nil, &v
 		}
-		d, err := l.ev.Evaluate(ctx, in)
+		a, err := l.ev.Evaluate(ctx, in)
 		if err == nil {
-			err = d.Validate()
+			err = a.Validate()
 		}
 		if err != nil {
-			r := failClosed(l.ref, fmt.Sprintf("%s bundle %q failed (fail closed): %v", l.ref.Engine, name, err), start)
-			return nil, &r
-		}
-		if d != nil {
-			answers = append(answers, answer{d: d, ref: l.ref})
+			v := failClosed(l.ref, fmt.Sprintf("%s bundle %q failed (fail closed): %v", l.ref.Engine, name, err), start)
+			return nil, &v
 		}
 		if l.b.Manifest.OnInterrupted == bundle.OnInterruptedApproval {
 			onInterrupted = kernel.OnInterruptedApproval
 		}
+		answers = append(answers, a)
+		refs = append(refs, l.ref)
 		for _, dl := range l.limits {
 			if dl.matches(in) {
 				limits = append(limits, dl.rule)
@@ -344,7 +461,7 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 		}
 		return l, nil
 	}
-	for _, g := range guards {
+	for _, g := range req.Guards {
 		if _, fail := eval(g); fail != nil {
 			return *fail, nil
 		}
@@ -357,29 +474,22 @@ func (h *Host) Decide(ctx context.Context, agent *kernel.Agent, in *policy.Input
 		}
 		agentLoaded = l
 	}
-	var best *answer
-	for i := range answers {
-		if best == nil || answers[i].d.Decision.Rank() > best.d.Decision.Rank() {
-			best = &answers[i]
-		}
-	}
-	res := kernel.PolicyResult{}
-	switch {
-	case best != nil:
-		res.Decision, res.Bundle = *best.d, best.ref
-		if rl := best.d.RateLimit; rl != nil {
-			limits = append([]kernel.RateLimitRule{{ID: best.ref.Name + "/" + orRule(best.d.RuleID), RateLimit: *rl}}, limits...)
+	var v kernel.Verdict
+	switch i := policy.Strictest(answers); {
+	case i >= 0:
+		v = kernel.VerdictOf(answers[i], refs[i])
+		if rl := answers[i].RateLimit; rl != nil {
+			limits = append([]kernel.RateLimitRule{{ID: refs[i].Name + "/" + orRule(answers[i].RuleID), RateLimit: *rl}}, limits...)
 		}
 	case agentLoaded != nil:
-		res.Decision, res.Bundle = *policy.ApplyDefault(nil, agentLoaded.def, in.Step.Kind), agentLoaded.ref
+		v = kernel.VerdictOf(policy.ApplyDefault(nil, agentLoaded.def, in.Step.Kind), agentLoaded.ref)
 	default: // only guards, none matched: the kernel default applies
-		d, _ := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}.Decide(ctx, agent, in)
-		res.Decision, res.Bundle = d.Decision, d.Bundle
+		v = def.Verdict(in.Step.Kind)
 	}
-	res.RateLimits = limits
-	res.OnInterrupted = onInterrupted
-	res.EvalTime = time.Since(start)
-	return res, nil
+	v.RateLimits = limits
+	v.OnInterrupted = onInterrupted
+	v.EvalTime = time.Since(start)
+	return v, nil
 }
 
 func (dl declaredLimit) matches(in *policy.Input) bool {
@@ -397,8 +507,8 @@ func (dl declaredLimit) matches(in *policy.Input) bool {
 	return false
 }
 
-func failClosed(ref policy.BundleRef, reason string, start time.Time) kernel.PolicyResult {
-	return kernel.PolicyResult{Decision: policy.Decision{Decision: policy.Deny, Reason: reason, RuleID: "engine_error"}, Bundle: ref, EvalTime: time.Since(start)}
+func failClosed(ref policy.BundleRef, reason string, start time.Time) kernel.Verdict {
+	return kernel.Verdict{Action: policy.Deny, Reason: reason, RuleID: "engine_error", Bundle: ref, EvalTime: time.Since(start)}
 }
 
 func orAllow(s string) string {
@@ -422,55 +532,42 @@ type outrightDenier interface {
 	DeniesOutright(in *policy.Input, def policy.Action) bool
 }
 
-// DeniesOutright reports whether the policy deciding agent's steps denies
-// a step like in (its arguments ignored) whatever its arguments are: the
-// tenant's guards and the agent's bundle are composed as Decide composes
-// them, so one of them denying outright is enough. Bundles whose engine
-// cannot tell count as not denying. It implements kernel.OutrightDenier.
-func (h *Host) DeniesOutright(ctx context.Context, agent *kernel.Agent, in *policy.Input) (bool, error) {
-	var guards []string
-	if h.opts.Guards != nil {
-		g, err := h.opts.Guards(ctx, in.Tenant)
-		if err != nil {
-			return false, err
-		}
-		guards = g
-	}
-	agentBundle := agent.Bundle
+// DeniesOutright reports whether the policy of req (the tenant's guards and
+// the agent's bundle, composed as Decide composes them) denies a step like
+// req.Input (its arguments ignored) whatever its arguments are: one of them
+// denying outright is enough. Bundles whose engine cannot tell count as not
+// denying. It implements kernel.OutrightDenier.
+func (h *Host) DeniesOutright(ctx context.Context, req *kernel.PolicyRequest) (bool, error) {
+	in := req.Input
+	agentBundle := req.Bundle
 	if agentBundle == "" {
 		switch h.opts.DefaultPolicy {
 		case "", "allow", "deny":
-			if len(guards) == 0 {
-				d := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}
-				res, _ := d.Decide(ctx, agent, in)
-				return res.Decision.Decision.Rank() >= policy.Deny.Rank(), nil
+			if len(req.Guards) == 0 {
+				v := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}.Verdict(in.Step.Kind)
+				return v.Action.Rank() >= policy.Deny.Rank(), nil
 			}
 		default:
 			agentBundle = h.opts.DefaultPolicy
 		}
 	}
-	denies := func(name string, def policy.Action) bool {
+	denies := func(name string, agent bool) bool {
 		l, done := h.get(in.Tenant, name)
 		defer done()
 		if l == nil {
 			return true // a bundle that is not loaded fails closed
 		}
+		var def policy.Action // a guard's default does not apply
+		if agent {
+			def = l.def
+		}
 		od, ok := l.ev.(outrightDenier)
 		return ok && od.DeniesOutright(in, def)
 	}
-	for _, g := range guards {
-		if denies(g, "") {
+	for _, g := range req.Guards {
+		if denies(g, false) {
 			return true, nil
 		}
 	}
-	if agentBundle != "" {
-		l, done := h.get(in.Tenant, agentBundle)
-		def := policy.Deny
-		if l != nil {
-			def = l.def
-		}
-		done()
-		return denies(agentBundle, def), nil
-	}
-	return false, nil
+	return agentBundle != "" && denies(agentBundle, true), nil
 }

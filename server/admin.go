@@ -113,7 +113,7 @@ func (s *Server) evalPolicy(c *call) (int, any, error) {
 		return 0, nil, errorf(kernel.CodeValidation, "agent_id is required")
 	}
 	res, err := s.k.EvalPolicy(c.ctx, kernel.EvalRequest{Tenant: c.tenant, AgentID: req.AgentID, Kind: req.Step.Kind,
-		Target: req.Step.Target, Args: req.Step.Args, Effect: req.Step.Effect, Idempotency: req.Step.Idempotency, Labels: req.Labels})
+		Target: req.Step.Target, Args: req.Step.Args, Effect: req.Step.Effect, Idempotency: kernel.Idempotency(req.Step.Idempotency), Labels: req.Labels})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -199,7 +199,7 @@ func (s *Server) createTenant(c *call) (int, any, error) {
 	if err := decode(c.body, &req); err != nil {
 		return 0, nil, err
 	}
-	t, err := s.k.CreateTenant(c.ctx, kernel.Tenant{ID: req.ID, Guards: req.Guards})
+	t, err := s.k.CreateTenant(c.ctx, kernel.Tenant{ID: req.ID, Guards: req.Guards, Retention: req.Retention})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -215,12 +215,25 @@ func (s *Server) updateTenant(c *call) (int, any, error) {
 	if err := decode(c.body, &req); err != nil {
 		return 0, nil, err
 	}
-	if req.Guards == nil {
-		return 0, nil, errorf(kernel.CodeValidation, `guards is required: the tenant's guard bundles ([] removes them all)`)
+	if req.Guards == nil && req.Retention == nil {
+		return 0, nil, errorf(kernel.CodeValidation, `guards is required: the tenant's guard bundles ([] removes them all); or retention`)
 	}
-	t, err := s.k.SetTenantGuards(c.ctx, c.vars("tenant"), *req.Guards)
-	if err != nil {
-		return 0, nil, err
+	var t *kernel.Tenant
+	var err error
+	if req.Retention != nil {
+		if err := kernel.ValidRetention(*req.Retention); err != nil {
+			return 0, nil, err
+		}
+	}
+	if req.Guards != nil {
+		if t, err = s.k.SetTenantGuards(c.ctx, c.vars("tenant"), *req.Guards); err != nil {
+			return 0, nil, err
+		}
+	}
+	if req.Retention != nil {
+		if t, err = s.k.SetTenantRetention(c.ctx, c.vars("tenant"), *req.Retention); err != nil {
+			return 0, nil, err
+		}
 	}
 	return http.StatusOK, tenantView(t), nil
 }

@@ -11,7 +11,7 @@ import (
 )
 
 func TestAgents(t *testing.T) {
-	e := newEnv(t, func(o *envOpts) { o.noAgents = true })
+	e := newEnv(t, func(o *envOpts) { o.noAgents = true; o.loader = &fakeLoader{} })
 	const secret = "agent-secret-0123456789"
 	r := e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "webhook_url": "http://127.0.0.1:9/w", "secret": secret}).
 		want(t, http.StatusCreated)
@@ -23,6 +23,19 @@ func TestAgents(t *testing.T) {
 	if a.ID != "writer" || a.Tenant != "default" || a.WebhookURL != "http://127.0.0.1:9/w" || a.Bundle != "" {
 		t.Fatalf("agent %+v", a)
 	}
+	// A binding to a bundle that does not exist is refused when it is made.
+	r = e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "webhook_url": "http://127.0.0.1:9/w2", "policy": "research"})
+	r.wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	if !strings.Contains(string(r.body), `bundle \"research\" does not exist`) {
+		t.Fatalf("refused binding: %s", r.body)
+	}
+	e.do("PUT", "/v0/bundles/research", rawBody(`{"engine":"rules","files":{"rules.yaml":"default_action: deny\n"}}`),
+		map[string]string{"Authorization": "Bearer " + testAdminKey, "Content-Type": "application/json"}).want(t, http.StatusOK)
+	// A bundle of another tenant is no more there.
+	e.admin("POST", "/v0/tenants", map[string]any{"id": "other"}).want(t, http.StatusCreated)
+	e.do("PUT", "/v0/bundles/theirs?tenant=other", rawBody(`{"engine":"rules","files":{"rules.yaml":"default_action: deny\n"}}`),
+		map[string]string{"Authorization": "Bearer " + testAdminKey, "Content-Type": "application/json"}).want(t, http.StatusOK)
+	e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "policy": "theirs"}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 	// An update without a secret keeps it, and binds a policy.
 	e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "webhook_url": "http://127.0.0.1:9/w2", "policy": "research"}).
 		want(t, http.StatusOK).decode(t, &a)
@@ -45,7 +58,24 @@ func TestAgents(t *testing.T) {
 	e.admin("POST", "/v0/executions", map[string]any{"agent_id": "writer"}).want(t, http.StatusCreated).decode(t, &x)
 	e.agent(agentReq{agentID: "writer", secret: secret}, "GET", "/v0/executions/"+x.ID, nil).want(t, http.StatusOK)
 
+	// Signing: a new agent gets v1, an update without the field keeps the
+	// scheme, "body" switches it (and a v1 signature is then refused).
+	if a.Signing != wire.SigningV1 {
+		t.Fatalf("a new agent's signing: %+v", a)
+	}
+	e.admin("POST", "/v0/agents", map[string]any{"id": "writer", "signing": "body"}).want(t, http.StatusOK).decode(t, &a)
+	if a.Signing != wire.SigningBody {
+		t.Fatalf("switched to body: %+v", a)
+	}
+	e.admin("POST", "/v0/agents", map[string]any{"id": "writer"}).want(t, http.StatusOK).decode(t, &a)
+	if a.Signing != wire.SigningBody {
+		t.Fatalf("re-registered without signing: %+v", a)
+	}
+	e.agent(agentReq{agentID: "writer", secret: secret}, "GET", "/v0/executions/"+x.ID, nil).wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
+	e.agent(agentReq{agentID: "writer", secret: secret, body: true}, "GET", "/v0/executions/"+x.ID, nil).want(t, http.StatusOK)
+
 	for _, bad := range []map[string]any{
+		{"id": "writer", "signing": "hmac"},
 		{"id": "bad id", "webhook_url": "http://x", "secret": secret},
 		{"id": "new", "webhook_url": "ftp://x", "secret": secret},
 		{"id": "new", "webhook_url": "http://x", "secret": "short"},
@@ -196,12 +226,12 @@ func TestPolicyEval(t *testing.T) {
 	var res wire.PolicyEvalResponse
 	e.admin("POST", "/v0/policy/eval", map[string]any{"agent_id": "bot", "step": map[string]any{"kind": "tool_call", "target": "wire_money", "args": map[string]any{"a": 1}}}).
 		want(t, http.StatusOK).decode(t, &res)
-	if res.Decision != "require_approval" || res.RuleID != "needs_human" || res.Bundle.Name != "test-policy" || res.Approval == nil {
+	if res.Action != "require_approval" || res.RuleID != "needs_human" || res.Bundle.Name != "test-policy" || res.Approval == nil {
 		t.Fatalf("eval %+v", res)
 	}
 	e.admin("POST", "/v0/policy/eval", map[string]any{"agent_id": "bot", "step": map[string]any{"kind": "tool_call", "target": "limited"}}).
 		want(t, http.StatusOK).decode(t, &res)
-	if res.Decision != "allow" || len(res.RateLimits) != 1 || res.RateLimits[0].ID != "one_per_minute" {
+	if res.Action != "allow" || len(res.RateLimits) != 1 || res.RateLimits[0].ID != "one_per_minute" {
 		t.Fatalf("eval %+v", res)
 	}
 	// A dry run records nothing.
@@ -215,4 +245,24 @@ func TestPolicyEval(t *testing.T) {
 	e.admin("POST", "/v0/policy/eval", map[string]any{"agent_id": "bot", "step": map[string]any{"kind": "nope", "target": "x"}}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 	e.admin("POST", "/v0/policy/eval", rawBody(`{"agent_id":"bot","step":{"kind":"tool_call","target":"x","args":{"a":1,"a":2}}}`)).
 		wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+}
+
+// TestTenantRetention: a tenant's retention is set at creation or by PUT,
+// shown in the tenant, and refused when it is not a duration of at least a
+// minute.
+func TestTenantRetention(t *testing.T) {
+	e := newEnv(t)
+	var tn wire.Tenant
+	e.admin("POST", "/v0/tenants", map[string]any{"id": "keep", "retention": "720h"}).want(t, http.StatusCreated).decode(t, &tn)
+	if tn.Retention != "720h" {
+		t.Fatalf("created %+v", tn)
+	}
+	e.admin("POST", "/v0/tenants", map[string]any{"id": "bad", "retention": "10s"}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	e.admin("PUT", "/v0/tenants/keep", map[string]any{"retention": "soon"}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	e.admin("PUT", "/v0/tenants/keep", map[string]any{}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	e.admin("PUT", "/v0/tenants/keep", map[string]any{"retention": "0s"}).want(t, http.StatusOK).decode(t, &tn)
+	if tn.Retention != "0s" {
+		t.Fatalf("updated %+v", tn)
+	}
+	e.admin("PUT", "/v0/tenants/nope", map[string]any{"retention": "1h"}).wantErr(t, http.StatusNotFound, wire.CodeNotFound)
 }

@@ -2,10 +2,15 @@ package server
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/kernel/canon"
 	"github.com/wicket-run/wicket/server/wire"
 )
 
@@ -167,6 +172,49 @@ func TestDefaultBodyLimit(t *testing.T) {
 	e := newEnv(t)
 	big := `{"agent_id":"bot","input":"` + strings.Repeat("x", 1<<20) + `"}`
 	e.admin("POST", "/v0/executions", rawBody(big)).wantErr(t, http.StatusRequestEntityTooLarge, wire.CodeTooLarge)
+}
+
+// FuzzDecode holds the strict body decoder to independent references:
+// kernel/canon's parser (which finds duplicate keys itself) and
+// encoding/json. A body canon accepts and that is an object decodes; a
+// valid body in which canon finds a duplicate key is refused for it; and
+// nothing panics, whatever the bytes.
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{``, `{}`, `{"a":"x","n":1}`, `{"a":"x","\u0062":1,"b":2}`, `{"i":{"b":1,"b":2}}`,
+		`{"x":[{"k":1},{"k":1,"k":2}]}`, `[1]`, `{"a":}`, "{\"a\":\"\xff\"}", `{"a":"\ud800","b":1}`, `{"a":1} x`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var v map[string]any
+		err := decode(body, &v)
+		trimmed := bytes.TrimLeft(body, " \t\r\n")
+		if len(trimmed) == 0 {
+			if err != nil {
+				t.Fatalf("empty body: %v", err)
+			}
+			return
+		}
+		if err != nil && !errors.Is(err, kernel.ErrValidation) {
+			t.Fatalf("%q: error %v is not a validation error", body, err)
+		}
+		valid := utf8.Valid(body) && json.Valid(body)
+		if !valid || trimmed[0] != '{' {
+			if err == nil {
+				t.Fatalf("%q: accepted", body)
+			}
+			return
+		}
+		if err := checkDuplicateKeys(body); err != nil && !strings.Contains(err.Error(), "duplicate key") {
+			t.Fatalf("%q: %v", body, err)
+		}
+		_, cerr := canon.Canonical(body)
+		switch {
+		case cerr == nil && err != nil:
+			t.Fatalf("%q: canonical JSON object refused: %v", body, err)
+		case errors.Is(cerr, canon.ErrDuplicateKey) && (err == nil || !strings.Contains(err.Error(), "duplicate key")):
+			t.Fatalf("%q: canon finds a duplicate key (%v), decode says %v", body, cerr, err)
+		}
+	})
 }
 
 // TestCaseVariantFieldsRefused: over HTTP, a body that names a field in

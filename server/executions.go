@@ -136,12 +136,12 @@ func (s *Server) submitStep(c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	d, err := s.k.SubmitStep(c.ctx, kernel.StepRequest{AgentCall: s.agentCall(c), Kind: req.Kind, Target: req.Target,
-		Args: req.Args, Idempotency: req.Idempotency, Effect: req.Effect, ClaimedStepID: c.r.Header.Get(wire.HeaderStepID),
+		Args: req.Args, Idempotency: kernel.Idempotency(req.Idempotency), Effect: req.Effect, ClaimedStepID: c.r.Header.Get(wire.HeaderStepID),
 		Reconcile: req.Reconcile})
 	if err != nil {
 		return 0, nil, err
 	}
-	s.metrics.decision(d.Decision)
+	s.metrics.StepSubmitted(string(d.Decision))
 	return http.StatusOK, decisionView(d), nil
 }
 

@@ -118,7 +118,7 @@ func TestExecutionLifecycle(t *testing.T) {
 	// Events, paged.
 	var evs wire.EventList
 	e.admin("GET", "/v0/executions/"+x.ID+"/events", nil).want(t, http.StatusOK).decode(t, &evs)
-	if len(evs.Events) < 5 || evs.Events[0].Type != kernel.EvExecutionCreated || evs.Events[len(evs.Events)-1].Type != kernel.EvExecutionCompleted {
+	if len(evs.Events) < 5 || evs.Events[0].Type != string(kernel.EvExecutionCreated) || evs.Events[len(evs.Events)-1].Type != string(kernel.EvExecutionCompleted) {
 		t.Fatalf("events %+v", evs)
 	}
 	for i, ev := range evs.Events {
@@ -287,7 +287,7 @@ func TestRateLimitedIsHTTP200(t *testing.T) {
 		t.Fatalf("second %+v", d)
 	}
 	m := string(e.do("GET", "/metrics", nil, nil).want(t, http.StatusOK).body)
-	for _, want := range []string{`wicket_step_decisions_total{decision="proceed"} 1`, `wicket_step_decisions_total{decision="rate_limited"} 1`} {
+	for _, want := range []string{`wicket_step_submissions_total{decision="proceed"} 1`, `wicket_step_submissions_total{decision="rate_limited"} 1`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s:\n%s", want, m)
 		}

@@ -56,21 +56,21 @@ func (d *recDeliverer) Deliver(_ context.Context, dl kernel.Delivery) error {
 // else is allowed.
 type testPolicy struct{}
 
-func (testPolicy) Decide(_ context.Context, _ *kernel.Agent, in *policy.Input) (kernel.PolicyResult, error) {
+func (testPolicy) Decide(_ context.Context, req *kernel.PolicyRequest) (kernel.Verdict, error) {
 	ref := policy.BundleRef{Name: "test-policy", Revision: "1", Engine: "builtin"}
-	switch in.Step.Target {
+	switch req.Input.Step.Target {
 	case "wire_money":
-		return kernel.PolicyResult{Bundle: ref, Decision: policy.Decision{Decision: policy.RequireApproval, RuleID: "needs_human",
-			Reason: "money moves need a human", Approval: &policy.Approval{Approvers: []string{"alice"}}}}, nil
+		return kernel.Verdict{Bundle: ref, Action: policy.RequireApproval, RuleID: "needs_human",
+			Reason: "money moves need a human", Approval: &policy.Approval{Approvers: []string{"alice"}}}, nil
 	case "limited":
-		return kernel.PolicyResult{Bundle: ref, Decision: policy.Decision{Decision: policy.Allow, RuleID: "limited"},
+		return kernel.Verdict{Bundle: ref, Action: policy.Allow, RuleID: "limited",
 			RateLimits: []kernel.RateLimitRule{{ID: "one_per_minute", RateLimit: policy.RateLimit{MaxCalls: 1, Window: "1m"}}}}, nil
 	case "careful_send": // a bundle that asks for on_interrupted: approval
-		return kernel.PolicyResult{Bundle: ref, Decision: policy.Decision{Decision: policy.Allow, RuleID: "careful"}, OnInterrupted: kernel.OnInterruptedApproval}, nil
+		return kernel.Verdict{Bundle: ref, Action: policy.Allow, RuleID: "careful", OnInterrupted: kernel.OnInterruptedApproval}, nil
 	case "forbidden":
-		return kernel.PolicyResult{Bundle: ref, Decision: policy.Decision{Decision: policy.Deny, RuleID: "no", Reason: "forbidden tool"}}, nil
+		return kernel.Verdict{Bundle: ref, Action: policy.Deny, RuleID: "no", Reason: "forbidden tool"}, nil
 	}
-	return kernel.PolicyResult{Bundle: ref, Decision: policy.Decision{Decision: policy.Allow, RuleID: "yes"}}, nil
+	return kernel.Verdict{Bundle: ref, Action: policy.Allow, RuleID: "yes"}, nil
 }
 
 // fakeLoader is a kernel.BundleLoader that understands just enough of a
@@ -134,6 +134,10 @@ func (l *fakeLoader) Activate(tenant string, cb *kernel.CompiledBundle) {
 	}
 	l.active[tenant+"/"+cb.Ref.Name] = cb.Ref
 }
+
+func (l *fakeLoader) Discard(*kernel.CompiledBundle) {}
+
+func (l *fakeLoader) Failed(string, string, error) {}
 
 func (l *fakeLoader) Remove(tenant, name string) {
 	l.mu.Lock()
@@ -239,12 +243,13 @@ func newEnv(t *testing.T, opt ...func(*envOpts)) *env {
 	if o.store != nil {
 		ks = o.store(st)
 	}
-	k, err := kernel.New(ks, d, o.pol, o.kcfg)
+	var loader kernel.BundleLoader
+	if o.loader != nil {
+		loader = o.loader
+	}
+	k, err := kernel.New(ks, d, o.pol, loader, o.kcfg)
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
-	}
-	if o.loader != nil {
-		k.SetBundleLoader(o.loader)
 	}
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatalf("start kernel: %v", err)

@@ -41,6 +41,8 @@ func TestRefusedBeforeTheBody(t *testing.T) {
 	e := newEnv(t, func(o *envOpts) { o.loader = &fakeLoader{} })
 	client := e.createKey(t, "default", "client", "ci")
 	r := e.start("bot")
+	other := e.createKey(t, "default", "client", "other-loop")
+	sess := e.begin(client, "bot")
 	const big = "Content-Length: 33554432\nContent-Type: application/gzip"
 	for _, tc := range []struct {
 		name, head string
@@ -58,6 +60,10 @@ func TestRefusedBeforeTheBody(t *testing.T) {
 			wire.HeaderAgentID + ": other\n" + wire.HeaderSignature + ": sha256=00\nContent-Length: 1048000", 404, wire.CodeNotFound},
 		{"no such route", "POST /v0/nothing-here HTTP/1.1\nHost: k\nTransfer-Encoding: chunked", 404, wire.CodeNotFound},
 		{"a method the route does not take", "PATCH /v0/executions HTTP/1.1\nHost: k\nTransfer-Encoding: chunked", 405, wire.CodeMethodNotAllowed},
+		{"another key on a session", "POST /v0/executions/" + sess.id + "/steps HTTP/1.1\nHost: k\nAuthorization: Bearer " + other + "\n" +
+			wire.HeaderDispatchID + ": " + sess.lease.DispatchID + "\n" + wire.HeaderDispatchAttempt + ": 1\nContent-Length: 1048000", 403, wire.CodeForbidden},
+		{"a key on an agent's execution", "POST /v0/executions/" + r.id + "/steps HTTP/1.1\nHost: k\nAuthorization: Bearer " + client + "\n" +
+			wire.HeaderDispatchID + ": " + r.lease.DispatchID + "\n" + wire.HeaderDispatchAttempt + ": 1\nContent-Length: 1048000", 403, wire.CodeForbidden},
 		{"an unregistered agent's signature missing", "POST /v0/executions/" + r.id + "/steps HTTP/1.1\nHost: k\n" +
 			wire.HeaderAgentID + ": bot\nContent-Length: 1048000", 401, wire.CodeUnauthenticated},
 	} {

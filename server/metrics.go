@@ -1,140 +1,43 @@
 package server
 
 import (
-	"bufio"
+	"crypto/subtle"
 	"fmt"
-	"io"
 	"net/http"
 	"runtime/debug"
-	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/server/wire"
 )
 
-// metrics are the server's Prometheus metrics, kept by hand (no client
-// library): requests by route template, method and status; request latency
-// sum and count by route and method; step decisions by decision.
-type metrics struct {
-	mu        sync.Mutex // guards the maps
-	requests  map[reqKey]uint64
-	latency   map[latKey]*latency
-	decisions map[string]uint64
-}
-
-type reqKey struct {
-	route, method string
-	status        int
-}
-
-type latKey struct{ route, method string }
-
-type latency struct {
-	sum   float64
-	count uint64
-}
-
-func newMetrics() *metrics {
-	return &metrics{requests: map[reqKey]uint64{}, latency: map[latKey]*latency{}, decisions: map[string]uint64{}}
-}
-
-func (m *metrics) observe(route, method string, status int, d time.Duration) {
-	switch method {
-	case "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS":
-	default:
-		method = "OTHER" // clients choose methods freely: bound the label's values
+// metricsHandler serves /metrics: the registry's exposition, behind
+// Config.MetricsKey when one is set (the admin key is accepted too).
+func (s *Server) metricsHandler() http.Handler {
+	h := s.metrics.Handler()
+	if s.cfg.MetricsKey == "" {
+		return h
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.requests[reqKey{route, method, status}]++
-	l := m.latency[latKey{route, method}]
-	if l == nil {
-		l = &latency{}
-		m.latency[latKey{route, method}] = l
-	}
-	l.sum += d.Seconds()
-	l.count++
-}
-
-func (m *metrics) decision(d string) {
-	m.mu.Lock()
-	m.decisions[d]++
-	m.mu.Unlock()
-}
-
-// write renders the text exposition format (version 0.0.4), sorted so the
-// output is stable.
-func (m *metrics) write(w io.Writer, ready bool, streams, deliveries int) {
-	m.mu.Lock()
-	reqs := make([]reqKey, 0, len(m.requests))
-	for k := range m.requests {
-		reqs = append(reqs, k)
-	}
-	lats := make([]latKey, 0, len(m.latency))
-	for k := range m.latency {
-		lats = append(lats, k)
-	}
-	decs := make([]string, 0, len(m.decisions))
-	for k := range m.decisions {
-		decs = append(decs, k)
-	}
-	slices.SortFunc(reqs, func(a, b reqKey) int {
-		return cmpStrings(a.route+" "+a.method, b.route+" "+b.method)*2 + cmpInts(a.status, b.status)
+	want := sha256Sum(s.cfg.MetricsKey)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		got := sha256Sum(strings.TrimSpace(token))
+		okKey := ok && strings.EqualFold(scheme, "Bearer") &&
+			(subtle.ConstantTimeCompare(got[:], want[:]) == 1 ||
+				(s.cfg.AdminKey != "" && subtle.ConstantTimeCompare(got[:], s.adminHash[:]) == 1))
+		if !okKey {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="wicket-metrics"`)
+			s.writeJSON(w, http.StatusUnauthorized, wire.ErrorBody{Code: wire.CodeUnauthenticated, Message: "/metrics needs the metrics key: Authorization: Bearer <key>"})
+			return
+		}
+		h.ServeHTTP(w, r)
 	})
-	slices.SortFunc(lats, func(a, b latKey) int { return cmpStrings(a.route+" "+a.method, b.route+" "+b.method) })
-	slices.Sort(decs)
-
-	bw := bufio.NewWriter(w)
-	bw.WriteString("# HELP wicket_http_requests_total HTTP requests by route template, method and status.\n")
-	bw.WriteString("# TYPE wicket_http_requests_total counter\n")
-	for _, k := range reqs {
-		fmt.Fprintf(bw, "wicket_http_requests_total{method=%s,route=%s,status=\"%d\"} %d\n", label(k.method), label(k.route), k.status, m.requests[k])
-	}
-	bw.WriteString("# HELP wicket_http_request_duration_seconds Time to answer HTTP requests (event streams: their whole life).\n")
-	bw.WriteString("# TYPE wicket_http_request_duration_seconds summary\n")
-	for _, k := range lats {
-		l := m.latency[k]
-		fmt.Fprintf(bw, "wicket_http_request_duration_seconds_sum{method=%s,route=%s} %s\n", label(k.method), label(k.route), strconv.FormatFloat(l.sum, 'g', -1, 64))
-		fmt.Fprintf(bw, "wicket_http_request_duration_seconds_count{method=%s,route=%s} %d\n", label(k.method), label(k.route), l.count)
-	}
-	bw.WriteString("# HELP wicket_step_decisions_total Step submissions by decision.\n")
-	bw.WriteString("# TYPE wicket_step_decisions_total counter\n")
-	for _, d := range decs {
-		fmt.Fprintf(bw, "wicket_step_decisions_total{decision=%s} %d\n", label(d), m.decisions[d])
-	}
-	m.mu.Unlock()
-	bw.WriteString("# HELP wicket_event_streams Open event streams (SSE).\n# TYPE wicket_event_streams gauge\n")
-	fmt.Fprintf(bw, "wicket_event_streams %d\n", streams)
-	bw.WriteString("# HELP wicket_deliveries_in_flight Webhook deliveries holding a delivery slot.\n# TYPE wicket_deliveries_in_flight gauge\n")
-	fmt.Fprintf(bw, "wicket_deliveries_in_flight %d\n", deliveries)
-	r := 0
-	if ready {
-		r = 1
-	}
-	bw.WriteString("# HELP wicket_ready Whether the server reports ready.\n# TYPE wicket_ready gauge\n")
-	fmt.Fprintf(bw, "wicket_ready %d\n", r)
-	_ = bw.Flush()
 }
 
-func cmpStrings(a, b string) int { return strings.Compare(a, b) }
-
-func cmpInts(a, b int) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-// label quotes a label value: backslash, double quote and newline escaped.
-func label(v string) string {
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v) + `"`
-}
+// MetricsHandler returns the /metrics handler (with its key check), for a
+// listener of its own (Config.MetricsElsewhere).
+func (s *Server) MetricsHandler() http.Handler { return s.metricsHandler() }
 
 // recorder wraps the ResponseWriter of one request: it keeps the status for
 // logs and metrics, and the route template and principal that the route's
@@ -192,10 +95,21 @@ func (s *Server) outer(next http.Handler) http.Handler {
 			if !rec.written {
 				st = http.StatusOK
 			}
-			s.metrics.observe(rec.route, r.Method, st, d)
+			s.metrics.ObserveRequest(rec.route, r.Method, st, d)
 			s.log.Debug("http request", "method", r.Method, "path", r.URL.Path, "route", rec.route, "status", st,
-				"duration", d, "principal", rec.principal, "remote", r.RemoteAddr)
+				"duration", readable(d), "principal", rec.principal, "remote", r.RemoteAddr)
 		}()
 		next.ServeHTTP(rec, r)
 	})
+}
+
+// readable rounds a duration for logs: "1.234ms", "87µs", "2.5s".
+func readable(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(time.Microsecond).String()
+	}
+	return d.Round(100 * time.Nanosecond).String()
 }

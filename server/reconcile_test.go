@@ -51,7 +51,7 @@ func payloadOf(t *testing.T, e *env, execID, typ string) map[string]any {
 		t.Fatal(err)
 	}
 	for i := len(evs) - 1; i >= 0; i-- {
-		if evs[i].Type == typ {
+		if string(evs[i].Type) == typ {
 			var p map[string]any
 			if err := json.Unmarshal(evs[i].Payload, &p); err != nil {
 				t.Fatal(err)

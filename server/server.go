@@ -10,6 +10,7 @@ import (
 
 	"github.com/gorilla/mux"
 
+	"github.com/wicket-run/wicket/internal/metrics"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/server/wire"
 )
@@ -55,6 +56,25 @@ type Config struct {
 	SignatureTolerance time.Duration
 	// Logger receives request logs (debug) and internal errors (default slog.Default()).
 	Logger *slog.Logger
+	// Backup serves GET /v0/store/backup (admin), a hot copy of the store;
+	// nil answers 503.
+	Backup Backuper
+	// Metrics receives the server's measurements and serves /metrics (nil:
+	// a registry of the server's own).
+	Metrics *metrics.Metrics
+	// MetricsKey, when set, is the bearer key GET /metrics requires (the
+	// admin key is accepted too); empty leaves /metrics open.
+	MetricsKey string
+	// MetricsElsewhere takes /metrics off the API's router: the caller
+	// serves MetricsHandler on a listener of its own.
+	MetricsElsewhere bool
+	// LLM, when set, serves the LLM gateway under /llm/ (server/llmgw): it
+	// authenticates its own callers (gateway tokens) and reads its own
+	// bodies.
+	LLM http.Handler
+	// LLMOwnListener serves the gateway only through LLMHandler (a
+	// listener of its own), not under /llm/ of Handler.
+	LLMOwnListener bool
 }
 
 // Server serves the /v0 API of one kernel. Create it with New; it is safe
@@ -67,7 +87,7 @@ type Server struct {
 	router    *mux.Router
 	handler   http.Handler
 	ready     atomic.Bool
-	metrics   *metrics
+	metrics   *metrics.Metrics
 	deltas    *hub
 	// heartbeat is the SSE heartbeat interval (SSEHeartbeat; tests shorten it).
 	heartbeat time.Duration
@@ -115,7 +135,7 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 		k:          k,
 		cfg:        cfg,
 		log:        cfg.Logger,
-		metrics:    newMetrics(),
+		metrics:    cfg.Metrics,
 		deltas:     newHub(),
 		heartbeat:  SSEHeartbeat,
 		closing:    make(chan struct{}),
@@ -125,6 +145,21 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 	}
 	if cfg.AdminKey != "" {
 		s.adminHash = sha256Sum(cfg.AdminKey)
+	}
+	if s.metrics == nil {
+		s.metrics = metrics.New()
+	}
+	for _, g := range []struct {
+		name, help string
+		fn         func() float64
+	}{
+		{"wicket_ready", "Whether the server reports ready.", func() float64 { return boolFloat(s.ready.Load()) }},
+		{"wicket_event_streams", "Open event streams (SSE).", func() float64 { return float64(s.deltas.count()) }},
+		{"wicket_deliveries_in_flight", "Webhook deliveries holding a delivery slot.", func() float64 { return float64(k.DeliveriesInFlight()) }},
+	} {
+		if err := s.metrics.GaugeFunc(g.name, g.help, g.fn); err != nil {
+			s.log.Warn("metric not registered", "name", g.name, "err", err)
+		}
 	}
 	s.ready.Store(true)
 	s.router = s.routes()
@@ -191,7 +226,6 @@ func (s *Server) routes() *mux.Router {
 	for _, x := range []rt{
 		{"GET", "/v0/health", classOpen, s.health, routeOpts{}},
 		{"GET", "/v0/ready", classOpen, s.readyz, routeOpts{}},
-		{"GET", "/metrics", classOpen, s.metricsz, routeOpts{}},
 
 		{"POST", "/v0/executions", classClient, s.createExecution, routeOpts{}},
 		{"GET", "/v0/executions", classRead, s.listExecutions, routeOpts{}},
@@ -240,10 +274,53 @@ func (s *Server) routes() *mux.Router {
 		{"POST", "/v0/tenants/{tenant}/keys", classKeys, s.createKey, routeOpts{}},
 		{"GET", "/v0/tenants/{tenant}/keys", classKeys, s.listKeys, routeOpts{}},
 		{"DELETE", "/v0/tenants/{tenant}/keys/{key_id}", classKeys, s.deleteKey, routeOpts{}},
+
+		{"GET", "/v0/store/backup", classTenants, s.backup, routeOpts{}},
 	} {
 		r.Handle(x.path, s.wrap(x.path, x.cl, x.o, x.h)).Methods(x.method)
 	}
+	if !s.cfg.MetricsElsewhere {
+		mh := s.metricsHandler()
+		r.Handle("/metrics", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			if rec, ok := w.(*recorder); ok {
+				rec.route = "/metrics"
+			}
+			mh.ServeHTTP(w, req)
+		})).Methods("GET")
+	}
+	if s.cfg.LLM != nil && !s.cfg.LLMOwnListener {
+		r.PathPrefix("/llm/").Handler(s.llmRoute())
+	}
 	return r
+}
+
+// llmRoute is the LLM gateway as the router serves it, named for metrics
+// and logs.
+func (s *Server) llmRoute() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rec, ok := w.(*recorder); ok {
+			rec.route = "/llm/" // one label: paths under it are the caller's
+		}
+		s.cfg.LLM.ServeHTTP(w, r)
+	})
+}
+
+// LLMHandler returns the LLM gateway alone (Config.LLM under /llm/, with
+// the server's request logs and metrics), for a listener of its own; nil
+// without Config.LLM.
+func (s *Server) LLMHandler() http.Handler {
+	if s.cfg.LLM == nil {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/llm/", s.llmRoute())
+	return s.outer(mux)
+}
+
+// PublishDelta passes a step delta to the execution's event-stream
+// watchers and returns how many took it (the LLM gateway's streams).
+func (s *Server) PublishDelta(executionID string, d wire.StepDeltaEvent) int {
+	return s.deltas.publish(executionID, d)
 }
 
 // call is one authenticated request as a handler sees it.
@@ -403,6 +480,13 @@ func (s *Server) readyz(c *call) (int, any, error) {
 	return http.StatusOK, wire.Status{Status: "ready"}, nil
 }
 
+func boolFloat(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // writeCheck runs a store write check at most once per interval, whatever
 // the rate of /v0/ready (an open route): callers within the interval share
 // the last result, and one check runs at a time, under a deadline.
@@ -425,11 +509,4 @@ func (w *writeCheck) check(ctx context.Context, f func(context.Context) error) e
 	w.err = f(ctx)
 	w.at = time.Now()
 	return w.err
-}
-
-func (s *Server) metricsz(c *call) (int, any, error) {
-	c.w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	c.w.WriteHeader(http.StatusOK)
-	s.metrics.write(c.w, s.ready.Load(), s.deltas.count(), s.k.DeliveriesInFlight())
-	return 0, nil, nil
 }

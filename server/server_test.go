@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -50,7 +51,7 @@ func TestMetrics(t *testing.T) {
 		`wicket_http_requests_total{method="GET",route="unmatched",status="404"} 1`,
 		`wicket_http_request_duration_seconds_count{method="GET",route="/v0/executions/{id}"} 3`,
 		`wicket_http_request_duration_seconds_sum{method="GET",route="/v0/executions/{id}"} `,
-		`wicket_step_decisions_total{decision="proceed"} 1`,
+		`wicket_step_submissions_total{decision="proceed"} 1`,
 		`wicket_ready 1`,
 		`wicket_event_streams 0`,
 	} {
@@ -63,15 +64,39 @@ func TestMetrics(t *testing.T) {
 		if strings.HasPrefix(line, "#") {
 			continue
 		}
-		if f := strings.Fields(line); len(f) != 2 || !strings.HasPrefix(f[0], "wicket_") {
+		f := strings.Fields(line)
+		if len(f) != 2 || !(strings.HasPrefix(f[0], "wicket_") || strings.HasPrefix(f[0], "go_") || strings.HasPrefix(f[0], "process_") || strings.HasPrefix(f[0], "promhttp_")) {
 			t.Errorf("malformed sample %q", line)
+		}
+	}
+	for _, want := range []string{"go_goroutines ", "process_resident_memory_bytes "} {
+		if !strings.Contains(m, want) {
+			t.Errorf("the standard collectors are missing %q", want)
 		}
 	}
 	if t.Failed() {
 		t.Log(m)
 	}
-	if got := label("a\"b\\c\nd"); got != `"a\"b\\c\nd"` {
-		t.Fatalf("label %s", got)
+}
+
+// TestMetricsKey: with a metrics key, /metrics answers 401 without it and
+// 200 with it or the admin key; MetricsElsewhere takes it off the API.
+func TestMetricsKey(t *testing.T) {
+	const key = "metrics-key-0123456789"
+	e := newEnv(t, func(o *envOpts) { o.scfg.MetricsKey = key })
+	e.do("GET", "/metrics", nil, nil).wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
+	e.do("GET", "/metrics", nil, map[string]string{"Authorization": "Bearer wrong-key-0123456789"}).wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
+	if b := e.do("GET", "/metrics", nil, map[string]string{"Authorization": "Bearer " + key}).want(t, http.StatusOK).body; !strings.Contains(string(b), "wicket_ready 1") {
+		t.Fatalf("metrics: %s", b)
+	}
+	e.do("GET", "/metrics", nil, map[string]string{"Authorization": "Bearer " + testAdminKey}).want(t, http.StatusOK)
+
+	e2 := newEnv(t, func(o *envOpts) { o.scfg.MetricsElsewhere = true })
+	e2.do("GET", "/metrics", nil, nil).wantErr(t, http.StatusNotFound, wire.CodeNotFound)
+	rec := httptest.NewRecorder()
+	e2.srv.MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "wicket_http_requests_total") {
+		t.Fatalf("MetricsHandler: %d %s", rec.Code, rec.Body.String())
 	}
 }
 
@@ -130,10 +155,11 @@ func TestWireCodesMatchKernel(t *testing.T) {
 		{wire.CodeConflict, kernel.CodeConflict}, {wire.CodeLeaseSuperseded, kernel.CodeLeaseSuperseded},
 		{wire.CodeTooLarge, kernel.CodeTooLarge}, {wire.CodeRateLimited, kernel.CodeRateLimited},
 		{wire.CodeInternal, kernel.CodeInternal}, {wire.CodeUnavailable, kernel.CodeUnavailable},
-		{wire.DecisionProceed, kernel.DecisionProceed}, {wire.DecisionReplay, kernel.DecisionReplay},
-		{wire.DecisionDenied, kernel.DecisionDenied}, {wire.DecisionRateLimited, kernel.DecisionRateLimited},
-		{wire.DecisionBlocked, kernel.DecisionBlocked}, {wire.DecisionExecutionBlocked, kernel.DecisionExecutionBlocked},
-		{wire.DecisionExecutionTerminal, kernel.DecisionExecutionTerminal},
+		{wire.DecisionProceed, string(kernel.DecisionProceed)}, {wire.DecisionReplay, string(kernel.DecisionReplay)},
+		{wire.DecisionDenied, string(kernel.DecisionDenied)}, {wire.DecisionRateLimited, string(kernel.DecisionRateLimited)},
+		{wire.DecisionBlocked, string(kernel.DecisionBlocked)}, {wire.DecisionExecutionBlocked, string(kernel.DecisionExecutionBlocked)},
+		{wire.DecisionExecutionTerminal, string(kernel.DecisionExecutionTerminal)},
+		{wire.CodeStepIDDivergence, kernel.CodeStepIDDivergence},
 		{wire.RoleAdmin, kernel.RoleAdmin}, {wire.RoleTenantAdmin, kernel.RoleTenantAdmin}, {wire.RoleClient, kernel.RoleClient},
 	}
 	for _, p := range pairs {

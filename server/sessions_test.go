@@ -63,7 +63,7 @@ func (e *env) eventTypes(tenant, id string) []string {
 	}
 	out := make([]string, len(evs))
 	for i, ev := range evs {
-		out[i] = ev.Type
+		out[i] = string(ev.Type)
 	}
 	return out
 }

@@ -148,7 +148,7 @@ func (s *Server) stream(c *call) (int, any, error) {
 				if err != nil {
 					return false, false
 				}
-				bw.WriteString("id: " + strconv.FormatUint(ev.Seq, 10) + "\nevent: " + ev.Type + "\ndata: ")
+				bw.WriteString("id: " + strconv.FormatUint(ev.Seq, 10) + "\nevent: " + string(ev.Type) + "\ndata: ")
 				bw.Write(b)
 				bw.WriteString("\n\n")
 				last = ev.Seq
@@ -207,6 +207,6 @@ func (s *Server) stream(c *call) (int, any, error) {
 	}
 }
 
-func terminalEvent(typ string) bool {
+func terminalEvent(typ kernel.EventType) bool {
 	return typ == kernel.EvExecutionCompleted || typ == kernel.EvExecutionFailed || typ == kernel.EvExecutionCancelled
 }

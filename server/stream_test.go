@@ -109,18 +109,18 @@ func TestStreamLive(t *testing.T) {
 	}
 	// Replay of what is stored: the first event is execution.created, seq 1.
 	first, _ := next(t, ch)
-	if first.id != "1" || first.event != kernel.EvExecutionCreated {
+	if first.id != "1" || first.event != string(kernel.EvExecutionCreated) {
 		t.Fatalf("first event %+v", first)
 	}
 	var ev wire.Event
 	if err := json.Unmarshal([]byte(first.data), &ev); err != nil || ev.Seq != 1 || ev.ExecutionID != r.id {
 		t.Fatalf("data %s: %v", first.data, err)
 	}
-	until(t, ch, kernel.EvDispatchAcked)
+	until(t, ch, string(kernel.EvDispatchAcked))
 
 	// Live: a step, a delta, its result, then the end.
 	d := e.submit(r, "llm_call", "gpt", map[string]any{"p": "hi"})
-	until(t, ch, kernel.EvStepExecuting)
+	until(t, ch, string(kernel.EvStepExecuting))
 	var acc wire.StreamDeltaAccepted
 	e.agent(r.as, "POST", "/v0/executions/"+r.id+"/steps/"+d.StepID+"/stream", map[string]any{"seq": 4, "data": "tok"}).
 		want(t, http.StatusAccepted).decode(t, &acc)
@@ -136,9 +136,9 @@ func TestStreamLive(t *testing.T) {
 		t.Fatalf("delta %s: %v", delta.data, err)
 	}
 	e.agent(r.as, "POST", "/v0/executions/"+r.id+"/steps/"+d.StepID+"/complete", map[string]any{"result": "tok"}).want(t, http.StatusOK)
-	until(t, ch, kernel.EvStepSucceeded)
+	until(t, ch, string(kernel.EvStepSucceeded))
 	e.agent(r.as, "POST", "/v0/executions/"+r.id+"/complete", map[string]any{"output": 1}).want(t, http.StatusOK)
-	last := until(t, ch, kernel.EvExecutionCompleted)
+	last := until(t, ch, string(kernel.EvExecutionCompleted))
 	if _, ok := next(t, ch); ok {
 		t.Fatal("the stream must end after the terminal event")
 	}
@@ -154,7 +154,7 @@ func TestStreamLive(t *testing.T) {
 	if ev3.id != "3" {
 		t.Fatalf("after_seq=2 started at %+v", ev3)
 	}
-	until(t, ch3, kernel.EvExecutionCompleted)
+	until(t, ch3, string(kernel.EvExecutionCompleted))
 
 	e.admin("GET", "/v0/executions/"+r.id+"/stream?after_seq=x", nil).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 	if n := e.srv.deltas.count(); n != 0 {
@@ -184,7 +184,7 @@ func TestStreamHeartbeatAndCancel(t *testing.T) {
 		}
 	}
 	e.admin("POST", "/v0/executions/"+r.id+"/cancel", nil).want(t, http.StatusNoContent)
-	until(t, ch, kernel.EvExecutionCancelled)
+	until(t, ch, string(kernel.EvExecutionCancelled))
 	if _, ok := next(t, ch); ok {
 		t.Fatal("the stream must end after execution.cancelled")
 	}
@@ -194,7 +194,7 @@ func TestCloseStreams(t *testing.T) {
 	e := newEnv(t)
 	r := e.start("bot")
 	ch, _ := e.sse(t, "/v0/executions/"+r.id+"/stream", bearer(testAdminKey))
-	until(t, ch, kernel.EvDispatchAcked)
+	until(t, ch, string(kernel.EvDispatchAcked))
 	e.srv.CloseStreams()
 	for {
 		if _, ok := next(t, ch); !ok {

@@ -54,13 +54,13 @@ func executionView(e *kernel.Execution) wire.Execution {
 		Lease: leaseView(e.Lease), CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt,
 	}
 	if d := e.Dispatch; d != (kernel.DispatchState{}) {
-		v.Dispatch = &wire.Dispatch{ID: d.ID, Attempt: d.Attempt, State: d.State, DueAt: timePtr(d.DueAt), LeaseUntil: timePtr(d.LeaseUntil)}
+		v.Dispatch = &wire.Dispatch{ID: d.ID, Attempt: d.Attempt, State: string(d.State), DueAt: timePtr(d.DueAt), LeaseUntil: timePtr(d.LeaseUntil)}
 	}
 	return v
 }
 
 func eventView(e kernel.Event) wire.Event {
-	return wire.Event{ExecutionID: e.ExecutionID, Seq: e.Seq, Type: e.Type, Time: e.Time, Payload: e.Payload}
+	return wire.Event{ExecutionID: e.ExecutionID, Seq: e.Seq, Type: string(e.Type), Time: e.Time, Payload: e.Payload}
 }
 
 func bundleRefView(b policy.BundleRef) wire.BundleRef {
@@ -77,19 +77,19 @@ func usageView(u *kernel.Usage) *wire.Usage {
 func stepView(s *kernel.Step) wire.Step {
 	v := wire.Step{
 		ID: s.ID, ExecutionID: s.ExecutionID, Kind: s.Kind, Target: s.Target, Args: s.Args, ArgsHash: s.ArgsHash,
-		Occurrence: s.Occurrence, Idempotency: s.Idempotency, Effect: s.Effect, Status: string(s.Status),
+		Occurrence: s.Occurrence, Idempotency: string(s.Idempotency), Effect: s.Effect, Status: string(s.Status),
 		Result: s.Result, Error: s.Error, Usage: usageView(s.Usage), Lease: leaseView(s.Lease),
 		ApprovalID: s.ApprovalID, Seq: s.Seq, CreatedAt: s.CreatedAt, CompletedAt: s.CompletedAt,
 	}
-	if d := s.Decision; d != nil {
-		v.Decision = &wire.StepPolicyDecision{Action: string(d.Action), Reason: d.Reason, RuleID: d.RuleID,
+	if d := s.Verdict; d != nil {
+		v.Verdict = &wire.StepVerdict{Action: string(d.Action), Reason: d.Reason, RuleID: d.RuleID,
 			Bundle: bundleRefView(d.Bundle), EvalTime: d.EvalTime.Nanoseconds()}
 	}
 	return v
 }
 
 func decisionView(d *kernel.StepDecision) wire.StepDecision {
-	return wire.StepDecision{Decision: d.Decision, StepID: d.StepID, Occurrence: d.Occurrence, Result: d.Result,
+	return wire.StepDecision{Decision: string(d.Decision), StepID: d.StepID, Occurrence: d.Occurrence, Result: d.Result,
 		Error: d.Error, Reason: d.Reason, RuleID: d.RuleID, ApprovalID: d.ApprovalID}
 }
 
@@ -137,16 +137,16 @@ func sessionView(e *kernel.Execution) wire.Session {
 }
 
 func tenantView(t *kernel.Tenant) wire.Tenant {
-	return wire.Tenant{ID: t.ID, Guards: t.Guards, CreatedAt: t.CreatedAt}
+	return wire.Tenant{ID: t.ID, Guards: t.Guards, Retention: t.Retention, CreatedAt: t.CreatedAt}
 }
 
 func keyView(k *kernel.APIKey) wire.Key {
 	return wire.Key{KeyID: k.ID, Role: k.Role, Principal: k.Principal, Tenant: k.Tenant, CreatedAt: k.CreatedAt}
 }
 
-func evalView(r *kernel.EvalResult) wire.PolicyEvalResponse {
-	v := wire.PolicyEvalResponse{Decision: string(r.Decision), Reason: r.Reason, RuleID: r.RuleID,
-		Bundle: bundleRefView(r.Bundle), EvalTimeNS: r.EvalTimeNS}
+func evalView(r *kernel.Verdict) wire.PolicyEvalResponse {
+	v := wire.PolicyEvalResponse{Action: string(r.Action), Reason: r.Reason, RuleID: r.RuleID,
+		Bundle: bundleRefView(r.Bundle), EvalTimeNS: r.EvalTime.Nanoseconds()}
 	if a := r.Approval; a != nil {
 		v.Approval = &wire.ApprovalConfig{Approvers: a.Approvers, Timeout: a.Timeout, Message: a.Message}
 	}

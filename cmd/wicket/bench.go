@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,62 +11,79 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/sdk/agent"
+	"github.com/wicket-run/wicket/sdk/client"
 	"github.com/wicket-run/wicket/server"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/postgres"
 )
 
-// benchCommand measures steps over HTTP against an in-process kernel on a
-// fresh store: each of --executions workers submits and completes steps
-// (two signed requests, two commits per step) as fast as it can.
-func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// benchSetup defines the flags of `wicket bench`, which measures steps over
+// HTTP against an in-process kernel on a fresh store: each of --executions
+// workers submits and completes steps (two signed requests, two commits per
+// step) as fast as it can, through an agent built with sdk/agent; the
+// agent is registered and the executions created through sdk/client.
+// With --store postgres://… the kernel runs on PostgreSQL, and with
+// --replicas N so do N kernels sharing the database, each with its own
+// HTTP server; the agent's requests go to them in turn.
+func benchSetup(fs *flag.FlagSet, _ *clientOpts) runFunc {
 	execs := fs.Int("executions", 10, "concurrent executions")
 	steps := fs.Int("steps", 20000, "steps in total")
 	dir := fs.String("data", "", "data directory (default: a temporary one, removed after)")
 	noSync := fs.Bool("unsafe-no-fsync", false, "skip fsync (to see the cost of durability)")
-	storeSpec := fs.String("store", envString("WICKET_STORE", ""), "postgres://… URL to run on PostgreSQL (its tables are emptied first); empty: bbolt under --data (WICKET_STORE)")
+	storeSpec := fs.String("store", envString("WICKET_STORE", ""), "postgres://… URL to run on PostgreSQL (in a schema of the bench's own, dropped after); empty: bbolt under --data (WICKET_STORE)")
 	replicas := fs.Int("replicas", 1, "kernels sharing the store, each with its own HTTP server; requests go round-robin (PostgreSQL only)")
-	if err := fs.Parse(args); err != nil {
-		return err
+	return func(ctx context.Context, _ []string, stdout, _ io.Writer) error {
+		return bench(ctx, benchOptions{execs: *execs, steps: *steps, dir: *dir, noSync: *noSync, store: *storeSpec, replicas: *replicas}, stdout)
 	}
-	if *execs < 1 || *steps < *execs || *replicas < 1 {
+}
+
+// benchOptions are the flags of `wicket bench`.
+type benchOptions struct {
+	execs, steps int
+	dir          string
+	noSync       bool
+	store        string
+	replicas     int
+}
+
+func bench(ctx context.Context, o benchOptions, stdout io.Writer) error {
+	execs, steps, dir, noSync := &o.execs, &o.steps, o.dir, o.noSync
+	if *execs < 1 || *steps < *execs || o.replicas < 1 {
 		return usageError{"bench: want --executions >= 1, --steps >= --executions and --replicas >= 1"}
 	}
-	if *replicas > 1 && !isPostgres(*storeSpec) {
+	if o.replicas > 1 && !isPostgres(o.store) {
 		return usageError{"bench: --replicas needs a shared store (--store postgres://…)"}
 	}
-	if *dir == "" {
+	if dir == "" {
 		d, err := os.MkdirTemp("", "wicket-bench-")
 		if err != nil {
 			return err
 		}
 		defer os.RemoveAll(d)
-		*dir = d
+		dir = d
 	}
-	if isPostgres(*storeSpec) {
+	if isPostgres(o.store) {
 		// A schema of the bench's own, dropped afterwards: the database's
 		// other contents are left alone.
 		schema := fmt.Sprintf("wicket_bench_%d", os.Getpid())
-		if err := postgres.CreateSchema(ctx, *storeSpec, schema); err != nil {
+		if err := postgres.CreateSchema(ctx, o.store, schema); err != nil {
 			return err
 		}
-		defer func() { _ = postgres.DropSchema(context.WithoutCancel(ctx), *storeSpec, schema) }()
-		*storeSpec = postgres.WithSearchPath(*storeSpec, schema)
+		defer func() { _ = postgres.DropSchema(context.WithoutCancel(ctx), o.store, schema) }()
+		o.store = postgres.WithSearchPath(o.store, schema)
 	}
-	var bases []string
+	var hosts []string // the replicas' listeners
 	var stores []*openedStore
-	var k *kernel.Kernel // the first replica: setup goes through it
-	for range *replicas {
-		st, err := openStore(ctx, *storeSpec, *dir, *noSync)
+	for range o.replicas {
+		st, err := openStore(ctx, o.store, dir, noSync, nil)
 		if err != nil {
 			return err
 		}
@@ -73,11 +91,11 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		stores = append(stores, st)
 		sender := webhook.New()
 		defer sender.Close()
-		kr, err := kernel.New(st.Store, sender, nil, kernel.Config{Logger: discardLogger()})
+		k, err := kernel.New(st.Store, sender, nil, nil, kernel.Config{Logger: discardLogger()})
 		if err != nil {
 			return err
 		}
-		srv := server.New(kr, server.Config{AuthDisabled: true, Logger: discardLogger()})
+		srv := server.New(k, server.Config{AuthDisabled: true, Logger: discardLogger()})
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return err
@@ -85,14 +103,11 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		hs := &http.Server{Handler: srv.Handler()}
 		go func() { _ = hs.Serve(ln) }()
 		defer hs.Close()
-		if err := kr.Start(ctx); err != nil {
+		if err := k.Start(ctx); err != nil {
 			return err
 		}
-		defer kr.Close(context.WithoutCancel(ctx))
-		bases = append(bases, "http://"+ln.Addr().String())
-		if k == nil {
-			k = kr
-		}
+		defer k.Close(context.WithoutCancel(ctx))
+		hosts = append(hosts, ln.Addr().String())
 	}
 	counts := func() (commits, updates, conflicts uint64) {
 		for _, st := range stores {
@@ -101,85 +116,58 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		}
 		return commits, updates, conflicts
 	}
+	base := "http://" + hosts[0]
 
-	// The agent acknowledges webhooks and hands the leases to the workers.
+	r := &benchRun{total: int64(*steps), lat: make([][]time.Duration, *execs), gate: make(chan struct{}),
+		errc: make(chan error, *execs)}
+	r.ready.Add(*execs)
+	r.done.Add(*execs)
 	const secret = "bench-secret-0123456789"
-	leases := make(chan wire.WebhookPayload, *execs)
+	a, err := agent.New(agent.Config{ID: "bench", Secret: []byte(secret), KernelURL: base, Handler: agent.HandlerFunc(r.handle),
+		HTTPClient: &http.Client{Transport: &roundRobin{hosts: hosts, base: &http.Transport{MaxIdleConnsPerHost: *execs * 2}}}, Logger: discardLogger()})
+	if err != nil {
+		return err
+	}
 	agentLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	agentSrv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var p wire.WebhookPayload
-		if wire.VerifyV1([]byte(secret), r.Header.Get(wire.HeaderWicketSignature), wire.SignedRequestOf(r, body), time.Now(), 0) != nil ||
-			json.Unmarshal(body, &p) != nil {
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
-		w.WriteHeader(http.StatusAccepted)
-		leases <- p
-	})}
-	go func() { _ = agentSrv.Serve(agentLn) }()
-	defer agentSrv.Close()
-	if _, err := k.PutAgent(ctx, kernel.Agent{ID: "bench", WebhookURL: "http://" + agentLn.Addr().String() + "/", Secret: secret}); err != nil {
-		return err
+	actx, stopAgent := context.WithCancel(ctx)
+	defer stopAgent()
+	go func() { _ = a.Serve(actx, agentLn) }()
+
+	admin := client.New(base)
+	if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: "bench", WebhookURL: "http://" + agentLn.Addr().String() + "/", Secret: secret}); err != nil {
+		return fmt.Errorf("bench: register the agent: %w", err)
 	}
 	for i := range *execs {
-		if _, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: "bench", Input: []byte(fmt.Sprint(i))}); err != nil {
-			return err
+		if _, err := admin.CreateExecution(ctx, wire.CreateExecutionRequest{AgentID: "bench", Input: json.RawMessage(strconv.Itoa(i))}, ""); err != nil {
+			return fmt.Errorf("bench: create execution: %w", err)
 		}
 	}
-	var clients []*testkit.Client
-	for _, base := range bases {
-		clients = append(clients, &testkit.Client{BaseURL: base, AgentID: "bench", Secret: []byte(secret),
-			HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: *execs * 2}}})
+	// Every handler holds its lease before the clock starts.
+	if err := r.waitReady(ctx, 30*time.Second); err != nil {
+		return err
 	}
-	var next atomic.Int64
-	lat := make([][]time.Duration, *execs)
-	errc := make(chan error, *execs)
 	c0, u0, x0 := counts()
 	start := time.Now()
-	var wg sync.WaitGroup
-	for w := range *execs {
-		p := <-leases
-		lease := kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			path := "/v0/executions/" + p.ExecutionID
-			for n := next.Add(1); n <= int64(*steps); n = next.Add(1) {
-				client := clients[int(n)%len(clients)]
-				var d kernel.StepDecision
-				t0 := time.Now()
-				if err := client.Do(ctx, "POST", path+"/steps", &lease, map[string]any{"kind": "tool_call", "target": "search", "args": map[string]any{"q": "bench", "n": n}}, &d); err != nil {
-					errc <- err
-					return
-				}
-				lat[w] = append(lat[w], time.Since(t0))
-				if err := client.Do(ctx, "POST", path+"/steps/"+d.StepID+"/complete", &lease, map[string]any{"result": map[string]any{"n": n}}, nil); err != nil {
-					errc <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	close(r.gate)
+	r.done.Wait()
 	el := time.Since(start)
-	close(errc)
-	if err := <-errc; err != nil {
+	c1, u1, x1 := counts()
+	close(r.errc)
+	if err := <-r.errc; err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
-	c1, u1, x1 := counts()
 	var all []time.Duration
-	for _, l := range lat {
+	for _, l := range r.lat {
 		all = append(all, l...)
 	}
 	slices.Sort(all)
 	q := func(f float64) time.Duration { return all[int(float64(len(all)-1)*f)].Round(time.Microsecond) }
 	commits := max(c1-c0, 1)
-	fmt.Fprintf(stdout, "store:           %s, %d replica(s)\n", stores[0].kind, *replicas)
-	fmt.Fprintf(stdout, "steps:           %d over HTTP, %d concurrent executions, fsync %v\n", *steps, *execs, !*noSync)
+	fmt.Fprintf(stdout, "store:           %s, %d replica(s)\n", stores[0].kind, o.replicas)
+	fmt.Fprintf(stdout, "steps:           %d over HTTP through sdk/agent, %d concurrent executions, fsync %v\n", *steps, *execs, !noSync)
 	fmt.Fprintf(stdout, "throughput:      %.0f steps/s (%s)\n", float64(*steps)/el.Seconds(), el.Round(time.Millisecond))
 	fmt.Fprintf(stdout, "submit latency:  p50 %s  p99 %s  max %s\n", q(0.5), q(0.99), q(1))
 	fmt.Fprintf(stdout, "group commit:    %.2f updates/commit, %s per commit\n", float64(u1-u0)/float64(commits), (el / time.Duration(commits)).Round(time.Microsecond))
@@ -187,4 +175,91 @@ func benchCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		fmt.Fprintf(stdout, "conflicts:       %d transactions retried after a serialization failure\n", x1-x0)
 	}
 	return nil
+}
+
+// roundRobin sends each request to the next of the replicas' listeners, as
+// a load balancer in front of them would (the signature does not cover
+// the host).
+type roundRobin struct {
+	hosts []string
+	next  atomic.Uint64
+	base  http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper.
+func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
+	if len(rr.hosts) > 1 {
+		req = req.Clone(req.Context())
+		req.URL.Host = rr.hosts[rr.next.Add(1)%uint64(len(rr.hosts))]
+		req.Host = req.URL.Host
+	}
+	return rr.base.RoundTrip(req)
+}
+
+// benchRun is the shared state of the bench's handlers.
+type benchRun struct {
+	total int64
+	next  atomic.Int64
+	lat   [][]time.Duration // submit latencies, per execution (its input)
+	ready sync.WaitGroup    // handlers holding their lease
+	gate  chan struct{}     // closed when the clock starts
+	done  sync.WaitGroup    // handlers finished
+	errc  chan error
+}
+
+// handle is the agent's handler: it takes steps from the shared counter
+// until all are done, each a submit and a complete through the SDK.
+func (r *benchRun) handle(ctx context.Context, input json.RawMessage) (any, error) {
+	w, err := strconv.Atoi(string(input))
+	if err != nil || w < 0 || w >= len(r.lat) {
+		return nil, fmt.Errorf("bench: unexpected input %s", input)
+	}
+	ex, err := agent.FromContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.ready.Done()
+	defer r.done.Done()
+	select {
+	case <-r.gate:
+	case <-ctx.Done():
+		r.errc <- context.Cause(ctx)
+		return nil, ctx.Err()
+	}
+	for n := r.next.Add(1); n <= r.total; n = r.next.Add(1) {
+		args, _ := json.Marshal(map[string]any{"q": "bench", "n": n})
+		t0 := time.Now()
+		d, err := ex.Submit(ctx, wire.StepSubmitRequest{Kind: "tool_call", Target: "search", Args: args})
+		if err == nil && d.Decision != wire.DecisionProceed {
+			err = fmt.Errorf("step %d: decision %s (%s)", n, d.Decision, d.Reason)
+		}
+		if err != nil {
+			r.errc <- err
+			return nil, err
+		}
+		r.lat[w] = append(r.lat[w], time.Since(t0))
+		if err := ex.Complete(ctx, d.StepID, json.RawMessage(`{"n":`+strconv.FormatInt(n, 10)+`}`), nil); err != nil {
+			r.errc <- err
+			return nil, err
+		}
+	}
+	return map[string]int{"steps": len(r.lat[w])}, nil
+}
+
+// waitReady waits until every handler holds its lease.
+func (r *benchRun) waitReady(ctx context.Context, timeout time.Duration) error {
+	ready := make(chan struct{})
+	go func() { r.ready.Wait(); close(ready) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-ready:
+		return nil
+	case err := <-r.errc:
+		return fmt.Errorf("bench: %w", err)
+	case <-t.C:
+		return errors.New("bench: the agent did not receive every execution within " + timeout.String())
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

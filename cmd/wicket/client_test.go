@@ -50,7 +50,7 @@ func TestClientCommands(t *testing.T) {
 	if out := cli("agent", "put", "cli-seeds", "--webhook-url", agent.WebhookURL(), "--secret", "cli-secret-0123456789", "--signing", "body"); !strings.Contains(out, `"signing": "body"`) {
 		t.Errorf("agent put --signing body: %s", out)
 	}
-	if out := cli("agent", "ls"); !strings.Contains(out, `"cli"`) {
+	if out := cli("agent", "ls"); !strings.Contains(out, "\ncli  ") {
 		t.Errorf("agent ls: %s", out)
 	}
 	var x kernel.Execution
@@ -64,7 +64,7 @@ func TestClientCommands(t *testing.T) {
 	}
 	env.WaitStatus(x.ID, 10*time.Second, func(s kernel.ExecStatus) bool { return s == kernel.ExecBlocked })
 	var list struct{ Approvals []kernel.Approval }
-	if err := json.Unmarshal([]byte(cli("approval", "ls", "--status", "pending")), &list); err != nil || len(list.Approvals) != 1 {
+	if err := json.Unmarshal([]byte(cli("approval", "ls", "--status", "pending", "--json")), &list); err != nil || len(list.Approvals) != 1 {
 		t.Fatalf("approval ls: %+v %v", list, err)
 	}
 	// An approver key decides as itself: no --by needed, and naming someone
@@ -212,8 +212,8 @@ func TestExecStreamCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(rest), &x); err != nil || x.Status != "completed" || x.ID != evs[0].ExecutionID || string(x.Output) != "2" {
 		t.Fatalf("final execution %q: %v", rest, err)
 	}
-	if !strings.HasPrefix(rest, "{\n  \"id\": ") {
-		t.Fatalf("the final execution is not indented JSON: %q", rest)
+	if !strings.HasPrefix(rest, `{"id":`) || strings.Count(rest, "\n") != 1 {
+		t.Fatalf("the final execution is not one line of JSON: %q", rest)
 	}
 	out, err = cli("exec", "create", "broken", "--wait")
 	if err == nil || !strings.Contains(err.Error(), "failed") {
@@ -221,7 +221,7 @@ func TestExecStreamCommands(t *testing.T) {
 	}
 	evs, rest = eventLines(out)
 	checkLog(evs, "execution.failed")
-	if !strings.Contains(rest, `"status": "failed"`) {
+	if !strings.Contains(rest, `"status":"failed"`) {
 		t.Fatalf("final execution: %s", rest)
 	}
 
@@ -299,10 +299,10 @@ func TestExecStreamCommands(t *testing.T) {
 	if out, err := cli("agent", "put", "there", "--webhook-url", "http://127.0.0.1:9/", "--secret", "cli-secret-0123456789", "--tenant", "acme"); err != nil || !strings.Contains(out, `"tenant": "acme"`) {
 		t.Fatalf("agent put --tenant: %s %v", out, err)
 	}
-	if out, err := cli("agent", "ls", "--tenant", "acme"); err != nil || !strings.Contains(out, `"there"`) || strings.Contains(out, `"short"`) {
+	if out, err := cli("agent", "ls", "--tenant", "acme"); err != nil || !strings.Contains(out, "there ") || strings.Contains(out, "short ") {
 		t.Fatalf("agent ls --tenant: %s %v", out, err)
 	}
-	if out, err := cli("exec", "ls", "--tenant", "acme"); err != nil || !strings.Contains(out, `"executions": []`) {
+	if out, err := cli("exec", "ls", "--tenant", "acme", "--json"); err != nil || !strings.Contains(out, `"executions": []`) {
 		t.Fatalf("exec ls --tenant: %s %v", out, err)
 	}
 

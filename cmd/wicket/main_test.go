@@ -145,7 +145,7 @@ func TestBench(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"steps:           60 over HTTP, 3 concurrent executions, fsync true", "steps/s", "p99", "updates/commit"} {
+	for _, want := range []string{"steps:           60 over HTTP through sdk/agent, 3 concurrent executions, fsync true", "steps/s", "p99", "updates/commit"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("bench output lacks %q:\n%s", want, out)
 		}

@@ -13,16 +13,13 @@ import (
 	"github.com/wicket-run/wicket/internal/mcpproxy"
 )
 
-const mcpProxyUsage = `usage: wicket mcp-proxy --agent ID [--execution ID] --upstream NAME=COMMAND|URL ... [flags]
-
-An MCP server in front of upstream MCP servers: every tools/call is a
+const mcpProxyHelp = `An MCP server in front of upstream MCP servers: every tools/call is a
 tool_call step of a Wicket session (target "<server>.<tool>"), decided by
 the agent's policy, recorded, and replayed after a restart. It speaks MCP on
 stdin and stdout (a desktop host starts it), or streamable HTTP with
---listen. Logs go to stderr. See docs/gate.md.
-
-flags:
-`
+--listen. Logs go to stderr. Give --agent ID (begin a session) or
+--execution ID (attach to one), and at least one --upstream. See
+docs/gate.md.`
 
 // repeated is a repeatable string flag.
 type repeated []string
@@ -30,14 +27,13 @@ type repeated []string
 func (r *repeated) String() string     { return strings.Join(*r, ",") }
 func (r *repeated) Set(v string) error { *r = append(*r, v); return nil }
 
-// mcpProxyCommand runs `wicket mcp-proxy`.
-func mcpProxyCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("wicket mcp-proxy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, mcpProxyUsage)
-		fs.PrintDefaults()
-	}
+func init() {
+	register(&command{name: "mcp-proxy", max: 0, summary: "an MCP server whose tool calls go through a Wicket session",
+		help: mcpProxyHelp, setup: mcpProxySetup})
+}
+
+// mcpProxySetup defines the flags of `wicket mcp-proxy`.
+func mcpProxySetup(fs *flag.FlagSet, _ *clientOpts) runFunc {
 	kernelURL := fs.String("url", envString("WICKET_URL", "http://127.0.0.1:8080"), "kernel base URL (WICKET_URL)")
 	key := fs.String("key", envString("WICKET_API_KEY", ""), "API key that holds the session: client role or above (WICKET_API_KEY)")
 	agentID := fs.String("agent", "", "begin a session of this agent")
@@ -51,24 +47,23 @@ func mcpProxyCommand(ctx context.Context, args []string, stdout, stderr io.Write
 	fs.Var(&upstreams, "upstream", "NAME=COMMAND (run over stdio, split on spaces) or NAME=https://… (streamable HTTP); repeatable")
 	fs.Var(&effects, "effect", "side-effect class of tools without MCP annotations: CLASS for all, or SERVER.TOOL=CLASS; repeatable")
 	fs.Var(&labels, "label", "KEY=VALUE label of a new session; repeatable")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return usageError{err.Error()}
+	return func(ctx context.Context, _ []string, _, stderr io.Writer) error {
+		return mcpProxy(ctx, stderr, *kernelURL, *key, *agentID, *execID, *listen, *wait, *hide, *heartbeat, *logLevel, upstreams, effects, labels)
 	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("mcp-proxy takes no arguments, got %q", fs.Args())}
-	}
+}
+
+// mcpProxy runs `wicket mcp-proxy`.
+func mcpProxy(ctx context.Context, stderr io.Writer, kernelURL, key, agentID, execID, listen string, wait time.Duration, hide bool,
+	heartbeat time.Duration, logLevel string, upstreams, effects, labels repeated) error {
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 		return usageError{"--log-level: " + err.Error()}
 	}
-	cfg := mcpproxy.Config{KernelURL: *kernelURL, APIKey: *key, AgentID: *agentID, ExecutionID: *execID,
-		ApprovalWait: *wait, HideDenied: *hide, HeartbeatInterval: *heartbeat, Version: version,
+	cfg := mcpproxy.Config{KernelURL: kernelURL, APIKey: key, AgentID: agentID, ExecutionID: execID,
+		ApprovalWait: wait, HideDenied: hide, HeartbeatInterval: heartbeat, Version: version,
 		Effects: map[string]string{}, Labels: map[string]string{},
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
-	if *agentID == "" && *execID == "" {
+	if agentID == "" && execID == "" {
 		return usageError{"give --agent ID (begin a session) or --execution ID (attach to one)"}
 	}
 	for _, u := range upstreams {
@@ -96,9 +91,9 @@ func mcpProxyCommand(ctx context.Context, args []string, stdout, stderr io.Write
 		cfg.Labels[k] = v
 	}
 	var ln net.Listener
-	if *listen != "" {
+	if listen != "" {
 		var err error
-		if ln, err = net.Listen("tcp", *listen); err != nil {
+		if ln, err = net.Listen("tcp", listen); err != nil {
 			return fmt.Errorf("mcp-proxy: listen: %w", err)
 		}
 		defer ln.Close()

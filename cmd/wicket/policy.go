@@ -19,43 +19,8 @@ import (
 	"github.com/wicket-run/wicket/plugins/rego"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
+	"github.com/wicket-run/wicket/server/wire"
 )
-
-const policyUsage = `usage: wicket policy <test|eval|build|inspect> ...
-
-  test    [-v] BUNDLE...            run each bundle's tests/*.yaml cases and Rego unit tests
-                                    (test_ rules, OPA's runner); exit 1 on a failure
-  eval    --bundle BUNDLE [--input FILE|-]
-                                    evaluate one input document (docs/policy.md) and print the decision
-  build   BUNDLE -o OUT.tar.gz [--signing-key KEY [--signing-alg RS256] [--signing-key-id ID]]
-                                    write the bundle's reproducible archive (signed: OPA's
-                                    .signatures.json) and print its digest
-  inspect [--verification-key PUB] BUNDLE
-                                    print the manifest, roots, data files, signature state,
-                                    digest, files and test count
-
-BUNDLE is a bundle directory or a .tar.gz of one.
-`
-
-func policyCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, policyUsage)
-		return usageError{"policy: no subcommand"}
-	}
-	switch args[0] {
-	case "test":
-		return policyTest(ctx, args[1:], stdout, stderr)
-	case "eval":
-		return policyEval(ctx, args[1:], stdout, stderr)
-	case "build":
-		return policyBuild(args[1:], stdout, stderr)
-	case "inspect":
-		return policyInspect(args[1:], stdout, stderr)
-	default:
-		fmt.Fprint(stderr, policyUsage)
-		return usageError{fmt.Sprintf("policy: unknown subcommand %q", args[0])}
-	}
-}
 
 // loadBundle reads a bundle directory or archive. A bundle without a
 // bundle.yaml (OPA's layout) is named after the directory or archive.
@@ -130,32 +95,17 @@ func cliHost() (*plugins.Host, func()) {
 	return h, func() { h.Close(); _ = w.Close() }
 }
 
-func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("policy test", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	verbose := fs.Bool("v", false, "print every case, not only failures")
-	timeout := fs.Duration("timeout", rego.DefaultTestTimeout, "deadline of one Rego unit test")
-	vk := verificationFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	keys, err := vk.keys()
-	if err != nil {
-		return err
-	}
-	if fs.NArg() == 0 {
-		return usageError{"policy test: give at least one bundle"}
-	}
+func policyTest(ctx context.Context, paths []string, verbose bool, timeout time.Duration, keys []bundle.Key, stdout io.Writer) error {
 	host, closeHost := cliHost()
 	defer closeHost()
 	regoEngine := rego.New()
 	passed, failed, skipped := 0, 0, 0
-	for _, path := range fs.Args() {
+	for _, path := range paths {
 		b, err := loadBundle(path, keys...)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
-		results, err := runBundleTests(ctx, host, regoEngine, b, *timeout)
+		results, err := runBundleTests(ctx, host, regoEngine, b, timeout)
 		if err != nil {
 			return fmt.Errorf("%s: %w", path, err)
 		}
@@ -164,12 +114,12 @@ func policyTest(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			switch {
 			case r.Skipped:
 				skipped++
-				if *verbose {
+				if verbose {
 					fmt.Fprintf(stdout, "SKIP %s (%s)\n", name, r.Where)
 				}
 			case r.Passed:
 				passed++
-				if *verbose {
+				if verbose {
 					fmt.Fprintf(stdout, "ok   %s\n", name)
 				}
 			default:
@@ -272,8 +222,8 @@ func checkCase(ctx context.Context, ev policy.Evaluator, def policy.Action, tc b
 		return fmt.Errorf("evaluate: %w", err)
 	}
 	d = policy.ApplyDefault(d, def, in.Step.Kind)
-	if d.Decision != tc.Expect.Decision {
-		return fmt.Errorf("decision %s (rule %q: %s), want %s", d.Decision, d.RuleID, d.Reason, tc.Expect.Decision)
+	if d.Action != tc.Expect.Decision {
+		return fmt.Errorf("decision %s (rule %q: %s), want %s", d.Action, d.RuleID, d.Reason, tc.Expect.Decision)
 	}
 	if tc.Expect.RuleID != "" && d.RuleID != tc.Expect.RuleID {
 		return fmt.Errorf("rule_id %q, want %q", d.RuleID, tc.Expect.RuleID)
@@ -281,28 +231,9 @@ func checkCase(ctx context.Context, ev policy.Evaluator, def policy.Action, tc b
 	return nil
 }
 
-func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("policy eval", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	bpath := fs.String("bundle", "", "bundle directory or .tar.gz")
-	input := fs.String("input", "-", "input document (JSON file, or - for stdin)")
-	vk := verificationFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	keys, err := vk.keys()
-	if err != nil {
-		return err
-	}
-	if *bpath == "" {
-		return usageError{"policy eval: --bundle is required"}
-	}
-	var raw []byte
-	if *input == "-" {
-		raw, err = io.ReadAll(os.Stdin)
-	} else {
-		raw, err = os.ReadFile(*input)
-	}
+// policyEvalOffline evaluates one input document against a bundle on disk.
+func policyEvalOffline(ctx context.Context, bpath, input string, keys []bundle.Key, stdout io.Writer) error {
+	raw, err := readInput(input)
 	if err != nil {
 		return fmt.Errorf("read input: %w", err)
 	}
@@ -312,7 +243,7 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := dec.Decode(&in); err != nil {
 		return fmt.Errorf("input is not a policy input document: %w", err)
 	}
-	b, err := loadBundle(*bpath, keys...)
+	b, err := loadBundle(bpath, keys...)
 	if err != nil {
 		return err
 	}
@@ -335,31 +266,8 @@ func policyEval(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-func policyBuild(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("policy build", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	out := fs.String("o", "", "output .tar.gz")
-	var sk bundle.SigningKey
-	fs.StringVar(&sk.Key, "signing-key", "", "sign the bundle (.signatures.json) with this PEM private key or HMAC secret file, as opa build --signing-key")
-	fs.StringVar(&sk.Algorithm, "signing-alg", bundle.DefaultAlgorithm, "signature algorithm (RS256, PS256, ES256, HS256, ...)")
-	fs.StringVar(&sk.KeyID, "signing-key-id", bundle.DefaultKeyID, "key id (kid) verifiers look the key up by")
-	fs.StringVar(&sk.ClaimsFile, "claims-file", "", "JSON file of extra claims (e.g. scope)")
-	// Accept the bundle before or after the flags.
-	var pos []string
-	for len(args) > 0 {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(pos) != 1 || *out == "" {
-		return usageError{"policy build: want BUNDLE -o OUT.tar.gz"}
-	}
-	b, err := loadBundle(pos[0])
+func policyBuild(path, out string, sk bundle.SigningKey, stdout io.Writer) error {
+	b, err := loadBundle(path)
 	if err != nil {
 		return err
 	}
@@ -375,32 +283,19 @@ func policyBuild(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(*out, data, 0o644); err != nil {
+	if err := os.WriteFile(out, data, 0o644); err != nil {
 		return err
 	}
 	signed := ""
 	if sk.Key != "" {
 		signed = ", signed " + sk.Algorithm + " kid " + sk.KeyID
 	}
-	fmt.Fprintf(stdout, "%s %s rev %s sha256:%s (%d bytes%s)\n", *out, b.Manifest.Name, b.Manifest.Revision, b.Digest, len(data), signed)
+	fmt.Fprintf(stdout, "%s %s rev %s sha256:%s (%d bytes%s)\n", out, b.Manifest.Name, b.Manifest.Revision, b.Digest, len(data), signed)
 	return nil
 }
 
-func policyInspect(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("policy inspect", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	vk := verificationFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return usageError{"policy inspect: want one BUNDLE"}
-	}
-	keys, err := vk.keys()
-	if err != nil {
-		return err
-	}
-	b, err := loadBundle(fs.Arg(0), keys...)
+func policyInspect(path string, keys []bundle.Key, stdout io.Writer) error {
+	b, err := loadBundle(path, keys...)
 	if err != nil {
 		return err
 	}
@@ -460,5 +355,133 @@ func policyInspect(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "  %-40s %d bytes\n", n, len(b.Files[n]))
 	}
 	fmt.Fprintf(stdout, "tests:          %d cases\n", len(cases))
+	return nil
+}
+
+func init() {
+	register(
+		&command{name: "policy test", args: "BUNDLE...", min: 1, max: -1, summary: "run each bundle's tests/*.yaml cases and Rego unit tests; exit 1 on a failure",
+			help: "BUNDLE is a bundle directory or a .tar.gz of one. Rego unit tests are the\ntest_ rules of its .rego files, run with OPA's test runner.",
+			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
+				verbose := fs.Bool("v", false, "print every case, not only failures")
+				timeout := fs.Duration("timeout", rego.DefaultTestTimeout, "deadline of one Rego unit test")
+				vk := verificationFlags(fs)
+				return func(ctx context.Context, pos []string, stdout, _ io.Writer) error {
+					keys, err := vk.keys()
+					if err != nil {
+						return err
+					}
+					return policyTest(ctx, pos, *verbose, *timeout, keys, stdout)
+				}
+			}},
+		&command{name: "policy eval", client: true, max: 0, summary: "evaluate a step: offline against a bundle, or by a running kernel",
+			help: `Offline (--bundle): evaluates one policy input document (docs/policy.md;
+--input, a file or - for stdin) against a bundle directory or .tar.gz and prints the decision.
+
+Online (--agent, or --url): asks the kernel at --url what the agent's policy (its tenant's
+guards, its bundle, the kernel default) decides for one step, without recording
+anything: POST /v0/policy/eval. The step comes from --kind, --target, --args,
+--effect and --idempotency, or whole from --input (a {"agent_id", "step", "labels"}
+document; --agent, when given, names the agent).`,
+			setup: func(fs *flag.FlagSet, o *clientOpts) runFunc {
+				bpath := fs.String("bundle", "", "offline: bundle directory or .tar.gz")
+				input := fs.String("input", "", "offline: the input document (file, or - for stdin; default -); online: the request document")
+				agent := fs.String("agent", "", "online: the agent whose policy decides")
+				kind := fs.String("kind", "tool_call", "online: step kind (tool_call, llm_call or local)")
+				target := fs.String("target", "", "online: step target")
+				args := fs.String("args", "", "online: step args (JSON)")
+				effect := fs.String("effect", "", "online: step effect class")
+				idem := fs.String("idempotency", "", "online: step idempotency class")
+				var labels labelFlag
+				fs.Var(&labels, "label", "online: an execution label key=value (repeatable)")
+				vk := verificationFlags(fs)
+				return func(ctx context.Context, _ []string, stdout, _ io.Writer) error {
+					online := *agent != "" || flagSet(fs, "url")
+					switch {
+					case *bpath != "" && online:
+						return usagef("policy eval: give --bundle (offline) or --agent/--url (the kernel's eval), not both")
+					case *bpath != "":
+						in := *input
+						if in == "" {
+							in = "-"
+						}
+						keys, err := vk.keys()
+						if err != nil {
+							return err
+						}
+						return policyEvalOffline(ctx, *bpath, in, keys, stdout)
+					case !online:
+						return usagef("policy eval: give --bundle BUNDLE (offline) or --agent AGENT (the kernel's eval at --url)")
+					case *agent == "" && *input == "":
+						return usagef("policy eval: --agent AGENT is required (or an --input document naming agent_id)")
+					}
+					req := wire.PolicyEvalRequest{AgentID: *agent, Step: wire.EvalStep{Kind: *kind, Target: *target, Effect: *effect, Idempotency: *idem}, Labels: labels.m}
+					if *input != "" {
+						raw, err := readInput(*input)
+						if err != nil {
+							return fmt.Errorf("read input: %w", err)
+						}
+						req = wire.PolicyEvalRequest{}
+						dec := json.NewDecoder(bytes.NewReader(raw))
+						dec.DisallowUnknownFields()
+						if err := dec.Decode(&req); err != nil {
+							return fmt.Errorf("--input is not a policy eval request: %w", err)
+						}
+						if *agent != "" {
+							req.AgentID = *agent
+						}
+					} else if *args != "" {
+						if !json.Valid([]byte(*args)) {
+							return usagef("policy eval: --args is not valid JSON")
+						}
+						req.Step.Args = json.RawMessage(*args)
+					}
+					r, err := o.client().EvalPolicy(ctx, req)
+					return printAnswer(stdout, r, err)
+				}
+			}},
+		&command{name: "policy build", args: "BUNDLE", min: 1, max: 1, summary: "write a bundle's reproducible archive (signed with --signing-key) and print its digest",
+			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
+				out := fs.String("o", "", "output .tar.gz (required)")
+				var sk bundle.SigningKey
+				fs.StringVar(&sk.Key, "signing-key", "", "sign the bundle (.signatures.json) with this PEM private key or HMAC secret file, as opa build --signing-key")
+				fs.StringVar(&sk.Algorithm, "signing-alg", bundle.DefaultAlgorithm, "signature algorithm (RS256, PS256, ES256, HS256, ...)")
+				fs.StringVar(&sk.KeyID, "signing-key-id", bundle.DefaultKeyID, "key id (kid) verifiers look the key up by")
+				fs.StringVar(&sk.ClaimsFile, "claims-file", "", "JSON file of extra claims (e.g. scope)")
+				return func(_ context.Context, pos []string, stdout, _ io.Writer) error {
+					if *out == "" {
+						return usagef("policy build: -o OUT.tar.gz is required")
+					}
+					return policyBuild(pos[0], *out, sk, stdout)
+				}
+			}},
+		&command{name: "policy inspect", args: "BUNDLE", min: 1, max: 1, summary: "print a bundle's manifest, roots, data, signature state, digest, files and tests",
+			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
+				vk := verificationFlags(fs)
+				return func(_ context.Context, pos []string, stdout, _ io.Writer) error {
+					keys, err := vk.keys()
+					if err != nil {
+						return err
+					}
+					return policyInspect(pos[0], keys, stdout)
+				}
+			}},
+	)
+}
+
+// labelFlag collects repeated key=value flags.
+type labelFlag struct{ m map[string]string }
+
+func (l *labelFlag) String() string { return "" }
+
+func (l *labelFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want key=value, got %q", s)
+	}
+	if l.m == nil {
+		l.m = map[string]string{}
+	}
+	l.m[k] = v
 	return nil
 }

@@ -126,7 +126,7 @@ func TestStoreCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k, err := kernel.New(st, nil, nil, kernel.Config{})
+	k, err := kernel.New(st, nil, nil, nil, kernel.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

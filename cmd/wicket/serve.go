@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/wicket-run/wicket/internal/manifest"
+	"github.com/wicket-run/wicket/internal/metrics"
 	"github.com/wicket-run/wicket/internal/netguard"
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
@@ -26,7 +28,10 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/server/llmgw"
 	"github.com/wicket-run/wicket/server/wire"
+	"github.com/wicket-run/wicket/store/bbolt"
+	"github.com/wicket-run/wicket/store/postgres"
 )
 
 // serveOptions are the flags of `wicket serve`; each has a WICKET_* twin.
@@ -42,11 +47,23 @@ type serveOptions struct {
 	maxBody                       int64
 	noSync                        bool
 	readyFile                     string
+	limits                        limitOptions
+	metricsAddr, metricsKey       string
+	retention, retentionInterval  time.Duration
 	bundleKeyFile, bundleKeyID    string
 	bundleKeyAlg                  string
 	net                           netLimits
 	webhookAllow, webhookDeny     stringList
 	signatureTolerance            time.Duration
+	llm                           llmOptions
+}
+
+// llmOptions are the LLM gateway's flags; its providers come from the
+// manifest (llm_providers).
+type llmOptions struct {
+	addr            string
+	maxBody         int64
+	upstreamTimeout time.Duration
 }
 
 // netLimits are what an unauthenticated caller may cost: the request
@@ -130,7 +147,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.DurationVar(&o.dispatchTimeout, "dispatch-timeout", envDuration("WICKET_DISPATCH_TIMEOUT", d.DispatchTimeout), "timeout of one webhook POST (WICKET_DISPATCH_TIMEOUT)")
 	fs.IntVar(&o.dispatchMaxAttempts, "dispatch-max-attempts", envInt("WICKET_DISPATCH_MAX_ATTEMPTS", d.DispatchMaxAttempts), "delivery attempts before dispatch_exhausted (WICKET_DISPATCH_MAX_ATTEMPTS)")
 	fs.DurationVar(&o.approvalTimeout, "approval-timeout", envDuration("WICKET_APPROVAL_TIMEOUT", d.ApprovalTimeout), "default approval lifetime (WICKET_APPROVAL_TIMEOUT)")
-	fs.StringVar(&o.approvalExpiry, "approval-expiry", envString("WICKET_APPROVAL_EXPIRY", d.ApprovalExpiry), "on expiry: fail_execution or deny_step (WICKET_APPROVAL_EXPIRY)")
+	fs.StringVar(&o.approvalExpiry, "approval-expiry", envString("WICKET_APPROVAL_EXPIRY", string(d.ApprovalExpiry)), "on expiry: fail_execution or deny_step (WICKET_APPROVAL_EXPIRY)")
 	fs.StringVar(&o.defaultPolicy, "default-policy", envString("WICKET_DEFAULT_POLICY", "allow"), "policy of agents bound to no bundle: allow, deny or a bundle name (WICKET_DEFAULT_POLICY)")
 	fs.StringVar(&o.logLevel, "log-level", envString("WICKET_LOG_LEVEL", "info"), "debug, info, warn or error (WICKET_LOG_LEVEL)")
 	fs.StringVar(&o.logFormat, "log-format", envString("WICKET_LOG_FORMAT", "text"), "text or json (WICKET_LOG_FORMAT)")
@@ -142,6 +159,10 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.IntVar(&o.net.maxConns, "max-conns", envInt("WICKET_MAX_CONNS", server.DefaultMaxConns), "open connections at most, lowered to fit the file descriptor limit; idle ones are closed for room (WICKET_MAX_CONNS)")
 	fs.IntVar(&o.net.maxStreamsPerTenant, "max-streams-per-tenant", envInt("WICKET_MAX_STREAMS_PER_TENANT", server.DefaultMaxStreamsPerTenant), "open event streams per tenant at most (WICKET_MAX_STREAMS_PER_TENANT)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.DurationVar(&o.retention, "retention", envDuration("WICKET_RETENTION", 0), "delete terminal executions (with their events, steps, approvals, counters) this long after they end; 0 keeps them (WICKET_RETENTION; a tenant's retention overrides it)")
+	fs.DurationVar(&o.retentionInterval, "retention-interval", envDuration("WICKET_RETENTION_INTERVAL", d.RetentionInterval), "time between retention passes (WICKET_RETENTION_INTERVAL)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", envString("WICKET_METRICS_ADDR", ""), "serve /metrics on this address instead of the API's (WICKET_METRICS_ADDR)")
+	fs.StringVar(&o.metricsKey, "metrics-key", envString("WICKET_METRICS_KEY", ""), "bearer key /metrics requires; the admin key works too (WICKET_METRICS_KEY; empty: /metrics is open)")
 	fs.StringVar(&o.bundleKeyFile, "bundle-verification-key", envString("WICKET_BUNDLE_VERIFICATION_KEY", ""), "PEM public key (or HMAC secret) file that verifies bundle signatures; every bundle must then be signed (WICKET_BUNDLE_VERIFICATION_KEY)")
 	fs.StringVar(&o.bundleKeyID, "bundle-verification-key-id", envString("WICKET_BUNDLE_VERIFICATION_KEY_ID", bundle.DefaultKeyID), "key id signatures name (kid) (WICKET_BUNDLE_VERIFICATION_KEY_ID)")
 	fs.StringVar(&o.bundleKeyAlg, "bundle-verification-alg", envString("WICKET_BUNDLE_VERIFICATION_ALG", bundle.DefaultAlgorithm), "signature algorithm: RS256, ES256, HS256, ... (WICKET_BUNDLE_VERIFICATION_ALG)")
@@ -150,7 +171,11 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
+	fs.StringVar(&o.llm.addr, "llm-addr", envString("WICKET_LLM_ADDR", ""), "serve the LLM gateway on this address only, instead of under /llm/ of --addr (WICKET_LLM_ADDR)")
+	fs.Int64Var(&o.llm.maxBody, "llm-max-body", int64(envInt("WICKET_LLM_MAX_BODY", int(llmgw.DefaultMaxBodyBytes))), "largest LLM gateway request body in bytes (WICKET_LLM_MAX_BODY)")
+	fs.DurationVar(&o.llm.upstreamTimeout, "llm-upstream-timeout", envDuration("WICKET_LLM_UPSTREAM_TIMEOUT", llmgw.DefaultUpstreamTimeout), "longest provider call, stream included (WICKET_LLM_UPSTREAM_TIMEOUT)")
 	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
+	limitFlags(&o.limits, fs)
 }
 
 func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
@@ -181,17 +206,8 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var o serveOptions
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	serveFlags(&o, fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return usageError{fmt.Sprintf("serve: unexpected argument %q", fs.Arg(0))}
-	}
+// serve runs the kernel until ctx ends.
+func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error {
 	log, err := newLogger(o.logLevel, o.logFormat, stderr)
 	if err != nil {
 		return err
@@ -225,19 +241,41 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if o.adminKey != "" && len(o.adminKey) < 16 {
 		return usageError{"serve: --admin-key must be at least 16 bytes"}
 	}
+	limits, err := o.limits.limits()
+	if err != nil {
+		return err
+	}
 
-	guard, err := webhookGuard(o)
+	guard, err := webhookGuard(*o)
 	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(o.data, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
-	st, err := openStore(ctx, o.store, o.data, o.noSync)
+	for _, d := range []string{o.data, filepath.Join(o.data, "wasm-cache")} {
+		if err := checkPrivateDir(d); err != nil {
+			return err
+		}
+	}
+	reg := metrics.New()
+	t0 := time.Now()
+	st, err := openStore(ctx, o.store, o.data, o.noSync, reg.Commit)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	if st.bolt != nil {
+		var size int64
+		if fi, err := os.Stat(st.bolt.Path()); err == nil {
+			size = fi.Size()
+		}
+		log.Info("store opened", "path", st.bolt.Path(), "size", bytesString(size), "schema", bbolt.SchemaVersion, "fsync", !o.noSync,
+			"took", time.Since(t0).Round(time.Millisecond).String())
+	} else {
+		log.Info("store opened", "store", st.kind, "at", st.desc, "schema", postgres.SchemaVersion, "synchronous_commit", !o.noSync,
+			"took", time.Since(t0).Round(time.Millisecond).String())
+	}
 
 	// The kernel's own address is a forbidden webhook destination from the
 	// start (the manifest registers agents before the listener opens);
@@ -246,33 +284,51 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		guard.SetSelf(self)
 	}
 
+	providers, err := llmProviders(man)
+	if err != nil {
+		return err
+	}
+	if len(providers) == 0 && o.llm.addr != "" {
+		return usageError{"serve: --llm-addr needs llm_providers in the manifest (--config)"}
+	}
 	if o.replica == "" && st.kind == "postgres" {
 		host, _ := os.Hostname()
 		o.replica = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	cfg := kernel.Config{Replica: o.replica, LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
-		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: o.approvalExpiry, Logger: log}
+		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: kernel.ApprovalExpiry(o.approvalExpiry), Logger: log, Observer: reg,
+		BundleLoadTimeout: o.limits.bundleLoadTimeout, Retention: o.retention, RetentionInterval: o.retentionInterval,
+		LLMGatewayTokens: len(providers) > 0}
 	if o.dispatchTimeout >= o.leaseTimeout {
 		cfg.DispatchTimeout = o.leaseTimeout / 2
 	}
 	sender := webhook.New(webhook.WithGuard(guard))
 	defer sender.Close()
-	k, err := kernel.New(st.Store, sender, nil, cfg) // the store itself: kernel.Feed is found on it
-	if err != nil {
-		return usageError{err.Error()}
-	}
-	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), Builtins: rego.NewHostBuiltins()})
+	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), CacheMaxBytes: int64(o.limits.cacheMax), Limits: limits,
+		Builtins: rego.NewHostBuiltins()})
 	defer wasmEngine.Close()
 	kernelKeys, err := o.verificationKeys()
 	if err != nil {
 		return err
 	}
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Guards: k.TenantGuards, BundleKeys: plugins.KernelAndTenantKeys(kernelKeys, k.TenantBundleKeys)}, rules.New(), rego.New(), wasmEngine)
+	regoEng, closeRego, err := regoEngine(&o.limits, limits, log)
+	if err != nil {
+		return err
+	}
+	defer closeRego()
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Limits: limits, BundleKeys: kernelKeys},
+		rules.New(), regoEng, wasmEngine)
 	defer host.Close()
-	k.SetPolicy(host)
-	k.SetBundleLoader(host)
+	k, err := kernel.New(st.Store, sender, host, host, cfg) // the store itself: kernel.Feed is found on it
+	if err != nil {
+		return usageError{err.Error()}
+	}
 	if err := k.LoadBundles(ctx); err != nil {
 		return err
+	}
+	// Everything stored is compiled: the cache keeps only what it uses.
+	if err := wasmEngine.PruneCache(); err != nil {
+		log.Warn("wasm cache", "err", err)
 	}
 	if man != nil {
 		if err := man.Apply(ctx, k); err != nil {
@@ -304,12 +360,33 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			log.Info("pulling bundle", "tenant", src.Tenant, "bundle", src.Name, "url", src.URL)
 		}
 	}
+	if err := checkDefaultPolicy(ctx, k, o.defaultPolicy, log); err != nil {
+		return err
+	}
 
 	maxConns := fitConns(o.net.maxConns, log)
-	srv := server.New(k, server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
+	var srv *server.Server
+	scfg := server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
 		MaxBundleBytes: o.net.maxBundleBody, ReadHeaderTimeout: o.net.readHeaderTimeout, ReadTimeout: o.net.readTimeout,
 		IdleTimeout: o.net.idleTmo, MaxConns: maxConns, MaxStreamsPerTenant: o.net.maxStreamsPerTenant,
-		SignatureTolerance: o.signatureTolerance})
+		SignatureTolerance: o.signatureTolerance,
+		Metrics:            reg, MetricsKey: o.metricsKey, MetricsElsewhere: o.metricsAddr != ""}
+	if st.bolt != nil { // PostgreSQL is backed up with its own tools (docs/operations.md)
+		scfg.Backup = st.bolt
+	}
+	if err := reg.PendingApprovals(k.PendingApprovals); err != nil {
+		return err
+	}
+	if len(providers) > 0 {
+		gw, err := llmgw.New(k, llmgw.Config{Providers: providers, MaxBodyBytes: o.llm.maxBody, UpstreamTimeout: o.llm.upstreamTimeout, Logger: log,
+			Deltas: func(id string, d wire.StepDeltaEvent) int { return srv.PublishDelta(id, d) }})
+		if err != nil {
+			return usageError{"serve: llm_providers: " + err.Error()}
+		}
+		scfg.LLM, scfg.LLMOwnListener = gw, o.llm.addr != ""
+		log.Info("llm gateway", "providers_per_tenant", gw.Tenants(), "addr", cmp.Or(o.llm.addr, o.addr))
+	}
+	srv = server.New(k, scfg)
 	if !keysConfigured {
 		log.Warn("no API key configured: client and admin authentication is DISABLED; serving loopback only", "addr", o.addr)
 	}
@@ -317,7 +394,27 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", o.addr, err)
 	}
-	guard.SetSelf(ln.Addr())
+	self := []net.Addr{ln.Addr()}
+	var mln net.Listener
+	if o.metricsAddr != "" {
+		if mln, err = net.Listen("tcp", o.metricsAddr); err != nil {
+			ln.Close()
+			return fmt.Errorf("listen %s (metrics): %w", o.metricsAddr, err)
+		}
+		self = append(self, mln.Addr())
+	}
+	var lln net.Listener // the LLM gateway's own listener (--llm-addr)
+	if o.llm.addr != "" {
+		if lln, err = net.Listen("tcp", o.llm.addr); err != nil {
+			ln.Close()
+			if mln != nil {
+				mln.Close()
+			}
+			return fmt.Errorf("listen %s: %w", o.llm.addr, err)
+		}
+		self = append(self, lln.Addr())
+	}
+	guard.SetSelf(self...)
 	hs := srv.HTTPServer()                                         // timeouts, idle eviction, CloseStreams on shutdown
 	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http: accept errors and the like
 	ln = srv.Listener(ln)
@@ -325,16 +422,33 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	srv.SetReady(true)
-	log.Info("wicket serving", "addr", ln.Addr().String(), "store", st.kind, "at", st.desc, "replica", o.replica, "data", o.data, "version", version, "fsync", !o.noSync)
+	log.Info("wicket serving", "version", version, "data", o.data, "auth", keysConfigured, "store", st.kind, "at", st.desc, "replica", o.replica)
 	if o.readyFile != "" {
 		if err := os.WriteFile(o.readyFile, []byte(ln.Addr().String()), 0o600); err != nil {
 			return fmt.Errorf("write ready file: %w", err)
 		}
 	}
-	fmt.Fprintf(stdout, "wicket listening on http://%s\n", ln.Addr())
+	log.Info("listening on", "url", "http://"+ln.Addr().String())
 
-	errc := make(chan error, 1)
+	errc := make(chan error, 3)
 	go func() { errc <- hs.Serve(ln) }()
+	if mln != nil {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", srv.MetricsHandler())
+		ms := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second}
+		defer ms.Close()
+		go func() { errc <- ms.Serve(mln) }()
+		log.Info("metrics listening on", "url", "http://"+mln.Addr().String()+"/metrics")
+	}
+	var lhs *http.Server
+	if lln != nil {
+		lhs = srv.HTTPServer()
+		lhs.Handler = srv.LLMHandler()
+		lhs.ErrorLog = hs.ErrorLog
+		go func() { errc <- lhs.Serve(srv.Listener(lln)) }()
+		log.Info("llm gateway listening", "addr", lln.Addr().String())
+		fmt.Fprintf(stdout, "wicket llm gateway listening on http://%s/llm/\n", lln.Addr())
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve: %w", err)
@@ -346,6 +460,11 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("http shutdown", "err", err)
+	}
+	if lhs != nil {
+		if err := lhs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("llm gateway shutdown", "err", err)
+		}
 	}
 	if err := k.Close(sctx); err != nil {
 		log.Warn("kernel shutdown", "err", err)
@@ -385,6 +504,33 @@ func (o *serveOptions) verificationKeys() ([]bundle.Key, error) {
 		return nil, usageError{fmt.Sprintf("--bundle-verification-key %s: %v", o.bundleKeyFile, err)}
 	}
 	return keys, nil
+}
+
+// checkDefaultPolicy refuses a --default-policy that names a bundle the
+// default tenant does not hold (it would deny every step of every unbound
+// agent), and warns about each tenant that lacks it: the name is looked up
+// in the agent's own tenant.
+func checkDefaultPolicy(ctx context.Context, k *kernel.Kernel, name string, log *slog.Logger) error {
+	switch name {
+	case "", "allow", "deny":
+		return nil
+	}
+	if !kernel.ValidBundleName(name) {
+		return usagef("--default-policy %q: want allow, deny or a bundle name", name)
+	}
+	if _, err := k.GetBundle(ctx, kernel.DefaultTenant, name); err != nil {
+		return fmt.Errorf("--default-policy %q names no bundle of the default tenant: upload it first (wicket bundle put, or the manifest's bundles): %w", name, err)
+	}
+	ts, err := k.ListTenants(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range ts {
+		if _, err := k.GetBundle(ctx, t.ID, name); err != nil {
+			log.Warn("the default policy bundle is missing from a tenant: its unbound agents fail closed", "tenant", t.ID, "bundle", name)
+		}
+	}
+	return nil
 }
 
 // readKeyFile reads the admin key from a file (one line; surrounding
@@ -432,4 +578,24 @@ func fitConns(max int, log *slog.Logger) int {
 	}
 	log.Warn("--max-conns lowered to fit the file descriptor limit (raise ulimit -n to allow more)", "max_conns", max, "fd_limit", lim, "now", fit)
 	return fit
+}
+
+// llmProviders reads the manifest's llm_providers with their keys.
+func llmProviders(man *manifest.Manifest) ([]llmgw.Provider, error) {
+	if man == nil {
+		return nil, nil
+	}
+	var out []llmgw.Provider
+	for _, p := range man.LLMProviders {
+		key, err := man.LLMKey(p)
+		if err != nil {
+			return nil, err
+		}
+		lp := llmgw.Provider{Name: p.Name, Tenant: p.Tenant, Dialect: p.Dialect, BaseURL: p.BaseURL, APIKey: key, IdempotencyHeader: p.IdempotencyHeader}
+		for _, m := range p.Models {
+			lp.Models = append(lp.Models, llmgw.Model{Name: m.Name, Input: m.Input, Output: m.Output})
+		}
+		out = append(out, lp)
+	}
+	return out, nil
 }

@@ -12,16 +12,21 @@ import (
 	"github.com/wicket-run/wicket/store/storecopy"
 )
 
-// storeCommand runs `wicket store copy`.
-func storeCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "copy" {
-		fmt.Fprint(stderr, "usage: wicket store copy --from DIR|postgres://… --to DIR|postgres://…\n")
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			return nil
-		}
-		return usageError{"store: want a subcommand: copy"}
-	}
-	return storeCopyCommand(ctx, args[1:], stdout, stderr)
+func init() {
+	register(&command{name: "store copy", max: 0, summary: "copy a store into an empty one (embedded directory ↔ PostgreSQL), verified",
+		help: `Copies every record of a store into another, empty, one, in either direction:
+each side is a data directory (its wicket.db) or a postgres:// URL. Stop the
+kernels first. The copy is verified: the source must pass its checker, the
+destination passes its own afterwards, and a SHA-256 over every record read
+back from the destination must equal the source's. A destination that is
+not empty is refused.`,
+		setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
+			from := fs.String("from", "", "source: a data directory (its wicket.db) or a postgres:// URL")
+			to := fs.String("to", "", "destination (must be empty): a data directory or a postgres:// URL")
+			return func(ctx context.Context, _ []string, stdout, _ io.Writer) error {
+				return storeCopy(ctx, *from, *to, stdout)
+			}
+		}})
 }
 
 // copyStore is a store opened for a copy: it can export, and be checked.
@@ -45,7 +50,7 @@ func openCopyStore(ctx context.Context, spec string, source bool) (*copyStore, e
 			return nil, fmt.Errorf("store copy: create %s: %w", dir, err)
 		}
 	}
-	o, err := openStore(ctx, st, dir, false)
+	o, err := openStore(ctx, st, dir, false, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -57,29 +62,22 @@ func openCopyStore(ctx context.Context, spec string, source bool) (*copyStore, e
 	return &copyStore{openedStore: o, Source: src}, nil
 }
 
-// storeCopyCommand copies every record of one store into another, empty,
-// one and proves the copy: both checkers pass and the records read back
-// from the destination have the source's digest.
-func storeCopyCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("store copy", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	from := fs.String("from", "", "source: a data directory (its wicket.db) or a postgres:// URL")
-	to := fs.String("to", "", "destination (must be empty): a data directory or a postgres:// URL")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *from == "" || *to == "" || fs.NArg() > 0 {
+// storeCopy copies every record of one store into another, empty, one
+// and proves the copy: both checkers pass and the records read back from
+// the destination have the source's digest.
+func storeCopy(ctx context.Context, from, to string, stdout io.Writer) error {
+	if from == "" || to == "" {
 		return usageError{"store copy: want --from and --to (a data directory or a postgres:// URL each)"}
 	}
-	if *from == *to {
+	if from == to {
 		return usageError{"store copy: --from and --to name the same store"}
 	}
-	src, err := openCopyStore(ctx, *from, true)
+	src, err := openCopyStore(ctx, from, true)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	dst, err := openCopyStore(ctx, *to, false)
+	dst, err := openCopyStore(ctx, to, false)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/store/bbolt"
@@ -24,6 +25,8 @@ type openedStore struct {
 	counts func() (commits, updates, conflicts uint64)
 	// check verifies the store's invariants.
 	check func(ctx context.Context) error
+	// bolt is the embedded store, nil on PostgreSQL.
+	bolt *bbolt.Store
 }
 
 // isPostgres reports whether a --store value names a PostgreSQL database.
@@ -34,19 +37,19 @@ func isPostgres(spec string) bool {
 // openStore opens the store a --store value names: a postgres:// URL, or
 // (empty) the embedded bbolt file under data. noSync skips fsync on bbolt
 // and sets synchronous_commit off on PostgreSQL (benchmarks only).
-func openStore(ctx context.Context, spec, data string, noSync bool) (*openedStore, error) {
+func openStore(ctx context.Context, spec, data string, noSync bool, onCommit func(took time.Duration, updates int)) (*openedStore, error) {
 	switch {
 	case spec == "":
 		path := filepath.Join(data, "wicket.db")
-		st, err := bbolt.Open(path, bbolt.Options{NoSync: noSync})
+		st, err := bbolt.Open(path, bbolt.Options{NoSync: noSync, OnCommit: onCommit})
 		if err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
-		return &openedStore{Store: st, desc: path, kind: "bbolt",
+		return &openedStore{Store: st, desc: path, kind: "bbolt", bolt: st,
 			counts: func() (uint64, uint64, uint64) { s := st.Stats(); return s.Commits, s.Updates, 0 },
 			check:  func(context.Context) error { return st.Check() }}, nil
 	case isPostgres(spec):
-		st, err := postgres.Open(ctx, spec, postgres.Options{NoSyncCommit: noSync})
+		st, err := postgres.Open(ctx, spec, postgres.Options{NoSyncCommit: noSync, OnCommit: onCommit})
 		if err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}

@@ -66,11 +66,16 @@ type message struct {
 
 // post sends one chat completion request and returns the 2xx answer.
 func (c *chat) post(ctx context.Context, prompt string, stream bool) (*http.Response, error) {
-	body, err := json.Marshal(map[string]any{
+	in := map[string]any{
 		"model":    c.model,
 		"messages": []message{{Role: "user", Content: prompt}},
 		"stream":   stream,
-	})
+	}
+	if stream {
+		// OpenAI sends a stream's token usage only when asked.
+		in["stream_options"] = map[string]bool{"include_usage": true}
+	}
+	body, err := json.Marshal(in)
 	if err != nil {
 		return nil, err
 	}

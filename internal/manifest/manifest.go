@@ -31,6 +31,13 @@
 //	    signing: v1                 # or body; omitted: the stored agent's, v1 if new
 //	    policy: |                   # native rules inline, or policy_file, or bundle
 //	      default_action: deny
+//	llm_providers:                  # the LLM gateway's upstreams, per tenant
+//	  - name: openai
+//	    tenant: acme                # default: default
+//	    dialect: openai             # or anthropic
+//	    base_url: https://api.openai.com/v1
+//	    api_key_env: OPENAI_API_KEY # or api_key_file: secrets/openai.key (0600)
+//	    models: [{name: gpt-4o-mini, input_usd_per_mtok: 0.15, output_usd_per_mtok: 0.6}]
 //
 // ${NAME} in secret, key and webhook_url is replaced by the environment
 // variable NAME; an unset variable is an error. Unknown fields are errors,
@@ -61,6 +68,8 @@ type Manifest struct {
 	Bundles []Bundle `yaml:"bundles"`
 	Tenants []Tenant `yaml:"tenants"`
 	Agents  []Agent  `yaml:"agents"`
+	// LLMProviders are the upstreams of the LLM gateway, per tenant.
+	LLMProviders []LLMProvider `yaml:"llm_providers"`
 	// Dir is the manifest's directory; relative paths resolve against it.
 	Dir string `yaml:"-"`
 }
@@ -87,6 +96,9 @@ type Tenant struct {
 	ID     string   `yaml:"id"`
 	Keys   []Key    `yaml:"keys"`
 	Guards []string `yaml:"guards"`
+	// Retention overrides serve --retention for the tenant ("720h"; "0s"
+	// keeps its executions forever).
+	Retention string `yaml:"retention"`
 	// BundleKeys verify the signatures of the tenant's bundles.
 	BundleKeys []BundleKey `yaml:"bundle_keys"`
 	// AllowBundleSources lets the tenant's tenant-admins point bundles at
@@ -127,6 +139,56 @@ type Agent struct {
 	// OnInterrupted is "indeterminate" (the default) or "approval": what an
 	// at_most_once step of the agent found in flight becomes.
 	OnInterrupted string `yaml:"on_interrupted"`
+}
+
+// LLMProvider is an upstream of the LLM gateway for one tenant. Its key
+// comes from the environment (api_key_env) or a file (api_key_file,
+// relative to the manifest), never from the manifest itself.
+type LLMProvider struct {
+	Name              string     `yaml:"name"`
+	Tenant            string     `yaml:"tenant"`
+	Dialect           string     `yaml:"dialect"`
+	BaseURL           string     `yaml:"base_url"`
+	APIKeyEnv         string     `yaml:"api_key_env"`
+	APIKeyFile        string     `yaml:"api_key_file"`
+	IdempotencyHeader string     `yaml:"idempotency_header"`
+	Models            []LLMModel `yaml:"models"`
+	// apiKey is api_key_env's value, read at Parse.
+	apiKey string
+}
+
+// LLMModel is a model a provider offers and its price in USD per million
+// input and output tokens.
+type LLMModel struct {
+	Name   string  `yaml:"name"`
+	Input  float64 `yaml:"input_usd_per_mtok"`
+	Output float64 `yaml:"output_usd_per_mtok"`
+}
+
+// LLMKey returns a provider's API key: api_key_env's value, or the
+// trimmed content of api_key_file ("" with neither: a provider that takes
+// no key). A key file others may read is refused.
+func (m *Manifest) LLMKey(p LLMProvider) (string, error) {
+	if p.APIKeyFile == "" {
+		return p.apiKey, nil
+	}
+	path := m.resolve(p.APIKeyFile)
+	st, err := os.Stat(path)
+	if err != nil {
+		return "", fmt.Errorf("llm provider %s: api_key_file: %w", p.Name, err)
+	}
+	if st.Mode().Perm()&0o077 != 0 {
+		return "", fmt.Errorf("llm provider %s: api_key_file %s is readable by group or others (%s): chmod 600 it", p.Name, path, st.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("llm provider %s: api_key_file: %w", p.Name, err)
+	}
+	key := strings.TrimSpace(string(b))
+	if key == "" || strings.ContainsAny(key, "\r\n") {
+		return "", fmt.Errorf("llm provider %s: api_key_file %s must hold one non-empty line", p.Name, path)
+	}
+	return key, nil
 }
 
 // Load reads and validates a manifest file, expanding ${ENV} references
@@ -201,6 +263,9 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 		if !kernel.ValidID(t.ID) {
 			return nil, fmt.Errorf("%s: id %q is invalid", where, t.ID)
 		}
+		if err := kernel.ValidRetention(t.Retention); err != nil {
+			return nil, fmt.Errorf("%s (%s).retention: %w", where, t.ID, err)
+		}
 		for j := range t.Keys {
 			k := &t.Keys[j]
 			kw := fmt.Sprintf("%s (%s).keys[%d]", where, t.ID, j)
@@ -267,6 +332,31 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 			return nil, fmt.Errorf("%s: on_interrupted %q is invalid (want %s or %s)", where, a.OnInterrupted, kernel.OnInterruptedIndeterminate, kernel.OnInterruptedApproval)
 		}
 	}
+	for i := range m.LLMProviders {
+		p := &m.LLMProviders[i]
+		where := fmt.Sprintf("llm_providers[%d]", i)
+		if p.Tenant == "" {
+			p.Tenant = kernel.DefaultTenant
+		}
+		if !kernel.ValidID(p.Name) {
+			return nil, fmt.Errorf("%s: name %q is invalid", where, p.Name)
+		}
+		where += " (" + p.Name + ")"
+		var err error
+		if p.BaseURL, err = expand(where+".base_url", p.BaseURL); err != nil {
+			return nil, err
+		}
+		switch {
+		case p.APIKeyEnv != "" && p.APIKeyFile != "":
+			return nil, fmt.Errorf("%s: give api_key_env or api_key_file, not both", where)
+		case p.APIKeyEnv != "":
+			v, ok := lookup(p.APIKeyEnv)
+			if !ok || strings.TrimSpace(v) == "" {
+				return nil, fmt.Errorf("%s.api_key_env: environment variable %s is not set", where, p.APIKeyEnv)
+			}
+			p.apiKey = strings.TrimSpace(v)
+		}
+	}
 	return &m, nil
 }
 
@@ -275,6 +365,11 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 	for _, t := range m.Tenants {
 		if err := k.EnsureTenant(ctx, t.ID); err != nil {
 			return fmt.Errorf("tenant %s: %w", t.ID, err)
+		}
+		if t.ID != kernel.DefaultTenant || t.Retention != "" {
+			if _, err := k.SetTenantRetention(ctx, t.ID, t.Retention); err != nil {
+				return fmt.Errorf("tenant %s: %w", t.ID, err)
+			}
 		}
 		keys, err := m.bundleKeys(t)
 		if err != nil {
@@ -308,26 +403,32 @@ func (m *Manifest) Apply(ctx context.Context, k *kernel.Kernel) error {
 			return fmt.Errorf("bundles[%d] (%s): %w", i, b.Path, err)
 		}
 	}
-	for _, a := range m.Agents {
+	for i, a := range m.Agents {
+		where := fmt.Sprintf("agents[%d] (%s)", i, a.ID)
 		ag := kernel.Agent{ID: a.ID, Tenant: a.Tenant, WebhookURL: a.WebhookURL, Secret: a.Secret, Bundle: a.Bundle, Signing: a.Signing,
 			OnInterrupted: a.OnInterrupted}
-		if a.Policy != "" || a.PolicyFile != "" {
-			ag.Bundle = kernel.AgentPolicyBundle(a.ID)
-		}
-		if _, err := k.PutAgent(ctx, ag); err != nil {
-			return fmt.Errorf("agent %s: %w", a.ID, err)
-		}
 		rules := []byte(a.Policy)
 		if a.PolicyFile != "" {
-			p := m.resolve(a.PolicyFile)
 			var err error
-			if rules, err = os.ReadFile(p); err != nil {
-				return fmt.Errorf("agent %s: policy_file: %w", a.ID, err)
+			if rules, err = os.ReadFile(m.resolve(a.PolicyFile)); err != nil {
+				return fmt.Errorf("%s: policy_file: %w", where, err)
 			}
+		}
+		if a.Policy != "" || a.PolicyFile != "" {
+			// SetAgentPolicy stores the rules bundle and binds the agent to
+			// it; until then a new agent is bound to nothing and an existing
+			// one keeps its binding (nothing is served during provisioning).
+			ag.Bundle = ""
+			if old, err := k.Agent(ctx, a.Tenant, a.ID); err == nil {
+				ag.Bundle = old.Bundle
+			}
+		}
+		if _, err := k.PutAgent(ctx, ag); err != nil {
+			return fmt.Errorf("%s: %w", where, err)
 		}
 		if len(rules) > 0 {
 			if _, err := k.SetAgentPolicy(ctx, a.Tenant, a.ID, rules, kernel.BundleOwnerAdmin); err != nil {
-				return fmt.Errorf("agent %s: policy: %w", a.ID, err)
+				return fmt.Errorf("%s: policy: %w", where, err)
 			}
 		}
 	}

@@ -134,8 +134,8 @@ agents:
 		if err != nil {
 			t.Fatalf("%s: %v", tc.agent, err)
 		}
-		if string(res.Decision) != tc.want {
-			t.Errorf("%s %s/%s: %s (%s), want %s", tc.agent, tc.target, tc.effect, res.Decision, res.Reason, tc.want)
+		if string(res.Action) != tc.want {
+			t.Errorf("%s %s/%s: %s (%s), want %s", tc.agent, tc.target, tc.effect, res.Action, res.Reason, tc.want)
 		}
 	}
 	key, err := e.Kernel.AuthenticateKey(ctx, "acme-ci-key-0123456789")
@@ -191,8 +191,36 @@ func TestApplyBadPolicyFailsBoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
-	if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), "agent a") {
+	if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), "agents[0] (a)") {
 		t.Fatalf("a malformed policy must fail the boot, got %v", err)
+	}
+}
+
+// TestApplyMissingBundleFailsBoot: an agent entry bound to a bundle that
+// neither the manifest nor the store holds (or that another tenant holds)
+// fails the boot, naming the entry.
+func TestApplyMissingBundleFailsBoot(t *testing.T) {
+	dir := t.TempDir()
+	b := filepath.Join(dir, "ro")
+	_ = os.MkdirAll(b, 0o700)
+	_ = os.WriteFile(filepath.Join(b, "bundle.yaml"), []byte("name: ro\nrevision: \"1\"\nengine: rules\n"), 0o600)
+	_ = os.WriteFile(filepath.Join(b, "rules.yaml"), []byte("default_action: deny\n"), 0o600)
+	for _, tc := range []struct{ name, src, want string }{
+		{"missing", "agents:\n  - id: a\n    webhook_url: http://127.0.0.1:9/\n    secret: s3cret-0123456789\n    bundle: nope\n", `agents[0] (a): validation: agent a: bundle "nope" does not exist in tenant default`},
+		{"other tenant", "tenants:\n  - id: acme\nbundles:\n  - path: ro\nagents:\n  - id: ok\n    webhook_url: http://127.0.0.1:9/\n    secret: s3cret-0123456789\n    bundle: ro\n  - id: a\n    tenant: acme\n    webhook_url: http://127.0.0.1:9/\n    secret: s3cret-0123456789\n    bundle: ro\n", `agents[1] (a): validation: agent a: bundle "ro" does not exist in tenant acme`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(dir, tc.name+".yaml")
+			_ = os.WriteFile(path, []byte(tc.src), 0o600)
+			m, err := manifest.Load(path, env(nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+			if err := m.Apply(context.Background(), e.Kernel); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+		})
 	}
 }
 
@@ -296,6 +324,55 @@ agents:
 		}
 		if a.Signing != want {
 			t.Errorf("%s: signing %q, want %q", id, a.Signing, want)
+		}
+	}
+}
+
+func TestLLMProviders(t *testing.T) {
+	env := map[string]string{"OPENAI_KEY": "sk-from-env", "EMPTY": " "}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	dir := t.TempDir()
+	good := filepath.Join(dir, "anthropic.key")
+	if err := os.WriteFile(good, []byte("sk-from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := filepath.Join(dir, "open.key")
+	if err := os.WriteFile(open, []byte("sk-open\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := `llm_providers:
+  - {name: openai, dialect: openai, api_key_env: OPENAI_KEY, models: [{name: gpt-x, input_usd_per_mtok: 1.5}]}
+  - {name: anthropic, tenant: acme, dialect: anthropic, api_key_file: anthropic.key, models: [{name: claude-x}]}
+  - {name: local, dialect: openai, base_url: "http://127.0.0.1:11434/v1", models: [{name: llama}]}
+`
+	m, err := manifest.Parse([]byte(src), lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Dir = dir
+	want := []string{"sk-from-env", "sk-from-file", ""}
+	for i, p := range m.LLMProviders {
+		k, err := m.LLMKey(p)
+		if err != nil || k != want[i] {
+			t.Fatalf("provider %s: key %q (%v), want %q", p.Name, k, err, want[i])
+		}
+	}
+	if m.LLMProviders[0].Tenant != "default" || m.LLMProviders[0].Models[0].Input != 1.5 {
+		t.Fatalf("parsed %+v", m.LLMProviders[0])
+	}
+	m.LLMProviders[1].APIKeyFile = "open.key"
+	if _, err := m.LLMKey(m.LLMProviders[1]); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("a key file others may read: %v", err)
+	}
+	for _, tc := range []struct{ src, want string }{
+		{`llm_providers: [{name: a, dialect: openai, api_key_env: NOPE, models: [{name: m}]}]`, "NOPE is not set"},
+		{`llm_providers: [{name: a, dialect: openai, api_key_env: EMPTY, models: [{name: m}]}]`, "EMPTY is not set"},
+		{`llm_providers: [{name: a, dialect: openai, api_key_env: OPENAI_KEY, api_key_file: k, models: [{name: m}]}]`, "not both"},
+		{`llm_providers: [{name: "bad name", dialect: openai}]`, "name \"bad name\" is invalid"},
+		{`llm_providers: [{name: a, api_key: sk-inline}]`, "field api_key not found"},
+	} {
+		if _, err := manifest.Parse([]byte(tc.src), lookup); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.src, err, tc.want)
 		}
 	}
 }

@@ -376,7 +376,7 @@ func TestProxy(t *testing.T) {
 		}
 	}
 	for _, s := range steps {
-		if s.Decision == nil || s.Decision.Bundle.Name == "" {
+		if s.Verdict == nil || s.Verdict.Bundle.Name == "" {
 			t.Errorf("step %s has no decision record", s.Target)
 		}
 		want := map[string]string{"files.read": "read_only", "files.write": "local_mutation", "files.delete": "destructive", "web.fetch": "remote_mutation"}[s.Target]

@@ -115,6 +115,10 @@ type Run struct {
 	ExecutionID string
 	Lease       kernel.Lease
 	Input       json.RawMessage
+	// LLMGatewayToken is the webhook's llm_gateway_token.
+	LLMGatewayToken string
+	// Attempt counts the agent's runs of this execution, from 1.
+	Attempt int
 	// Decisions records every decision this run received, in order.
 	mu        sync.Mutex
 	Decisions []kernel.StepDecision
@@ -202,6 +206,8 @@ type Agent struct {
 	SlowAck time.Duration
 
 	Webhooks atomic.Int64 // webhooks received with a valid signature
+	Acks     atomic.Int64 // webhooks answered 202 (after SlowAck)
+	running  atomic.Int64 // dispatches whose run (handler and final call) is not over
 	BadSigs  atomic.Int64 // webhooks refused for their signature
 	wg       sync.WaitGroup
 	ctx      context.Context
@@ -270,6 +276,7 @@ func (a *Agent) serveWebhook(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	a.wg.Add(1)
+	a.running.Add(1)
 	go a.run(p)
 	if a.SlowAck > 0 {
 		select {
@@ -278,14 +285,23 @@ func (a *Agent) serveWebhook(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.WriteHeader(http.StatusAccepted)
+	a.Acks.Add(1)
 }
 
 func (a *Agent) run(p wire.WebhookPayload) {
 	defer a.wg.Done()
+	defer a.running.Add(-1)
 	ctx, cancel := context.WithCancel(a.ctx)
 	defer cancel()
-	run := &Run{c: a.Client, ExecutionID: p.ExecutionID, Lease: kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt}}
+	run := &Run{c: a.Client, ExecutionID: p.ExecutionID, Lease: kernel.Lease{DispatchID: p.DispatchID, Attempt: p.DispatchAttempt},
+		LLMGatewayToken: p.LLMGatewayToken}
 	a.mu.Lock()
+	for _, r := range a.Runs {
+		if r.ExecutionID == p.ExecutionID {
+			run.Attempt++
+		}
+	}
+	run.Attempt++
 	a.Runs = append(a.Runs, run)
 	a.mu.Unlock()
 	record := func(err error) {
@@ -340,6 +356,10 @@ func (a *Agent) run(p wire.WebhookPayload) {
 		record(fmt.Errorf("complete execution: %w", err))
 	}
 }
+
+// Running returns how many dispatches the agent is still working on, the
+// call that completes or fails the execution included.
+func (a *Agent) Running() int { return int(a.running.Load()) }
 
 // Errors returns the errors the agent recorded.
 func (a *Agent) Errors() []error {

@@ -23,6 +23,8 @@ import (
 	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/plugins/pull"
 	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/server/llmgw"
+	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
 	"github.com/wicket-run/wicket/store/postgres"
 	"github.com/wicket-run/wicket/store/postgres/pgtest"
@@ -50,6 +52,10 @@ type Options struct {
 	// DSN, on "postgres", is the database to use (a replica of another
 	// Env, or a restart); default a new schema of the test's own.
 	DSN string
+	// LLM, when it has providers, serves the LLM gateway under /llm/ (and
+	// gives every dispatch attempt a gateway token). Its Deltas are the
+	// server's.
+	LLM *llmgw.Config
 }
 
 // Store backends.
@@ -124,20 +130,30 @@ func Start(t testing.TB, o Options) *Env {
 		t.Fatalf("testkit: unknown store backend %q", e.Backend)
 	}
 	st := e.Store
-	k, err := kernel.New(st, webhook.New(), nil, o.Config)
+	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, BundleKeys: o.BundleKeys}, o.Engines...)
+	cfg := o.Config
+	cfg.LLMGatewayTokens = cfg.LLMGatewayTokens || o.LLM != nil
+	k, err := kernel.New(st, webhook.New(), host, host, cfg)
 	if err != nil {
 		t.Fatalf("kernel: %v", err)
 	}
-	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, Guards: k.TenantGuards,
-		BundleKeys: plugins.KernelAndTenantKeys(o.BundleKeys, k.TenantBundleKeys)}, o.Engines...)
-	k.SetPolicy(host)
-	k.SetBundleLoader(host)
 	puller := pull.New(pull.KernelActivator(k), pull.Options{Backoff: 10 * time.Millisecond})
 	k.SetBundlePuller(puller)
 	if err := k.LoadBundles(context.Background()); err != nil {
 		t.Fatalf("load bundles: %v", err)
 	}
-	srv := server.New(k, server.Config{AdminKey: AdminKey})
+	var srv *server.Server
+	scfg := server.Config{AdminKey: AdminKey}
+	var gw *llmgw.Gateway
+	if o.LLM != nil {
+		lc := *o.LLM
+		lc.Deltas = func(id string, d wire.StepDeltaEvent) int { return srv.PublishDelta(id, d) }
+		if gw, err = llmgw.New(k, lc); err != nil {
+			t.Fatalf("llm gateway: %v", err)
+		}
+		scfg.LLM = gw
+	}
+	srv = server.New(k, scfg)
 	srv.SetReady(true)
 	hs := httptest.NewUnstartedServer(srv.Handler())
 	hs.Config = srv.HTTPServer() // the limits `wicket serve` runs with

@@ -21,7 +21,7 @@ func CheckLog(evs []kernel.Event) error {
 	if evs[0].Type != kernel.EvExecutionCreated {
 		return fmt.Errorf("first event is %s, want execution.created", evs[0].Type)
 	}
-	terminalSteps := map[string]string{}
+	terminalSteps := map[string]kernel.EventType{}
 	executing := map[string]bool{}
 	for i, ev := range evs {
 		if ev.Seq != uint64(i+1) {
@@ -33,7 +33,7 @@ func CheckLog(evs []kernel.Event) error {
 				return fmt.Errorf("terminal %s at seq %d is followed by %s", ev.Type, ev.Seq, evs[i+1].Type)
 			}
 		}
-		if !strings.HasPrefix(ev.Type, "step.") {
+		if !strings.HasPrefix(string(ev.Type), "step.") {
 			continue
 		}
 		var p struct {
@@ -69,13 +69,13 @@ func CheckLog(evs []kernel.Event) error {
 func Types(evs []kernel.Event) []string {
 	out := make([]string, len(evs))
 	for i, e := range evs {
-		out[i] = e.Type
+		out[i] = string(e.Type)
 	}
 	return out
 }
 
 // Count returns how many events of typ the log holds.
-func Count(evs []kernel.Event, typ string) int {
+func Count(evs []kernel.Event, typ kernel.EventType) int {
 	n := 0
 	for _, e := range evs {
 		if e.Type == typ {

@@ -100,7 +100,8 @@ func (s *Sender) ValidateWebhookURL(ctx context.Context, rawURL string) error {
 // query, the dispatch headers and the body; the default) or, for agents
 // registered with signing: body, Rebuno-Signature over the body.
 func (s *Sender) Deliver(ctx context.Context, d kernel.Delivery) error {
-	body, err := json.Marshal(wire.WebhookPayload{ExecutionID: d.ExecutionID, DispatchID: d.DispatchID, DispatchAttempt: d.Attempt})
+	body, err := json.Marshal(wire.WebhookPayload{ExecutionID: d.ExecutionID, DispatchID: d.DispatchID, DispatchAttempt: d.Attempt,
+		LLMGatewayToken: d.LLMGatewayToken})
 	if err != nil {
 		return fmt.Errorf("webhook: encode: %w", err)
 	}

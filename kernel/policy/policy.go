@@ -3,10 +3,20 @@
 // # Basics
 //
 // Every engine (native rules, OPA Rego, wazero modules) receives the same
-// [Input] document for a submitted step and answers with an optional
-// [Decision]: nil means "no rule matched". The kernel composes the answers of
-// several bundles with [Combine] (abort > deny > require_approval > allow) and
-// applies the bundle's default_action with [ApplyDefault].
+// [Input] document for a submitted step and gives an optional [Answer]: nil
+// means "no rule matched", otherwise the answer's [Action] (allow, deny,
+// require_approval, abort) with its reason, rule and settings. The policy
+// host composes the answers of several bundles with [Combine] (abort > deny >
+// require_approval > allow) and applies the bundle's default_action with
+// [ApplyDefault].
+//
+// # Names
+//
+// An engine gives an Answer, whose Action is what policy wants. The kernel
+// turns the composed answer into a verdict (the action with the bundle and
+// rule that produced it) and the verdict into the decision it sends the agent
+// (proceed, denied, blocked, ...). The JSON field of an answer's action is
+// "decision", as the policy ABI has always called it.
 //
 // This package imports only the standard library so that the kernel, the
 // engines and the SDK copies of these structs can all depend on it.
@@ -138,9 +148,9 @@ type RateLimit struct {
 	OnLimiterError string `json:"on_limiter_error,omitempty"`
 }
 
-// Decision is an engine's answer. A nil *Decision means no match.
-type Decision struct {
-	Decision  Action     `json:"decision"`
+// Answer is an engine's answer for one step. A nil *Answer means no match.
+type Answer struct {
+	Action    Action     `json:"decision"`
 	Reason    string     `json:"reason,omitempty"`
 	RuleID    string     `json:"rule_id,omitempty"`
 	Approval  *Approval  `json:"approval,omitempty"`
@@ -148,12 +158,12 @@ type Decision struct {
 }
 
 // Validate checks an engine's answer; engines call it on untrusted output.
-func (d *Decision) Validate() error {
+func (d *Answer) Validate() error {
 	if d == nil {
 		return nil
 	}
-	if !d.Decision.Valid() {
-		return fmt.Errorf("unknown decision %q (want allow, deny, require_approval or abort)", d.Decision)
+	if !d.Action.Valid() {
+		return fmt.Errorf("unknown decision %q (want allow, deny, require_approval or abort)", d.Action)
 	}
 	if d.Approval != nil && d.Approval.Timeout != "" {
 		if _, err := time.ParseDuration(d.Approval.Timeout); err != nil {
@@ -195,7 +205,7 @@ func (d *Decision) Validate() error {
 // timeout, malformed output); the kernel then denies the step (fail closed)
 // with the error's text as the reason.
 type Evaluator interface {
-	Evaluate(ctx context.Context, in *Input) (*Decision, error)
+	Evaluate(ctx context.Context, in *Input) (*Answer, error)
 	// Close releases the evaluator's resources. Evaluate must not be called after.
 	Close() error
 }
@@ -208,17 +218,28 @@ type BundleRef struct {
 	Engine   string `json:"engine"`
 }
 
-// Combine returns the most restrictive of the given decisions (abort > deny >
+// Combine returns the most restrictive of the given answers (abort > deny >
 // require_approval > allow), ignoring nils; it returns nil when all are nil.
-// Among equally restrictive answers the first wins.
-func Combine(ds ...*Decision) *Decision {
-	var best *Decision
-	for _, d := range ds {
-		if d == nil {
+// Among equally restrictive answers the first wins. It is the one
+// implementation of that rule; [Strictest] gives its index.
+func Combine(as ...*Answer) *Answer {
+	if i := Strictest(as); i >= 0 {
+		return as[i]
+	}
+	return nil
+}
+
+// Strictest returns the index of the answer [Combine] picks, or -1 when every
+// answer is nil. Callers that keep something beside each answer (the bundle
+// it came from) use the index to find it.
+func Strictest(as []*Answer) int {
+	best := -1
+	for i, a := range as {
+		if a == nil {
 			continue
 		}
-		if best == nil || d.Decision.Rank() > best.Decision.Rank() {
-			best = d
+		if best < 0 || a.Action.Rank() > as[best].Action.Rank() {
+			best = i
 		}
 	}
 	return best
@@ -227,15 +248,15 @@ func Combine(ds ...*Decision) *Decision {
 // ApplyDefault turns "no match" into the bundle's default action. An
 // unmatched local step is always allowed whatever defaultAction says. An empty
 // defaultAction means deny.
-func ApplyDefault(d *Decision, defaultAction Action, stepKind string) *Decision {
+func ApplyDefault(d *Answer, defaultAction Action, stepKind string) *Answer {
 	if d != nil {
 		return d
 	}
 	if stepKind == KindLocal {
-		return &Decision{Decision: Allow, Reason: "unmatched local step", RuleID: "default_action"}
+		return &Answer{Action: Allow, Reason: "unmatched local step", RuleID: "default_action"}
 	}
 	if defaultAction == "" {
 		defaultAction = Deny
 	}
-	return &Decision{Decision: defaultAction, Reason: "no rule matched: default_action " + string(defaultAction), RuleID: "default_action"}
+	return &Answer{Action: defaultAction, Reason: "no rule matched: default_action " + string(defaultAction), RuleID: "default_action"}
 }

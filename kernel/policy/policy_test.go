@@ -3,22 +3,22 @@ package policy
 import "testing"
 
 func TestCombine(t *testing.T) {
-	a := &Decision{Decision: Allow, RuleID: "a"}
-	r := &Decision{Decision: RequireApproval, RuleID: "r"}
-	d := &Decision{Decision: Deny, RuleID: "d"}
-	x := &Decision{Decision: Abort, RuleID: "x"}
+	a := &Answer{Action: Allow, RuleID: "a"}
+	r := &Answer{Action: RequireApproval, RuleID: "r"}
+	d := &Answer{Action: Deny, RuleID: "d"}
+	x := &Answer{Action: Abort, RuleID: "x"}
 	for _, tc := range []struct {
-		in   []*Decision
+		in   []*Answer
 		want string
 	}{
 		{nil, ""},
-		{[]*Decision{nil, nil}, ""},
-		{[]*Decision{a}, "a"},
-		{[]*Decision{a, r}, "r"},
-		{[]*Decision{r, d, a}, "d"},
-		{[]*Decision{d, x, r}, "x"},
-		{[]*Decision{a, {Decision: Allow, RuleID: "a2"}}, "a"},  // first of equals wins
-		{[]*Decision{a, {Decision: "maybe", RuleID: "m"}}, "m"}, // unknown ranks as deny
+		{[]*Answer{nil, nil}, ""},
+		{[]*Answer{a}, "a"},
+		{[]*Answer{a, r}, "r"},
+		{[]*Answer{r, d, a}, "d"},
+		{[]*Answer{d, x, r}, "x"},
+		{[]*Answer{a, {Action: Allow, RuleID: "a2"}}, "a"},  // first of equals wins
+		{[]*Answer{a, {Action: "maybe", RuleID: "m"}}, "m"}, // unknown ranks as deny
 	} {
 		got := Combine(tc.in...)
 		if (got == nil && tc.want != "") || (got != nil && got.RuleID != tc.want) {
@@ -29,7 +29,7 @@ func TestCombine(t *testing.T) {
 
 func TestApplyDefault(t *testing.T) {
 	for _, tc := range []struct {
-		d    *Decision
+		d    *Answer
 		def  Action
 		kind string
 		want Action
@@ -38,10 +38,10 @@ func TestApplyDefault(t *testing.T) {
 		{nil, "", KindToolCall, Deny},
 		{nil, Allow, KindLLMCall, Allow},
 		{nil, Deny, KindLocal, Allow}, // unmatched local steps are always allowed
-		{&Decision{Decision: Deny}, Allow, KindLocal, Deny},
+		{&Answer{Action: Deny}, Allow, KindLocal, Deny},
 	} {
-		if got := ApplyDefault(tc.d, tc.def, tc.kind); got.Decision != tc.want {
-			t.Errorf("ApplyDefault(%+v, %s, %s) = %s, want %s", tc.d, tc.def, tc.kind, got.Decision, tc.want)
+		if got := ApplyDefault(tc.d, tc.def, tc.kind); got.Action != tc.want {
+			t.Errorf("ApplyDefault(%+v, %s, %s) = %s, want %s", tc.d, tc.def, tc.kind, got.Action, tc.want)
 		}
 	}
 }
@@ -49,22 +49,40 @@ func TestApplyDefault(t *testing.T) {
 func TestValidate(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		d    *Decision
+		d    *Answer
 		ok   bool
 	}{
 		{"nil", nil, true},
-		{"allow", &Decision{Decision: Allow}, true},
-		{"unknown decision", &Decision{Decision: "maybe"}, false},
-		{"bad approval timeout", &Decision{Decision: RequireApproval, Approval: &Approval{Timeout: "soon"}}, false},
-		{"good rate limit", &Decision{Decision: Allow, RateLimit: &RateLimit{MaxCalls: 3, Window: "1m", Per: PerAgent, Algorithm: "fixed", OnLimiterError: "fail_open"}}, true},
-		{"zero max calls", &Decision{Decision: Allow, RateLimit: &RateLimit{MaxCalls: 0, Window: "1m"}}, false},
-		{"negative window", &Decision{Decision: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "-1m"}}, false},
-		{"bad scope", &Decision{Decision: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "1m", Per: "planet"}}, false},
-		{"bad algorithm", &Decision{Decision: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "1m", Algorithm: "leaky"}}, false},
-		{"bad limiter error mode", &Decision{Decision: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "1m", OnLimiterError: "shrug"}}, false},
+		{"allow", &Answer{Action: Allow}, true},
+		{"unknown decision", &Answer{Action: "maybe"}, false},
+		{"bad approval timeout", &Answer{Action: RequireApproval, Approval: &Approval{Timeout: "soon"}}, false},
+		{"good rate limit", &Answer{Action: Allow, RateLimit: &RateLimit{MaxCalls: 3, Window: "1m", Per: PerAgent, Algorithm: "fixed", OnLimiterError: "fail_open"}}, true},
+		{"zero max calls", &Answer{Action: Allow, RateLimit: &RateLimit{MaxCalls: 0, Window: "1m"}}, false},
+		{"negative window", &Answer{Action: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "-1m"}}, false},
+		{"bad scope", &Answer{Action: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "1m", Per: "planet"}}, false},
+		{"bad algorithm", &Answer{Action: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "1m", Algorithm: "leaky"}}, false},
+		{"bad limiter error mode", &Answer{Action: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "1m", OnLimiterError: "shrug"}}, false},
 	} {
 		if err := tc.d.Validate(); (err == nil) != tc.ok {
 			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+}
+
+func TestStrictest(t *testing.T) {
+	a := &Answer{Action: Allow}
+	d := &Answer{Action: Deny}
+	for _, tc := range []struct {
+		in   []*Answer
+		want int
+	}{
+		{nil, -1},
+		{[]*Answer{nil}, -1},
+		{[]*Answer{nil, a}, 1},
+		{[]*Answer{a, nil, d, d}, 2}, // the first of the most restrictive
+	} {
+		if got := Strictest(tc.in); got != tc.want {
+			t.Errorf("Strictest(%v) = %d, want %d", tc.in, got, tc.want)
 		}
 	}
 }

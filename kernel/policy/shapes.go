@@ -32,16 +32,16 @@ func IsDenyEntrypoint(entrypoint string) bool { return lastName(entrypoint) == "
 // For an entrypoint named deny, true denies and false is no match (nil).
 // For any other (allow, authz/allowed, ...), true allows and false denies:
 // OPA's "default allow := false" is a denial.
-func FromBoolean(entrypoint string, v bool) *Decision {
+func FromBoolean(entrypoint string, v bool) *Answer {
 	switch {
 	case IsDenyEntrypoint(entrypoint) && v:
-		return &Decision{Decision: Deny, Reason: entrypoint + " is true", RuleID: entrypoint}
+		return &Answer{Action: Deny, Reason: entrypoint + " is true", RuleID: entrypoint}
 	case IsDenyEntrypoint(entrypoint):
 		return nil
 	case v:
-		return &Decision{Decision: Allow, Reason: entrypoint + " is true", RuleID: entrypoint}
+		return &Answer{Action: Allow, Reason: entrypoint + " is true", RuleID: entrypoint}
 	default:
-		return &Decision{Decision: Deny, Reason: entrypoint + " is false", RuleID: entrypoint}
+		return &Answer{Action: Deny, Reason: entrypoint + " is false", RuleID: entrypoint}
 	}
 }
 
@@ -49,7 +49,7 @@ func FromBoolean(entrypoint string, v bool) *Decision {
 // "deny contains msg if ..." entrypoint: none is no match (nil); any denies
 // the step, the sorted distinct messages joined by "; " as the reason
 // (at most 1 KiB).
-func FromMessages(entrypoint string, msgs []string) *Decision {
+func FromMessages(entrypoint string, msgs []string) *Answer {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -64,7 +64,7 @@ func FromMessages(entrypoint string, msgs []string) *Decision {
 		}
 		reason = reason[:cut] + "…"
 	}
-	return &Decision{Decision: Deny, Reason: reason, RuleID: entrypoint}
+	return &Answer{Action: Deny, Reason: reason, RuleID: entrypoint}
 }
 
 // utf8Start reports whether b starts a UTF-8 sequence.

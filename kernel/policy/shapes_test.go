@@ -22,7 +22,7 @@ func TestFromBoolean(t *testing.T) {
 		switch {
 		case c.action == "" && d != nil:
 			t.Errorf("%s %v: got %+v, want nil", c.entry, c.v, d)
-		case c.action != "" && (d == nil || d.Decision != c.action || d.RuleID != c.entry || d.Validate() != nil):
+		case c.action != "" && (d == nil || d.Action != c.action || d.RuleID != c.entry || d.Validate() != nil):
 			t.Errorf("%s %v: got %+v, want %s", c.entry, c.v, d, c.action)
 		}
 	}
@@ -33,7 +33,7 @@ func TestFromMessages(t *testing.T) {
 		t.Fatalf("no messages: %+v", d)
 	}
 	d := FromMessages("data.p.deny", []string{"b", "a", "b"})
-	if d.Decision != Deny || d.Reason != "a; b" || d.RuleID != "data.p.deny" {
+	if d.Action != Deny || d.Reason != "a; b" || d.RuleID != "data.p.deny" {
 		t.Fatalf("got %+v", d)
 	}
 	long := FromMessages("data.p.deny", []string{strings.Repeat("é", 600)})

@@ -30,10 +30,10 @@ func submit(tx kernel.Tx, tenant, execID string, n int) error {
 		ID: stepID, ExecutionID: execID, Tenant: tenant, Kind: "tool_call", Target: "web.search",
 		Args: benchArgs, ArgsHash: fmt.Sprintf("%064x", n*31+7), Idempotency: kernel.SafeToRetry,
 		Effect: "read_only", Status: kernel.StepExecuting, Lease: e.Lease,
-		Decision: &kernel.StepDecisionInfo{Action: "allow", RuleID: "allow-search", EvalTime: 42 * time.Microsecond},
-		Seq:      seq + 1, CreatedAt: now,
+		Verdict: &kernel.StepVerdict{Action: "allow", RuleID: "allow-search", EvalTime: 42 * time.Microsecond},
+		Seq:     seq + 1, CreatedAt: now,
 	}
-	st.Decision.Bundle.Name, st.Decision.Bundle.Revision, st.Decision.Bundle.Engine = "research", "3", "rules"
+	st.Verdict.Bundle.Name, st.Verdict.Bundle.Revision, st.Verdict.Bundle.Engine = "research", "3", "rules"
 	if err := tx.PutStep(st); err != nil {
 		return err
 	}
@@ -47,7 +47,7 @@ func submit(tx kernel.Tx, tenant, execID string, n int) error {
 		return err
 	}
 	payload := json.RawMessage(`{"step_id":"` + stepID + `","kind":"tool_call","target":"web.search","bundle":{"name":"research","revision":"3","sha256":"` + st.ArgsHash + `"},"engine":"rules","rule_id":"allow-search","eval_ns":42000}`)
-	for i, typ := range []string{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting} {
+	for i, typ := range []kernel.EventType{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting} {
 		if err := tx.AppendEvent(tenant, kernel.Event{ExecutionID: execID, Seq: seq + 1 + uint64(i), Type: typ, Time: now, Payload: payload}); err != nil {
 			return err
 		}

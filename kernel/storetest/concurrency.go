@@ -256,7 +256,7 @@ func testBatchWithFailures(t *testing.T, s kernel.Store) {
 		for i := range k {
 			v, err := tx.Counter("t", "c"+strconv.Itoa(i))
 			if err != nil {
-				return fmt.Errorf("Counter: %w", err)
+				return fmt.Errorf("tx.Counter: %w", err)
 			}
 			if committed, want := v != nil, i%4 == 0 || i%4 == 2; committed != want {
 				t.Errorf("update %d: committed %v, want %v", i, committed, want)

@@ -89,7 +89,7 @@ func mutate(tx kernel.Tx, tenant, id string, fn func(e *kernel.Execution)) error
 
 // appendEvents appends events of the given types after the execution's
 // LastSeq and advances it. Step events name stepID in their payload.
-func appendEvents(tx kernel.Tx, tenant, id, stepID string, types ...string) error {
+func appendEvents(tx kernel.Tx, tenant, id, stepID string, types ...kernel.EventType) error {
 	e, err := tx.Execution(tenant, id)
 	if err != nil {
 		return err

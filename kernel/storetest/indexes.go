@@ -21,7 +21,7 @@ func testDispatchIndexes(t *testing.T, s kernel.Store) {
 	queued := func(d time.Duration) kernel.DispatchState {
 		return kernel.DispatchState{ID: "d", State: kernel.DispatchQueued, DueAt: at(d)}
 	}
-	claimed := func(state string, d time.Duration) kernel.DispatchState {
+	claimed := func(state kernel.DispatchStatus, d time.Duration) kernel.DispatchState {
 		return kernel.DispatchState{ID: "d", Attempt: 1, State: state, DueAt: at(time.Second), LeaseUntil: at(d)}
 	}
 	type probe struct {

@@ -134,7 +134,7 @@ func testExecutionRoundTrip(t *testing.T, s kernel.Store) {
 		}
 		got, err := tx.Execution("t", e.ID)
 		if err != nil {
-			return fmt.Errorf("Execution in the writing tx: %w", err)
+			return fmt.Errorf("tx.Execution in the writing tx: %w", err)
 		}
 		sameJSON(t, "Execution in the writing tx", got, e)
 		return nil
@@ -142,7 +142,7 @@ func testExecutionRoundTrip(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		got, err := tx.Execution("t", e.ID)
 		if err != nil {
-			return fmt.Errorf("Execution: %w", err)
+			return fmt.Errorf("tx.Execution: %w", err)
 		}
 		sameJSON(t, "Execution", got, e)
 		owner, err := tx.ExecutionTenant(e.ID)
@@ -166,14 +166,14 @@ func testExecutionRoundTrip(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		got, err := tx.Execution("t", e.ID)
 		if err != nil {
-			return fmt.Errorf("Execution after overwrite: %w", err)
+			return fmt.Errorf("tx.Execution after overwrite: %w", err)
 		}
 		sameJSON(t, "Execution after overwrite", got, &e2)
 		// Records returned are copies: changing one changes nothing stored.
 		got.Status = kernel.ExecFailed
 		again, err := tx.Execution("t", e.ID)
 		if err != nil {
-			return fmt.Errorf("Execution again: %w", err)
+			return fmt.Errorf("tx.Execution again: %w", err)
 		}
 		if again.Status != kernel.ExecCompleted {
 			t.Errorf("changing a returned record changed the store: status %q", again.Status)
@@ -239,7 +239,7 @@ func testIdempotencyKey(t *testing.T, s kernel.Store) {
 		lookup(tx, "t", "k1", a.ID)
 		got, err := tx.Execution("t", c.ID)
 		if err != nil {
-			return fmt.Errorf("Execution c: %w", err)
+			return fmt.Errorf("tx.Execution c: %w", err)
 		}
 		if got.IdempotencyKey != "" {
 			t.Errorf("refused PutExecution changed c: key %q", got.IdempotencyKey)
@@ -374,14 +374,14 @@ func testSteps(t *testing.T, s kernel.Store) {
 	done.Status = kernel.StepSucceeded
 	done.Result = json.RawMessage(`{"hits":["a","b"]}`)
 	done.Usage = &kernel.Usage{InputTokens: 10, OutputTokens: 20, TotalTokens: 30, CostUSD: 0.001}
-	done.Decision = &kernel.StepDecisionInfo{Action: "allow", RuleID: "r1", EvalTime: 1500}
-	done.Decision.Bundle.Name = "research"
+	done.Verdict = &kernel.StepVerdict{Action: "allow", RuleID: "r1", EvalTime: 1500}
+	done.Verdict.Bundle.Name = "research"
 	done.CompletedAt = &completed
 	update(t, s, func(tx kernel.Tx) error { c := done; return tx.PutStep(&c) })
 	view(t, s, func(tx kernel.ReadTx) error {
 		got, err := tx.Step("t", e.ID, "s-a")
 		if err != nil {
-			return fmt.Errorf("Step: %w", err)
+			return fmt.Errorf("tx.Step: %w", err)
 		}
 		sameJSON(t, "Step after overwrite", got, &done)
 		list, err := tx.ListSteps("t", e.ID)
@@ -422,7 +422,7 @@ func testOccurrence(t *testing.T, s kernel.Store) {
 	update(t, s, func(tx kernel.Tx) error {
 		o, err := tx.Occurrence("t", id, "tool_call|web.search|abc")
 		if err != nil {
-			return fmt.Errorf("Occurrence: %w", err)
+			return fmt.Errorf("tx.Occurrence: %w", err)
 		}
 		if o != o1 {
 			t.Errorf("Occurrence = %+v, want %+v", o, o1)
@@ -433,21 +433,21 @@ func testOccurrence(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		o, err := tx.Occurrence("t", id, "tool_call|web.search|abc")
 		if err != nil {
-			return fmt.Errorf("Occurrence: %w", err)
+			return fmt.Errorf("tx.Occurrence: %w", err)
 		}
 		if o.Count != 4 {
 			t.Errorf("Occurrence count = %d, want 4", o.Count)
 		}
 		o, err = tx.Occurrence("t", id, "llm_call|gpt|def")
 		if err != nil {
-			return fmt.Errorf("Occurrence: %w", err)
+			return fmt.Errorf("tx.Occurrence: %w", err)
 		}
 		if o != o2 {
 			t.Errorf("Occurrence = %+v, want %+v", o, o2)
 		}
 		o, err = tx.Occurrence("t", execID(2), "llm_call|gpt|def")
 		if err != nil {
-			return fmt.Errorf("Occurrence of another execution: %w", err)
+			return fmt.Errorf("tx.Occurrence of another execution: %w", err)
 		}
 		if o != (kernel.Occurrence{}) {
 			t.Errorf("Occurrence of another execution = %+v, want zero", o)
@@ -463,7 +463,7 @@ func testEvents(t *testing.T, s kernel.Store) {
 		if err := create(tx, e); err != nil {
 			return fmt.Errorf("create: %w", err)
 		}
-		types := make([]string, n-1)
+		types := make([]kernel.EventType, n-1)
 		for i := range types {
 			types[i] = kernel.EvDispatchQueued
 		}
@@ -487,7 +487,7 @@ func testEvents(t *testing.T, s kernel.Store) {
 		for _, c := range cases {
 			evs, err := tx.Events("t", e.ID, c.after, c.limit)
 			if err != nil {
-				return fmt.Errorf("Events: %w", err)
+				return fmt.Errorf("tx.Events: %w", err)
 			}
 			if len(evs) != c.len {
 				t.Errorf("Events(after %d, limit %d): %d events, want %d", c.after, c.limit, len(evs), c.len)
@@ -502,7 +502,7 @@ func testEvents(t *testing.T, s kernel.Store) {
 		}
 		evs, err := tx.Events("t", e.ID, 0, 2)
 		if err != nil {
-			return fmt.Errorf("Events: %w", err)
+			return fmt.Errorf("tx.Events: %w", err)
 		}
 		sameJSON(t, "first events", evs, []kernel.Event{
 			{ExecutionID: e.ID, Seq: 1, Type: kernel.EvExecutionCreated, Time: t0, Payload: json.RawMessage(`{"agent_id":"agent-1"}`)},
@@ -535,16 +535,16 @@ func testEventConflict(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		evs, err := tx.Events("t", e.ID, 0, 0)
 		if err != nil {
-			return fmt.Errorf("Events: %w", err)
+			return fmt.Errorf("tx.Events: %w", err)
 		}
 		var types []string
 		for _, ev := range evs {
-			types = append(types, ev.Type)
+			types = append(types, string(ev.Type))
 		}
-		sameStrings(t, "events after refused appends", types, []string{kernel.EvExecutionCreated, kernel.EvDispatchQueued})
+		sameStrings(t, "events after refused appends", types, []string{string(kernel.EvExecutionCreated), string(kernel.EvDispatchQueued)})
 		got, err := tx.Execution("t", e.ID)
 		if err != nil {
-			return fmt.Errorf("Execution: %w", err)
+			return fmt.Errorf("tx.Execution: %w", err)
 		}
 		if got.LastSeq != 2 {
 			t.Errorf("LastSeq = %d, want 2 (the failed transaction was not rolled back)", got.LastSeq)
@@ -578,7 +578,7 @@ func testAgents(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		got, err := tx.Agent("t", "b")
 		if err != nil {
-			return fmt.Errorf("Agent: %w", err)
+			return fmt.Errorf("tx.Agent: %w", err)
 		}
 		sameJSON(t, "Agent (with secret)", got, moved)
 		_, err = tx.Agent("t", "c")
@@ -620,7 +620,7 @@ func testApprovals(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		got, err := tx.Approval("t", "ap-2")
 		if err != nil {
-			return fmt.Errorf("Approval: %w", err)
+			return fmt.Errorf("tx.Approval: %w", err)
 		}
 		sameJSON(t, "Approval", got, a2)
 		cases := []struct {
@@ -675,7 +675,7 @@ func testBundles(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		got, err := tx.Bundle("t", "zeta")
 		if err != nil {
-			return fmt.Errorf("Bundle: %w", err)
+			return fmt.Errorf("tx.Bundle: %w", err)
 		}
 		z2 := mk("t", "zeta", "2")
 		z2.Source = &kernel.BundlePull{URL: "https://bundles.example/zeta.tar.gz", MinDelay: "60s", MaxDelay: "2m"}
@@ -716,7 +716,7 @@ func testCounters(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		got, err := tx.Counter("t", "rl|agent|x")
 		if err != nil {
-			return fmt.Errorf("Counter: %w", err)
+			return fmt.Errorf("tx.Counter: %w", err)
 		}
 		if string(got) != "state-1" {
 			t.Errorf("Counter = %q, want state-1", got)
@@ -724,14 +724,14 @@ func testCounters(t *testing.T, s kernel.Store) {
 		got[0] = 'Y' // and returned a copy
 		again, err := tx.Counter("t", "rl|agent|x")
 		if err != nil {
-			return fmt.Errorf("Counter: %w", err)
+			return fmt.Errorf("tx.Counter: %w", err)
 		}
 		if string(again) != "state-1" {
 			t.Errorf("changing a returned counter changed the store: %q", again)
 		}
 		bin, err := tx.Counter("t", "rl|agent|y")
 		if err != nil {
-			return fmt.Errorf("Counter: %w", err)
+			return fmt.Errorf("tx.Counter: %w", err)
 		}
 		if string(bin) != "\x00\x01\x02\x00" {
 			t.Errorf("binary counter = %q", bin)
@@ -742,7 +742,7 @@ func testCounters(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		got, err := tx.Counter("t", "rl|agent|x")
 		if err != nil {
-			return fmt.Errorf("Counter: %w", err)
+			return fmt.Errorf("tx.Counter: %w", err)
 		}
 		if string(got) != "state-2" {
 			t.Errorf("Counter after overwrite = %q, want state-2", got)
@@ -784,7 +784,7 @@ func testTenantsAndKeys(t *testing.T, s kernel.Store) {
 	view(t, s, func(tx kernel.ReadTx) error {
 		got, err := tx.Tenant("acme")
 		if err != nil {
-			return fmt.Errorf("Tenant: %w", err)
+			return fmt.Errorf("tx.Tenant: %w", err)
 		}
 		sameJSON(t, "Tenant", got, acme)
 		list, err := tx.ListTenants()
@@ -914,7 +914,7 @@ func testTenantIsolation(t *testing.T, s kernel.Store) {
 		}
 		a, err := tx.Agent("tt", "ag")
 		if err != nil {
-			return fmt.Errorf("Agent tt/ag: %w", err)
+			return fmt.Errorf("tx.Agent tt/ag: %w", err)
 		}
 		if a.Secret != "tt-secret" {
 			t.Errorf("tenant tt's agent ag has secret %q", a.Secret)

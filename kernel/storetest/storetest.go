@@ -27,7 +27,9 @@
 //     PutAPIKey with a hash used by another key are ErrConflict;
 //   - records read back marshal to the same JSON as the records written
 //     (times in the fixtures are UTC with microsecond precision);
-//   - a cancelled context fails Update and View without writing anything.
+//   - a cancelled context fails Update and View without writing anything;
+//   - DeleteExecution of a missing execution (or one of another tenant) is
+//     ErrNotFound.
 package storetest
 
 import (
@@ -74,4 +76,6 @@ var suite = []struct {
 	{"Hammer", testHammer},
 	{"BatchWithFailures", testBatchWithFailures},
 	{"SnapshotReads", testSnapshotReads},
+	{"DeleteExecution", testDeleteExecution},
+	{"DeleteExecutionInChunks", testDeleteExecutionInChunks},
 }

@@ -46,9 +46,11 @@
 //	    on_limiter_error: fail_closed
 //
 // wasm bundles may add abi (wicket | opa), entrypoint, and sandbox
-// (memory_pages, timeout, grants: clock, random, env, stdout); rego bundles
-// add entrypoint (e.g. data.wicket.decision). sandbox.timeout is accepted
-// for every engine.
+// (memory_pages, pool_size, timeout, grants: clock, random, env, stdout);
+// rego bundles add entrypoint (e.g. data.wicket.decision). sandbox.timeout
+// is accepted for every engine. The kernel's [Limits] cap what a sandbox
+// section may ask for: [Limits.Apply] refuses more, naming the field and
+// the ceiling.
 //
 // # Loading
 //

@@ -126,6 +126,8 @@ func TestLoadErrors(t *testing.T) {
 		{"memory on rules", withFiles(rulesFiles(), "bundle.yaml", man("sandbox: {memory_pages: 10}\n")), nil, "bundle.yaml", "sandbox.memory_pages", nil},
 		{"grant unknown", map[string][]byte{"bundle.yaml": []byte(wasm + "sandbox: {grants: [clock, network]}\n"), "policy.wasm": []byte("\x00asm")}, nil, "bundle.yaml", "sandbox.grants[1]", []string{`"network"`}},
 		{"grant duplicate", map[string][]byte{"bundle.yaml": []byte(wasm + "sandbox: {grants: [env, env]}\n"), "policy.wasm": []byte("\x00asm")}, nil, "bundle.yaml", "sandbox.grants[1]", []string{"duplicate"}},
+		{"pool on rules", withFiles(rulesFiles(), "bundle.yaml", man("sandbox: {pool_size: 2}\n")), nil, "bundle.yaml", "sandbox.pool_size", []string{"only wasm"}},
+		{"pool negative", map[string][]byte{"bundle.yaml": []byte(wasm + "sandbox: {pool_size: -1}\n"), "policy.wasm": []byte("\x00asm")}, nil, "bundle.yaml", "sandbox.pool_size", []string{"positive"}},
 		{"memory too large", map[string][]byte{"bundle.yaml": []byte(wasm + "sandbox: {memory_pages: 70000}\n"), "policy.wasm": []byte("\x00asm")}, nil, "bundle.yaml", "sandbox.memory_pages", nil},
 		// engine files
 		{"rules.yaml missing", withFiles(rulesFiles(), "rules.yaml", "<delete>"), ErrMissingFile, "rules.yaml", "", nil},

@@ -188,6 +188,14 @@ func ParseManifest(src []byte) (Manifest, error) {
 			return m, mf("sandbox.memory_pages", fmt.Errorf("%d exceeds %d", sb.MemoryPages, MaxMemoryPages))
 		}
 	}
+	if sb.PoolSize != 0 {
+		if m.Engine != EngineWasm {
+			return m, mf("sandbox.pool_size", fmt.Errorf("only wasm bundles have an instance pool (engine is %s)", m.Engine))
+		}
+		if sb.PoolSize < 0 {
+			return m, mf("sandbox.pool_size", fmt.Errorf("must be positive, got %d", sb.PoolSize))
+		}
+	}
 	if sb.Timeout != "" {
 		if d, err := time.ParseDuration(sb.Timeout); err != nil || d <= 0 {
 			return m, mf("sandbox.timeout", fmt.Errorf("must be a positive Go duration (e.g. 50ms), got %q", sb.Timeout))

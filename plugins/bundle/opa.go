@@ -289,6 +289,7 @@ func applyOPA(b *Bundle, ob *opabundle.Bundle) error {
 	seen := map[string]bool{}
 	for _, m := range ob.Modules {
 		p := strings.TrimPrefix(m.Path, "/")
+		//lint:ignore SA1019 the one Rego version a module was parsed with is what the engine needs; the span API gives no such value
 		b.regoVersions[p] = m.Parsed.RegoVersion()
 		for _, a := range m.Parsed.Annotations {
 			if !a.Entrypoint {

@@ -67,12 +67,18 @@ type ManifestRateLimit struct {
 	policy.RateLimit `yaml:",inline" json:",inline"`
 }
 
-// Sandbox holds the wasm sandbox limits and grants.
+// Sandbox holds the sandbox limits and grants. The kernel's [Limits] give
+// the defaults and ceilings of memory_pages, timeout and pool_size.
 type Sandbox struct {
-	// MemoryPages caps linear memory in 64 KiB pages (default 256 = 16 MiB... see plugins/wasm).
+	// MemoryPages caps a wasm instance's linear memory in 64 KiB pages
+	// (default [Limits].MemoryPages, 256 = 16 MiB).
 	MemoryPages uint32 `yaml:"memory_pages,omitempty" json:"memory_pages,omitempty"`
-	// Timeout is the per-evaluation deadline as a Go duration (default set by plugins/wasm).
+	// Timeout is the per-evaluation deadline as a Go duration, for every
+	// engine (default [Limits].Timeout, 1s).
 	Timeout string `yaml:"timeout,omitempty" json:"timeout,omitempty"`
+	// PoolSize is the most instances of a wasm bundle revision, hence the
+	// most evaluations it runs at once (default [Limits].PoolSize).
+	PoolSize int `yaml:"pool_size,omitempty" json:"pool_size,omitempty"`
 	// Grants lists host capabilities the module may use: "clock", "random",
 	// "env", "stdout". Nothing is granted by default.
 	Grants []string `yaml:"grants,omitempty" json:"grants,omitempty"`

@@ -95,7 +95,7 @@ func RunCases(t *testing.T, ev policy.Evaluator, defaultAction policy.Action, ca
 // CheckCase evaluates one case and returns nil when the answer, after
 // policy.ApplyDefault with defaultAction, is what the case expects, and an
 // error describing the difference otherwise. An evaluation error, or an
-// answer that fails policy.Decision.Validate, is a failure too.
+// answer that fails policy.Answer.Validate, is a failure too.
 func CheckCase(ctx context.Context, ev policy.Evaluator, defaultAction policy.Action, tc bundle.TestCase) error {
 	in, err := tc.Input()
 	if err != nil {
@@ -109,13 +109,13 @@ func CheckCase(ctx context.Context, ev policy.Evaluator, defaultAction policy.Ac
 		return fmt.Errorf("%s: case %q: invalid answer: %w", tc.SourceFile, tc.Name, err)
 	}
 	d = policy.ApplyDefault(d, defaultAction, in.Step.Kind)
-	if d.Decision != tc.Expect.Decision {
+	if d.Action != tc.Expect.Decision {
 		return fmt.Errorf("%s: case %q: got %s (rule_id %q, reason %q), want %s",
-			tc.SourceFile, tc.Name, d.Decision, d.RuleID, d.Reason, tc.Expect.Decision)
+			tc.SourceFile, tc.Name, d.Action, d.RuleID, d.Reason, tc.Expect.Decision)
 	}
 	if tc.Expect.RuleID != "" && d.RuleID != tc.Expect.RuleID {
 		return fmt.Errorf("%s: case %q: got %s from rule_id %q, want rule_id %q",
-			tc.SourceFile, tc.Name, d.Decision, d.RuleID, tc.Expect.RuleID)
+			tc.SourceFile, tc.Name, d.Action, d.RuleID, tc.Expect.RuleID)
 	}
 	return nil
 }

@@ -13,9 +13,9 @@ import (
 )
 
 // fakeEval answers by target; "boom" fails.
-type fakeEval map[string]*policy.Decision
+type fakeEval map[string]*policy.Answer
 
-func (f fakeEval) Evaluate(_ context.Context, in *policy.Input) (*policy.Decision, error) {
+func (f fakeEval) Evaluate(_ context.Context, in *policy.Input) (*policy.Answer, error) {
 	if in.Step.Target == "boom" {
 		return nil, errors.New("trap")
 	}
@@ -25,9 +25,9 @@ func (f fakeEval) Evaluate(_ context.Context, in *policy.Input) (*policy.Decisio
 func (f fakeEval) Close() error { return nil }
 
 var ev = fakeEval{
-	"fs.read":  {Decision: policy.Allow, RuleID: "reads"},
-	"gh.write": {Decision: policy.RequireApproval, RuleID: "writes"},
-	"weird":    {Decision: "maybe"},
+	"fs.read":  {Action: policy.Allow, RuleID: "reads"},
+	"gh.write": {Action: policy.RequireApproval, RuleID: "writes"},
+	"weird":    {Action: "maybe"},
 }
 
 func tc(name, kind, target string, want policy.Action, rule string) bundle.TestCase {

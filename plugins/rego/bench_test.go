@@ -148,7 +148,7 @@ func TestBenchPolicy(t *testing.T) {
 		}
 		var got policy.Action
 		if d != nil {
-			got = d.Decision
+			got = d.Action
 		}
 		if got != c.want {
 			t.Fatalf("%s: got %s, want %s", c.name, show(d), c.want)

@@ -17,7 +17,7 @@ import (
 // decoded is what decisionGenerator hands back through OPA's result set: the
 // decision read straight from the result term, or why it could not be read.
 type decoded struct {
-	d   *policy.Decision
+	d   *policy.Answer
 	err error
 }
 
@@ -38,7 +38,7 @@ func decisionGenerator(entry string) func(t *ast.Term, _ *opa.EvalContext) (any,
 // entrypoint is named decision, a boolean or a set (or array) of deny
 // messages, mapped by policy.FromBoolean and policy.FromMessages, as the
 // OPA-ABI wasm engine does.
-func decodeAnswer(entry string, v ast.Value) (*policy.Decision, error) {
+func decodeAnswer(entry string, v ast.Value) (*policy.Answer, error) {
 	if _, null := v.(ast.Null); null {
 		return nil, nil
 	}
@@ -58,7 +58,7 @@ func decodeAnswer(entry string, v ast.Value) (*policy.Decision, error) {
 
 // messages maps deny messages: strings as they are, objects with a msg
 // string (Gatekeeper's violation shape) by it, anything else as its JSON.
-func messages(entry string, arr *ast.Array) (*policy.Decision, error) {
+func messages(entry string, arr *ast.Array) (*policy.Answer, error) {
 	msgs := make([]string, 0, arr.Len())
 	for i := range arr.Len() {
 		e := arr.Elem(i).Value
@@ -109,7 +109,7 @@ var (
 
 // decodeDecision reads a decision object; an empty object is no match
 // (nil, nil). Errors complete the sentence "rego: entrypoint data.x.y ...".
-func decodeDecision(v ast.Value, want string) (*policy.Decision, error) {
+func decodeDecision(v ast.Value, want string) (*policy.Answer, error) {
 	obj, ok := v.(ast.Object)
 	if !ok {
 		return nil, fmt.Errorf("returned %s, %s", describe(v), want)
@@ -120,7 +120,7 @@ func decodeDecision(v ast.Value, want string) (*policy.Decision, error) {
 		return nil, nil
 	}
 	f := fields{obj: obj}
-	var d policy.Decision
+	var d policy.Answer
 	dt := f.get(keyDecision)
 	if isAbsent(dt) {
 		return nil, fmt.Errorf("returned an object without a decision field (keys: %s)", keyList(obj))
@@ -129,7 +129,7 @@ func decodeDecision(v ast.Value, want string) (*policy.Decision, error) {
 	if !ok {
 		return nil, fmt.Errorf("returned an invalid decision: field decision is %s, want a string", describe(dt.Value))
 	}
-	d.Decision = policy.Action(s)
+	d.Action = policy.Action(s)
 
 	var err error
 	if d.Reason, err = f.str("reason", keyReason); err != nil {

@@ -36,7 +36,7 @@
 // named decision may also answer a boolean (allow := true) or a set of deny
 // messages (deny contains msg if ...), mapped by [policy.FromBoolean] and
 // [policy.FromMessages]. Any other value (a string, a field of the wrong
-// type, an unknown field, a decision [policy.Decision.Validate] refuses, a
+// type, an unknown field, a decision [policy.Answer.Validate] refuses, a
 // conflict between rules) is an evaluation error, which the kernel turns
 // into a denial.
 //

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/open-policy-agent/opa/v1/metrics"
 	opa "github.com/open-policy-agent/opa/v1/rego"
@@ -26,22 +27,26 @@ var noMetrics = metrics.NoOp()
 // and OPA documents PreparedEvalQuery as safe for concurrent use; the
 // atomic pointer only lets Close drop it without a lock on the hot path.
 type evaluator struct {
-	entry string
-	pq    atomic.Pointer[opa.PreparedEvalQuery]
+	entry   string
+	timeout time.Duration
+	pq      atomic.Pointer[opa.PreparedEvalQuery]
 }
 
-func newEvaluator(entry string, pq opa.PreparedEvalQuery) *evaluator {
-	e := &evaluator{entry: entry}
+func newEvaluator(entry string, pq opa.PreparedEvalQuery, timeout time.Duration) *evaluator {
+	e := &evaluator{entry: entry, timeout: timeout}
 	e.pq.Store(&pq)
 	return e
 }
 
-// Evaluate runs the prepared entrypoint against in. It returns (nil, nil)
-// when the entrypoint is undefined, and an error when the policy fails (a
-// builtin error, conflicting rule outputs, ctx done) or answers something
-// that is not a valid decision object. A cancelled or expired ctx stops the
-// evaluation and the error wraps ctx.Err().
-func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Decision, error) {
+// Evaluate runs the prepared entrypoint against in, under the bundle's
+// deadline (sandbox.timeout). It returns (nil, nil) when the entrypoint is
+// undefined, and an error when the policy fails (a builtin error,
+// conflicting rule outputs, ctx done) or answers something that is not a
+// valid decision object. An evaluation that outlasts the deadline is
+// stopped: "rego: evaluate data.x.y: timed out after 1s", an error matching
+// context.DeadlineExceeded. A cancelled or expired ctx stops the evaluation
+// and the error wraps ctx.Err().
+func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Answer, error) {
 	pq := e.pq.Load()
 	if pq == nil {
 		return nil, fmt.Errorf("rego: evaluate %s: %w", e.entry, errClosed)
@@ -58,18 +63,26 @@ func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Dec
 	}
 
 	// OPA would start a goroutine per evaluation to watch ctx; AfterFunc
-	// only costs a registration, and nothing when ctx can't be cancelled.
+	// only costs a registration. The deadline is a timer that sets the same
+	// cancel flag, which topdown checks at every step and in its long
+	// builtins (numbers.range...).
 	cancel := topdown.NewCancel()
 	stop := context.AfterFunc(ctx, cancel.Cancel)
+	var expired atomic.Bool
+	timer := time.AfterFunc(e.timeout, func() { expired.Store(true); cancel.Cancel() })
 	rs, err := pq.Eval(ctx,
 		opa.EvalParsedInput(input),
 		opa.EvalMetrics(noMetrics),
 		opa.EvalExternalCancel(cancel),
 	)
+	timer.Stop()
 	stop()
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, fmt.Errorf("rego: evaluate %s: %w", e.entry, cerr)
+		}
+		if expired.Load() {
+			return nil, &timeoutError{entry: e.entry, after: e.timeout}
 		}
 		return nil, fmt.Errorf("rego: evaluate %s: %w", e.entry, err)
 	}
@@ -99,6 +112,19 @@ func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Dec
 	}
 	return res.d, nil
 }
+
+// timeoutError reports that an evaluation outlasted its deadline. It
+// matches context.DeadlineExceeded with errors.Is.
+type timeoutError struct {
+	entry string
+	after time.Duration
+}
+
+func (e *timeoutError) Error() string {
+	return fmt.Sprintf("rego: evaluate %s: timed out after %s", e.entry, e.after)
+}
+
+func (e *timeoutError) Is(target error) bool { return target == context.DeadlineExceeded }
 
 // Close releases the prepared query. Evaluate returns an error afterwards;
 // evaluations already running finish normally. Close is idempotent.

@@ -45,7 +45,7 @@ decision := {"decision": "deny", "reason": "recursive delete", "rule_id": "no-rm
 		case d == nil:
 			fmt.Printf("%s: no match\n", s.Target)
 		default:
-			fmt.Printf("%s: %s (%s)\n", s.Target, d.Decision, d.RuleID)
+			fmt.Printf("%s: %s (%s)\n", s.Target, d.Action, d.RuleID)
 		}
 	}
 

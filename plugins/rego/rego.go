@@ -34,12 +34,26 @@ type Engine struct {
 	caps *ast.Capabilities
 	// removed maps each builtin taken out of caps to the reason, for errors.
 	removed map[string]string
+	limits  bundle.Limits
 }
 
+// Option configures an [Engine].
+type Option func(*Engine)
+
+// WithLimits sets the kernel's limits: a bundle's sandbox.timeout (default
+// Limits.Timeout) is its per-evaluation deadline, and one over
+// Limits.MaxTimeout is refused at Compile. Without it the defaults of
+// [bundle.Limits] apply.
+func WithLimits(l bundle.Limits) Option { return func(e *Engine) { e.limits = l.WithDefaults() } }
+
 // New returns the Rego engine.
-func New() *Engine {
+func New(opts ...Option) *Engine {
 	caps, removed := capabilities()
-	return &Engine{caps: caps, removed: removed}
+	e := &Engine{caps: caps, removed: removed, limits: bundle.Limits{}.WithDefaults()}
+	for _, o := range opts {
+		o(e)
+	}
+	return e
 }
 
 // Name returns "rego", the manifest engine name this engine serves.
@@ -60,7 +74,8 @@ func (*Engine) Name() string { return bundle.EngineRego }
 // defines it; it has no .rego file; a file fails to parse or compile (each
 // problem is reported as file:line: code: message); it calls a forbidden
 // builtin (see the package documentation); data.json is not a JSON object or
-// collides with a rule; or ctx is done.
+// collides with a rule; its sandbox.timeout is over the engine's limits
+// (matching [bundle.ErrCeiling]); or ctx is done.
 func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluator, error) {
 	if b == nil {
 		return nil, errors.New("rego: compile: nil bundle")
@@ -80,6 +95,10 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		return nil, fmt.Errorf("bundle engine is %q, not %q", eng, bundle.EngineRego)
 	}
 	entry, ref, err := parseEntrypoint(b.Manifest.Entrypoint)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := e.limits.Apply(&b.Manifest)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +160,7 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		}
 		return nil, fmt.Errorf("prepare %s: %w", entry, err)
 	}
-	return newEvaluator(entry, pq), nil
+	return newEvaluator(entry, pq, sb.Timeout), nil
 }
 
 // opaEntrypointRE matches a path of names (x/y or x.y); group 1 is the first.

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -34,7 +35,7 @@ func mkBundle(files map[string]string, data string) *bundle.Bundle {
 // mustCompile compiles b and closes the evaluator when the test ends.
 func mustCompile(t testing.TB, b *bundle.Bundle) policy.Evaluator {
 	t.Helper()
-	ev, err := New().Compile(context.Background(), b)
+	ev, err := testEngine().Compile(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Compile: %v", err)
 	}
@@ -117,48 +118,48 @@ func TestEvaluate(t *testing.T) {
 	tests := []struct {
 		name string
 		in   *policy.Input
-		want *policy.Decision
+		want *policy.Answer
 	}{
 		{
 			name: "allow from data allow-list",
 			in:   step("fs.read", `{"path": "/tmp/x"}`, policy.EffectReadOnly),
-			want: &policy.Decision{Decision: policy.Allow, RuleID: "allow-list", Reason: "fs.read is allow-listed"},
+			want: &policy.Answer{Action: policy.Allow, RuleID: "allow-list", Reason: "fs.read is allow-listed"},
 		},
 		{
 			name: "allow shell when regex does not match",
 			in:   step("shell.exec", `{"command": "ls -la"}`, policy.EffectLocalMutation),
-			want: &policy.Decision{Decision: policy.Allow, RuleID: "allow-list", Reason: "shell.exec is allow-listed"},
+			want: &policy.Answer{Action: policy.Allow, RuleID: "allow-list", Reason: "shell.exec is allow-listed"},
 		},
 		{
 			name: "deny by regex on args.command",
 			in:   step("shell.exec", `{"command": "sudo rm -rf /"}`, policy.EffectLocalMutation),
-			want: &policy.Decision{Decision: policy.Deny, Reason: "dangerous shell command", RuleID: "shell-deny"},
+			want: &policy.Answer{Action: policy.Deny, Reason: "dangerous shell command", RuleID: "shell-deny"},
 		},
 		{
 			name: "require_approval with approval config",
 			in:   step("payments.send", `{"amount": 12.5}`, policy.EffectRemoteMutation),
-			want: &policy.Decision{
-				Decision: policy.RequireApproval, Reason: "payments need a human", RuleID: "payments",
+			want: &policy.Answer{
+				Action: policy.RequireApproval, Reason: "payments need a human", RuleID: "payments",
 				Approval: &policy.Approval{Approvers: []string{"alice", "bob"}, Timeout: "15m", Message: "pay 12.5"},
 			},
 		},
 		{
 			name: "abort on destructive effect",
 			in:   step("fs.delete", `{}`, policy.EffectDestructive),
-			want: &policy.Decision{Decision: policy.Abort, Reason: "destructive effects are not allowed", RuleID: "no-destructive"},
+			want: &policy.Answer{Action: policy.Abort, Reason: "destructive effects are not allowed", RuleID: "no-destructive"},
 		},
 		{
 			name: "rate_limit passthrough",
 			in:   step("search.web", `{"q": "wicket"}`, policy.EffectReadOnly),
-			want: &policy.Decision{
-				Decision: policy.Allow, RuleID: "search-limited",
+			want: &policy.Answer{
+				Action: policy.Allow, RuleID: "search-limited",
 				RateLimit: &policy.RateLimit{MaxCalls: 10, Window: "1m", Per: policy.PerAgent, OnLimiterError: "fail_open"},
 			},
 		},
 		{
 			name: "decision field only",
 			in:   step("admin.reset", `null`, ""),
-			want: &policy.Decision{Decision: policy.Deny},
+			want: &policy.Answer{Action: policy.Deny},
 		},
 		{
 			name: "undefined is no match",
@@ -186,7 +187,7 @@ func TestEvaluate(t *testing.T) {
 		{
 			name: "empty args are null",
 			in:   step("http.get", ``, policy.EffectReadOnly),
-			want: &policy.Decision{Decision: policy.Allow, RuleID: "allow-list", Reason: "http.get is allow-listed"},
+			want: &policy.Answer{Action: policy.Allow, RuleID: "allow-list", Reason: "http.get is allow-listed"},
 		},
 	}
 	for _, tc := range tests {
@@ -202,7 +203,7 @@ func TestEvaluate(t *testing.T) {
 	}
 }
 
-func show(d *policy.Decision) string {
+func show(d *policy.Answer) string {
 	b, _ := json.Marshal(d)
 	return string(b)
 }
@@ -328,7 +329,7 @@ decision := {"decision": "deny", "reason": null, "approval": null, "rate_limit":
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (&policy.Decision{Decision: policy.Deny}); !reflect.DeepEqual(got, want) {
+	if want := (&policy.Answer{Action: policy.Deny}); !reflect.DeepEqual(got, want) {
 		t.Fatalf("got %s, want %s", show(got), show(want))
 	}
 }
@@ -539,7 +540,7 @@ func TestCompileBundleShapes(t *testing.T) {
 		b.Manifest.Entrypoint = ""
 		b.Manifest.Engine = ""
 		d, err := mustCompile(t, b).Evaluate(context.Background(), step("x", `{}`, ""))
-		if err != nil || d == nil || d.Decision != policy.Deny {
+		if err != nil || d == nil || d.Action != policy.Deny {
 			t.Fatalf("got %s, %v; want deny", show(d), err)
 		}
 	})
@@ -681,7 +682,7 @@ func TestEvaluateContext(t *testing.T) {
 }
 
 func TestEvaluateAfterClose(t *testing.T) {
-	ev, err := New().Compile(context.Background(), mkBundle(map[string]string{"policy.rego": mainPolicy}, mainData))
+	ev, err := testEngine().Compile(context.Background(), mkBundle(map[string]string{"policy.rego": mainPolicy}, mainData))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -735,7 +736,7 @@ func TestEvaluateConcurrent(t *testing.T) {
 				}
 				var got policy.Action
 				if d != nil {
-					got = d.Decision
+					got = d.Action
 				}
 				if got != c.want {
 					errs <- fmt.Errorf("goroutine %d iteration %d: %s: got %q, want %q", g, i, c.in.Step.Target, got, c.want)
@@ -788,7 +789,7 @@ func TestCompileConcurrent(t *testing.T) {
 // TestCloseDuringEvaluate closes an evaluator while goroutines use it (run it
 // under -race): each call either answers correctly or reports the close.
 func TestCloseDuringEvaluate(t *testing.T) {
-	ev, err := New().Compile(context.Background(), mkBundle(map[string]string{"policy.rego": mainPolicy}, mainData))
+	ev, err := testEngine().Compile(context.Background(), mkBundle(map[string]string{"policy.rego": mainPolicy}, mainData))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -796,12 +797,17 @@ func TestCloseDuringEvaluate(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	start := make(chan struct{})
+	var evaluated atomic.Int64
+	running := make(chan struct{}) // closed once every goroutine has evaluated once
 	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			for {
+			for first := true; ; first = false {
+				if first && evaluated.Add(1) == 8 {
+					close(running)
+				}
 				d, err := ev.Evaluate(context.Background(), in)
 				if err != nil {
 					if !strings.Contains(err.Error(), "evaluator closed") {
@@ -809,7 +815,7 @@ func TestCloseDuringEvaluate(t *testing.T) {
 					}
 					return
 				}
-				if d == nil || d.Decision != policy.Allow {
+				if d == nil || d.Action != policy.Allow {
 					errs <- fmt.Errorf("got %s, want allow", show(d))
 					return
 				}
@@ -817,7 +823,7 @@ func TestCloseDuringEvaluate(t *testing.T) {
 		}()
 	}
 	close(start)
-	time.Sleep(20 * time.Millisecond)
+	<-running // every goroutine is in its loop: Close lands among evaluations
 	if err := ev.Close(); err != nil {
 		t.Fatal(err)
 	}

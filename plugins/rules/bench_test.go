@@ -1,6 +1,8 @@
 package rules
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -70,4 +72,37 @@ func BenchmarkRulesEvaluate(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkArgLookup weighs the raw-bytes scanner against what it saves:
+// decoding the step's args with encoding/json and walking the result, which
+// is what a predicate would otherwise cost per evaluation.
+func BenchmarkArgLookup(b *testing.B) {
+	args := benchInput(b, "github.create_issue").Step.Args
+	p, err := parsePath("meta.severity")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("scan", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, ok := lookup(args, p); !ok {
+				b.Fatal("not found")
+			}
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			dec := json.NewDecoder(bytes.NewReader(args))
+			dec.UseNumber()
+			var v any
+			if err := dec.Decode(&v); err != nil {
+				b.Fatal(err)
+			}
+			if _, ok := v.(map[string]any)["meta"].(map[string]any)["severity"]; !ok {
+				b.Fatal("not found")
+			}
+		}
+	})
 }

@@ -541,7 +541,7 @@ func (p *parser) then(r *rule, n *yaml.Node) error {
 	if err != nil {
 		return err
 	}
-	d := policy.Decision{RuleID: r.id}
+	d := policy.Answer{RuleID: r.id}
 	var approval, limit *yaml.Node
 	for _, f := range fs {
 		switch f.key {
@@ -550,8 +550,8 @@ func (p *parser) then(r *rule, n *yaml.Node) error {
 			if err != nil {
 				return err
 			}
-			d.Decision = policy.Action(s)
-			if !d.Decision.Valid() {
+			d.Action = policy.Action(s)
+			if !d.Action.Valid() {
 				return p.errf(f.v, "then.decision", "unknown decision %q (want allow, deny, require_approval or abort)", s)
 			}
 		case "reason":
@@ -570,14 +570,14 @@ func (p *parser) then(r *rule, n *yaml.Node) error {
 			}
 		}
 	}
-	if d.Decision == "" {
+	if d.Action == "" {
 		return p.errf(n, "then.decision", "required (allow, deny, require_approval or abort)")
 	}
-	if approval != nil && d.Decision != policy.RequireApproval {
-		return p.errf(approval, "then.approval_config", "only applies to decision require_approval (decision is %s)", d.Decision)
+	if approval != nil && d.Action != policy.RequireApproval {
+		return p.errf(approval, "then.approval_config", "only applies to decision require_approval (decision is %s)", d.Action)
 	}
-	if limit != nil && d.Decision != policy.Allow && d.Decision != policy.RequireApproval {
-		return p.errf(limit, "then.rate_limit", "only applies to decisions allow and require_approval (decision is %s)", d.Decision)
+	if limit != nil && d.Action != policy.Allow && d.Action != policy.RequireApproval {
+		return p.errf(limit, "then.rate_limit", "only applies to decisions allow and require_approval (decision is %s)", d.Action)
 	}
 	r.decision = d
 	return nil

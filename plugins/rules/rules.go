@@ -118,7 +118,7 @@ func (rs *RuleSet) Evaluator() policy.Evaluator { return &evaluator{rs: rs} }
 //
 // The returned decision is a fresh copy, but its Approval and RateLimit
 // point to values shared by every evaluation: do not modify them.
-func (rs *RuleSet) Evaluate(in *policy.Input) *policy.Decision {
+func (rs *RuleSet) Evaluate(in *policy.Input) *policy.Answer {
 	km, em := kindBit(in.Step.Kind), effectBit(in.Step.Effect)
 	var m memo
 	for _, r := range rs.rules {
@@ -135,7 +135,7 @@ type evaluator struct{ rs *RuleSet }
 var _ policy.Evaluator = (*evaluator)(nil)
 
 // Evaluate implements policy.Evaluator (see [RuleSet.Evaluate]).
-func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Decision, error) {
+func (e *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Answer, error) {
 	if in == nil {
 		return nil, errors.New("rules: evaluate: nil input")
 	}
@@ -160,7 +160,7 @@ type rule struct {
 	targets []*bundle.Glob
 	args    []argPred
 
-	decision policy.Decision
+	decision policy.Answer
 }
 
 // argPred is one entry of when.arguments: operators that must all hold for
@@ -347,7 +347,7 @@ func (rs *RuleSet) DeniesOutright(in *policy.Input, def policy.Action) bool {
 		if !r.matchStatic(in, km, em) {
 			continue
 		}
-		denies := r.decision.Decision.Rank() >= policy.Deny.Rank()
+		denies := r.decision.Action.Rank() >= policy.Deny.Rank()
 		if !denies {
 			return false
 		}
@@ -358,7 +358,7 @@ func (rs *RuleSet) DeniesOutright(in *policy.Input, def policy.Action) bool {
 	if def == "" {
 		return false
 	}
-	return policy.ApplyDefault(nil, def, in.Step.Kind).Decision.Rank() >= policy.Deny.Rank()
+	return policy.ApplyDefault(nil, def, in.Step.Kind).Action.Rank() >= policy.Deny.Rank()
 }
 
 // DeniesOutright implements the host's static check (see

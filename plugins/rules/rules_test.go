@@ -33,7 +33,7 @@ func input(t testing.TB, kind, target, argsJSON string) *policy.Input {
 	return &policy.Input{Tenant: "default", AgentID: "researcher", Step: policy.Step{Kind: kind, Target: target, Args: c, ArgsHash: h}}
 }
 
-func ruleID(d *policy.Decision) string {
+func ruleID(d *policy.Answer) string {
 	if d == nil {
 		return "<none>"
 	}
@@ -249,7 +249,7 @@ func TestPriorityAndFirstMatch(t *testing.T) {
 	in := input(t, "tool_call", "fs.rm", `{}`)
 	in.Step.Effect = "destructive"
 	d := rs.Evaluate(in)
-	if d == nil || d.RuleID != "negative" || d.Decision != policy.Deny || d.Reason != "destructive" {
+	if d == nil || d.RuleID != "negative" || d.Action != policy.Deny || d.Reason != "destructive" {
 		t.Errorf("got %+v", d)
 	}
 }
@@ -277,9 +277,9 @@ func TestDecisionShape(t *testing.T) {
 		t.Error(err)
 	}
 	// Each answer is a fresh copy.
-	d.Decision = policy.Allow
+	d.Action = policy.Allow
 	d2, _ := ev.Evaluate(context.Background(), input(t, "tool_call", "x", `{}`))
-	if d2.Decision != policy.RequireApproval {
+	if d2.Action != policy.RequireApproval {
 		t.Error("modifying an answer changed the rule")
 	}
 }
@@ -323,8 +323,8 @@ func TestDefaultAction(t *testing.T) {
 			t.Errorf("%s %s: got %+v, want no match", tt.kind, tt.target, d)
 		}
 		d = policy.ApplyDefault(d, rs.DefaultAction(), tt.kind)
-		if d.Decision != tt.want || d.RuleID != tt.rule {
-			t.Errorf("%s %s: got %s/%s, want %s/%s", tt.kind, tt.target, d.Decision, d.RuleID, tt.want, tt.rule)
+		if d.Action != tt.want || d.RuleID != tt.rule {
+			t.Errorf("%s %s: got %s/%s, want %s/%s", tt.kind, tt.target, d.Action, d.RuleID, tt.want, tt.rule)
 		}
 	}
 }
@@ -494,12 +494,12 @@ rules:
 	}
 	in := &policy.Input{Step: policy.Step{Kind: "tool_call", Target: "fs.read_file", Effect: "read_only", Args: []byte(`{}`)}}
 	d, _ := rs.Evaluator().Evaluate(context.Background(), in)
-	fmt.Println(d.Decision, d.RuleID)
+	fmt.Println(d.Action, d.RuleID)
 
 	in.Step.Target = "fs.write"
 	d, _ = rs.Evaluator().Evaluate(context.Background(), in)
 	d = policy.ApplyDefault(d, rs.DefaultAction(), in.Step.Kind)
-	fmt.Println(d.Decision, d.RuleID)
+	fmt.Println(d.Action, d.RuleID)
 	// Output:
 	// allow allow-reads
 	// deny default_action

@@ -3,7 +3,6 @@ package rules
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 )
 
@@ -77,8 +76,6 @@ func fromAny(v any) (*value, error) {
 	}
 	return nil, fmt.Errorf("unsupported value %T", v)
 }
-
-var errNotString = errors.New("must be a string")
 
 // equal reports whether the raw JSON value raw equals v: same type and same
 // value, numbers compared exactly by value (1 equals 1.0), strings after

@@ -528,7 +528,7 @@ func (o *opaInstance) callBuiltin(ctx context.Context, id uint32, args []uint64)
 
 func (o *opaInstance) dirtyHeap() bool { return o.dirty }
 
-func (o *opaInstance) decode(out []byte) (*policy.Decision, error) { return decodeOPA(o.entry, out) }
+func (o *opaInstance) decode(out []byte) (*policy.Answer, error) { return decodeOPA(o.entry, out) }
 
 func (o *opaInstance) evaluate(ctx context.Context, input []byte) ([]byte, error) {
 	ctx = context.WithValue(ctx, instanceKey{}, o)

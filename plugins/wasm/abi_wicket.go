@@ -133,7 +133,7 @@ func (w *wicketInstance) outputs() *outputs  { return w.out }
 
 func (w *wicketInstance) close(ctx context.Context) error { return w.mod.Close(ctx) }
 
-func (w *wicketInstance) decode(out []byte) (*policy.Decision, error) { return decodeOutput(out) }
+func (w *wicketInstance) decode(out []byte) (*policy.Answer, error) { return decodeOutput(out) }
 
 func (w *wicketInstance) evaluate(ctx context.Context, input []byte) ([]byte, error) {
 	res, err := w.alloc.Call(ctx, uint64(len(input)))

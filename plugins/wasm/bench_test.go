@@ -20,7 +20,7 @@ func benchEvaluate(b *testing.B, bd *bundle.Bundle, in *policy.Input, action pol
 	cpubench.Report(b)
 	for b.Loop() {
 		d, err := ev.Evaluate(ctx, in)
-		if err != nil || d == nil || d.Decision != action {
+		if err != nil || d == nil || d.Action != action {
 			b.Fatalf("evaluate: %+v, %v", d, err)
 		}
 	}

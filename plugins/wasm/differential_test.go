@@ -258,7 +258,7 @@ func TestDifferential(t *testing.T) {
 				case rd == nil:
 					counts["no match"]++
 				default:
-					counts[string(rd.Decision)+" "+rd.RuleID]++
+					counts[string(rd.Action)+" "+rd.RuleID]++
 				}
 			}
 			if len(counts) < 2 || (len(counts) < 4 && !policy.AcceptsShapes(p.entry)) {

@@ -31,10 +31,16 @@
 //     and stderr discarded; a fake deterministic clock; random bytes from a
 //     fixed seed. The manifest's sandbox.grants ("clock", "random", "env",
 //     "stdout") widen this one capability at a time.
-//   - Memory: sandbox.memory_pages (default [Config.DefaultMemoryPages]) caps
-//     linear memory; memory.grow beyond it fails.
-//   - Time: sandbox.timeout (default [Config.DefaultTimeout]) bounds each
-//     evaluation; running code is interrupted when it passes.
+//   - Memory: sandbox.memory_pages caps linear memory; memory.grow beyond it
+//     fails, and memory.fill/memory.copy touch at most that memory.
+//   - Time: sandbox.timeout bounds each evaluation; running code is
+//     interrupted when it passes. Start-up (start section, _initialize, OPA
+//     data loading) is bounded by Limits.MaxTimeout.
+//   - Concurrency: sandbox.pool_size instances per revision; more
+//     evaluations wait for one.
+//
+// Defaults and ceilings of the three come from [Config.Limits]: a manifest
+// asking for more than a ceiling is refused at Compile.
 //
 // An evaluation that traps, times out, exits, or returns output that is not a
 // valid decision returns an error saying which; the instance is closed and
@@ -56,7 +62,8 @@
 // checks); a Go SDK module in about 0.5 ms. Deadlines are therefore a matter
 // of milliseconds, not microseconds: the default deadline is 1s, so a
 // loaded host does not push a Go module past it, and a module stuck in a loop
-// is stopped within a second. Bundles may set a shorter sandbox.timeout.
+// is stopped within a second. Bundles may set another sandbox.timeout, up to
+// the ceiling.
 //
 // OPA-ABI modules avoid that cost: the engine rewrites them at Compile to
 // count loop iterations and calls in a global of their own and to ask the

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
-	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/experimental"
@@ -17,19 +16,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
 
-// Defaults applied by [New] to zero Config fields.
 const (
-	// DefaultMemoryPages is the default memory cap: 256 pages of 64 KiB = 16 MiB.
-	// A Go SDK module starts at 37 pages and levels off near 130 (its heap
-	// never shrinks below Go's 4 MiB GC goal); a C SDK module needs 2.
-	DefaultMemoryPages = 256
-	// DefaultTimeout is the default per-evaluation deadline.
-	DefaultTimeout = time.Second
-	// MaxMemoryPages is the largest cap a bundle may ask for (4 GiB, wasm32's limit).
-	MaxMemoryPages = 65536
-	// minInstantiateTimeout is the least time an instantiation (including
-	// _initialize and, for OPA, loading data.json) is given.
-	minInstantiateTimeout = 5 * time.Second
 	// maxOutputBytes bounds a module's output.
 	maxOutputBytes = 1 << 20
 )
@@ -38,23 +25,22 @@ const (
 const PolicyFile = "policy.wasm"
 
 // Config configures an [Engine]. The zero value is usable: no disk cache and
-// the defaults below.
+// the default limits.
 type Config struct {
 	// CacheDir is where compiled modules are cached across restarts (the
-	// kernel passes <data dir>/wasm-cache). It is created if missing. Empty
-	// means an in-memory cache only.
+	// kernel passes <data dir>/wasm-cache), one subdirectory per module
+	// (named by the SHA-256 of its bytes). It is created if missing, with
+	// mode 0700; a directory that group or others may write is refused (its
+	// files are machine code the kernel runs). Empty means an in-memory
+	// cache only. See [Engine.PruneCache].
 	CacheDir string
-	// DefaultMemoryPages caps linear memory, in 64 KiB pages, for bundles
-	// whose manifest sets no sandbox.memory_pages. Zero means
-	// DefaultMemoryPages (256 = 16 MiB).
-	DefaultMemoryPages uint32
-	// DefaultTimeout is the per-evaluation deadline for bundles whose manifest
-	// sets no sandbox.timeout. Zero means DefaultTimeout (1s).
-	DefaultTimeout time.Duration
-	// PoolSize is the most instances kept per bundle revision, which is also
-	// the most concurrent evaluations of one revision; more wait. Zero means
-	// runtime.GOMAXPROCS(0).
-	PoolSize int
+	// CacheMaxBytes caps the size of CacheDir (zero: DefaultCacheMaxBytes).
+	CacheMaxBytes int64
+	// Limits are the kernel's ceilings and defaults for sandbox.timeout,
+	// sandbox.memory_pages and sandbox.pool_size (zero fields: the
+	// defaults of [bundle.Limits]). A bundle asking for more is refused.
+	// Instances start under Limits.MaxTimeout.
+	Limits bundle.Limits
 	// Env holds the environment variables visible to modules granted "env".
 	// Nil means none: the kernel's own environment is never passed through.
 	Env map[string]string
@@ -73,14 +59,13 @@ type Config struct {
 type Engine struct {
 	cfg Config
 
-	mu       sync.Mutex // guards the fields below
-	cache    wazero.CompilationCache
-	runtimes map[runtimeKey]*sandboxRuntime
-	closed   bool
+	mu      sync.Mutex         // guards the fields below
+	modules map[string]*module // by digest, while an evaluator uses them
+	closed  bool
 }
 
 // sandboxRuntime is one wazero runtime, with WASI and the OPA host functions
-// instantiated, for one memory cap.
+// instantiated, for one module and memory cap.
 type sandboxRuntime struct {
 	r     wazero.Runtime
 	pages uint32
@@ -100,22 +85,14 @@ type runtimeKey struct {
 // New returns an engine configured by cfg, with defaults filled in. Nothing
 // is created on disk until the first Compile.
 func New(cfg Config) *Engine {
-	if cfg.DefaultMemoryPages == 0 {
-		cfg.DefaultMemoryPages = DefaultMemoryPages
-	}
-	if cfg.DefaultMemoryPages > MaxMemoryPages {
-		cfg.DefaultMemoryPages = MaxMemoryPages
-	}
-	if cfg.DefaultTimeout <= 0 {
-		cfg.DefaultTimeout = DefaultTimeout
-	}
-	if cfg.PoolSize <= 0 {
-		cfg.PoolSize = runtime.GOMAXPROCS(0)
+	cfg.Limits = cfg.Limits.WithDefaults()
+	if cfg.CacheMaxBytes <= 0 {
+		cfg.CacheMaxBytes = DefaultCacheMaxBytes
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return &Engine{cfg: cfg, runtimes: map[runtimeKey]*sandboxRuntime{}}
+	return &Engine{cfg: cfg, modules: map[string]*module{}}
 }
 
 // Name returns "wasm", the manifest engine this engine serves.
@@ -129,7 +106,8 @@ func (e *Engine) Name() string { return bundle.EngineWasm }
 //
 // Compile refuses, with an error naming the cause: a bundle that is not a
 // wasm bundle or has no policy.wasm; an unknown ABI or grant; an invalid
-// sandbox timeout or memory cap; a module that does not decode or validate,
+// sandbox timeout, memory cap or pool size, or one over the engine's
+// [Config.Limits] (matching [bundle.ErrCeiling]); a module that does not decode or validate,
 // declares more memory than the cap, imports anything the ABI and grants do
 // not allow ("wasm: module imports env.http_get, which is not granted"),
 // lacks a required export, or fails to initialise.
@@ -148,6 +126,11 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	if !ok {
 		return nil, fmt.Errorf("wasm: bundle has no %s", PolicyFile)
 	}
+	// The cache entry is named by the module as uploaded.
+	mod, err := e.acquire(bin)
+	if err != nil {
+		return nil, err
+	}
 	// OPA modules check their own deadline (instrument.go); the others, and
 	// an OPA module that cannot be instrumented, rely on wazero's check.
 	fuel := false
@@ -156,24 +139,28 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 			bin, fuel = fueled, true
 		}
 	}
-	rt, err := e.runtime(ctx, sb.pages, fuel)
+	rt, err := e.runtime(ctx, mod, sb.pages, fuel)
 	if err != nil {
+		e.release(mod)
 		return nil, err
 	}
 	// Go modules take about a second to compile: use every CPU.
 	cctx := experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0))
 	cm, err := rt.r.CompileModule(cctx, bin)
+	e.compiled(mod)
 	if err != nil {
+		e.release(mod)
 		return nil, fmt.Errorf("wasm: compile %s: %w", PolicyFile, err)
 	}
 	ev := &evaluator{
 		engine: e,
+		mod:    mod,
 		rt:     rt,
 		cm:     cm,
 		sb:     sb,
 		ref:    b.Ref(),
-		idle:   make(chan instance, e.cfg.PoolSize),
-		slots:  make(chan struct{}, e.cfg.PoolSize),
+		idle:   make(chan instance, sb.pool),
+		slots:  make(chan struct{}, sb.pool),
 	}
 	switch sb.abi {
 	case bundle.ABIWicket:
@@ -183,6 +170,7 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	}
 	if err != nil {
 		_ = cm.Close(ctx)
+		e.release(mod)
 		return nil, err
 	}
 	// Prove the module starts (and, for OPA, that data.json and the
@@ -196,35 +184,24 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	return ev, nil
 }
 
-// runtime returns the wazero runtime for a memory cap and kind of deadline
-// check, creating it (and the shared compilation cache) on first use.
-func (e *Engine) runtime(ctx context.Context, pages uint32, fuel bool) (*sandboxRuntime, error) {
+// runtime returns mod's wazero runtime for a memory cap and kind of
+// deadline check, creating it on first use.
+func (e *Engine) runtime(ctx context.Context, mod *module, pages uint32, fuel bool) (*sandboxRuntime, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
 		return nil, errors.New("wasm: engine closed")
 	}
 	key := runtimeKey{pages: pages, fuel: fuel}
-	if rt, ok := e.runtimes[key]; ok {
+	if rt, ok := mod.runtimes[key]; ok {
 		return rt, nil
-	}
-	if e.cache == nil {
-		if e.cfg.CacheDir == "" {
-			e.cache = wazero.NewCompilationCache()
-		} else {
-			c, err := wazero.NewCompilationCacheWithDir(e.cfg.CacheDir)
-			if err != nil {
-				return nil, fmt.Errorf("wasm: compilation cache %s: %w", e.cfg.CacheDir, err)
-			}
-			e.cache = c
-		}
 	}
 	// NewRuntimeConfig picks wazero's optimising compiler where it is
 	// supported (amd64, arm64) and the interpreter elsewhere.
 	rc := wazero.NewRuntimeConfig().
 		WithCloseOnContextDone(!fuel).
 		WithMemoryLimitPages(pages).
-		WithCompilationCache(e.cache)
+		WithCompilationCache(mod.cache)
 	r := wazero.NewRuntimeWithConfig(ctx, rc)
 	if _, err := wasi_snapshot_preview1.Instantiate(ctx, r); err != nil {
 		_ = r.Close(ctx)
@@ -235,12 +212,12 @@ func (e *Engine) runtime(ctx context.Context, pages uint32, fuel bool) (*sandbox
 		return nil, err
 	}
 	rt := &sandboxRuntime{r: r, pages: pages, fuel: fuel}
-	e.runtimes[key] = rt
+	mod.runtimes[key] = rt
 	return rt, nil
 }
 
-// Close releases every runtime and the in-memory compilation cache (the
-// disk cache stays). Evaluators compiled by e fail after Close. It is safe to
+// Close releases every runtime and in-memory compilation cache (the disk
+// cache stays). Evaluators compiled by e fail after Close. It is safe to
 // call more than once.
 func (e *Engine) Close() error {
 	e.mu.Lock()
@@ -249,18 +226,10 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	e.closed = true
-	ctx := context.Background()
 	var errs []error
-	for _, rt := range e.runtimes {
-		if err := rt.r.Close(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("wasm: close runtime (%d pages): %w", rt.pages, err))
-		}
+	for _, m := range e.modules {
+		errs = append(errs, m.close())
 	}
-	e.runtimes = nil
-	if e.cache != nil {
-		if err := e.cache.Close(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("wasm: close compilation cache: %w", err))
-		}
-	}
+	e.modules = nil
 	return errors.Join(errs...)
 }

@@ -127,7 +127,7 @@ func BenchmarkEngines(b *testing.B) {
 		{"wasm-go", compile(b, e, newBundle("go", goMod, relaxed))},
 	}
 	for i, in := range inputs {
-		var want *policy.Decision
+		var want *policy.Answer
 		for j, eng := range engines {
 			d, err := eng.ev.Evaluate(ctx, in)
 			if err != nil {

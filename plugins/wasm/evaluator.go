@@ -16,6 +16,7 @@ import (
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/wicket-run/wicket/kernel/policy"
+	"github.com/wicket-run/wicket/plugins/bundle"
 )
 
 // driver implements one ABI on top of a compiled module.
@@ -34,7 +35,7 @@ type instance interface {
 	evaluate(ctx context.Context, input []byte) ([]byte, error)
 	// decode validates the output of evaluate and maps it to a decision
 	// (nil: no match).
-	decode(out []byte) (*policy.Decision, error)
+	decode(out []byte) (*policy.Answer, error)
 	// module is the instance whose memory holds the state (for diagnostics).
 	module() api.Module
 	outputs() *outputs
@@ -53,6 +54,7 @@ func (e *callError) Unwrap() error { return e.err }
 // evaluator is one compiled bundle revision with its instance pool.
 type evaluator struct {
 	engine *Engine
+	mod    *module
 	rt     *sandboxRuntime
 	cm     wazero.CompiledModule
 	sb     *sandbox
@@ -64,8 +66,9 @@ type evaluator struct {
 	slots chan struct{}
 	idle  chan instance
 
-	closeOnce sync.Once
-	closed    atomic.Bool
+	closeOnce  sync.Once
+	finishOnce sync.Once
+	closed     atomic.Bool
 	// instances counts instantiations, for tests and diagnostics.
 	instances atomic.Int64
 }
@@ -82,7 +85,7 @@ var _ policy.Evaluator = (*evaluator)(nil)
 // "wasm: evaluation timed out after 100ms", "wasm: trap: unreachable",
 // "wasm: output is not valid JSON: …" and so on (policy-sdk/ABI.md §3). The
 // instance that failed is closed, never returned to the pool.
-func (ev *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Decision, error) {
+func (ev *evaluator) Evaluate(ctx context.Context, in *policy.Input) (*policy.Answer, error) {
 	if in == nil {
 		return nil, errors.New("wasm: nil input")
 	}
@@ -140,9 +143,17 @@ func (ev *evaluator) acquire(ctx context.Context) (instance, error) {
 		return nil, errors.New("wasm: evaluator closed")
 	}
 	select {
-	case ev.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("wasm: waiting for a free instance: %w", ctx.Err())
+	case ev.slots <- struct{}{}: // a free slot is taken even if ctx is done
+	default:
+		select {
+		case ev.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wasm: waiting for a free instance: %w", ctx.Err())
+		}
+	}
+	if ev.closed.Load() { // closed while waiting: its module may be gone
+		ev.returnSlot()
+		return nil, errors.New("wasm: evaluator closed")
 	}
 	select {
 	case inst := <-ev.idle:
@@ -151,7 +162,7 @@ func (ev *evaluator) acquire(ctx context.Context) (instance, error) {
 	}
 	inst, err := ev.instantiate(ctx)
 	if err != nil {
-		<-ev.slots
+		ev.returnSlot()
 		return nil, err
 	}
 	return inst, nil
@@ -168,18 +179,27 @@ func (ev *evaluator) release(inst instance) {
 			ev.drain()
 		}
 	}
+	ev.returnSlot()
+}
+
+// returnSlot gives back an instance slot; the last one of a closed
+// evaluator finishes it.
+func (ev *evaluator) returnSlot() {
 	<-ev.slots
+	if ev.closed.Load() && len(ev.slots) == 0 {
+		ev.finish()
+	}
 }
 
 // discard closes a failed instance; the next evaluation creates a fresh one.
 func (ev *evaluator) discard(inst instance) {
 	_ = inst.close(context.Background())
-	<-ev.slots
+	ev.returnSlot()
 }
 
 // instantiate creates one instance under the instantiation deadline.
 func (ev *evaluator) instantiate(ctx context.Context) (instance, error) {
-	timeout := ev.sb.instantiateTimeout()
+	timeout := ev.sb.startTimeout
 	ictx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	out := ev.engine.newOutputs(ev.sb, ev.ref.Name, ev.ref.Revision)
@@ -269,15 +289,7 @@ func (e *timeoutError) Error() string {
 
 func (e *timeoutError) Is(target error) bool { return target == context.DeadlineExceeded }
 
-func pagesString(pages uint32) string {
-	bytes := uint64(pages) * 65536
-	switch {
-	case bytes%(1<<20) == 0:
-		return fmt.Sprintf("%d pages (%d MiB)", pages, bytes>>20)
-	default:
-		return fmt.Sprintf("%d pages (%d KiB)", pages, bytes>>10)
-	}
-}
+func pagesString(pages uint32) string { return bundle.PagesString(pages) }
 
 // Close closes the idle instances and the compiled module; instances in use
 // are closed when their evaluation ends. Evaluate fails after Close.
@@ -288,11 +300,20 @@ func (ev *evaluator) Close() error {
 		ev.drain()
 		ctx := context.Background()
 		err = errors.Join(ev.drv.close(ctx), ev.cm.Close(ctx))
+		if len(ev.slots) == 0 {
+			ev.finish()
+		}
 		if err != nil {
 			err = fmt.Errorf("wasm: close %s@%s: %w", ev.ref.Name, ev.ref.Revision, err)
 		}
 	})
 	return err
+}
+
+// finish gives the module back to the engine once the evaluator is closed
+// and no instance is in use (its runtime may then be closed).
+func (ev *evaluator) finish() {
+	ev.finishOnce.Do(func() { ev.engine.release(ev.mod) })
 }
 
 // drain closes every idle instance.
@@ -308,7 +329,7 @@ func (ev *evaluator) drain() {
 }
 
 // decodeOutput validates a module's output as the answer format of docs/policy.md.
-func decodeOutput(out []byte) (*policy.Decision, error) {
+func decodeOutput(out []byte) (*policy.Answer, error) {
 	trimmed := bytes.TrimSpace(out)
 	if len(trimmed) == 0 || string(trimmed) == "null" {
 		return nil, nil
@@ -342,7 +363,7 @@ func decodeOutput(out []byte) (*policy.Decision, error) {
 	if w.Decision == nil {
 		return nil, fmt.Errorf("wasm: output is not a decision: no decision field in %s", snippet(string(trimmed)))
 	}
-	d := &policy.Decision{Decision: *w.Decision, Reason: w.Reason, RuleID: w.RuleID, Approval: w.Approval, RateLimit: w.RateLimit}
+	d := &policy.Answer{Action: *w.Decision, Reason: w.Reason, RuleID: w.RuleID, Approval: w.Approval, RateLimit: w.RateLimit}
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("wasm: invalid decision: %w", err)
 	}

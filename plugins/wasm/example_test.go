@@ -50,7 +50,7 @@ func Example() {
 		case d == nil:
 			fmt.Println(step.Target, "no match")
 		default:
-			fmt.Println(step.Target, d.Decision, d.RuleID)
+			fmt.Println(step.Target, d.Action, d.RuleID)
 		}
 	}
 	// Output:

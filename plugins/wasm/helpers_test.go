@@ -117,11 +117,16 @@ func newBundle(name string, wasm []byte, sb bundle.Sandbox) *bundle.Bundle {
 	}
 }
 
-// newEngine returns an engine on the shared cache, closed at cleanup.
+// newEngine returns an engine on the shared cache, closed at cleanup. Its
+// largest timeout is 30s unless cfg sets one: tests give slow modules time
+// on a loaded machine (the ceilings are tested with explicit limits).
 func newEngine(tb testing.TB, cfg Config) *Engine {
 	tb.Helper()
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = shared.cacheDir
+	}
+	if cfg.Limits.MaxTimeout == 0 {
+		cfg.Limits.MaxTimeout = 30 * time.Second
 	}
 	if cfg.Builtins == nil {
 		cfg.Builtins = rego.NewHostBuiltins()
@@ -177,7 +182,7 @@ func input(kind, target, effect string, args map[string]any) *policy.Input {
 
 // wantDecision evaluates in and checks the answer's action and rule (nil
 // want means no match).
-func wantDecision(tb testing.TB, ev policy.Evaluator, in *policy.Input, action policy.Action, rule string) *policy.Decision {
+func wantDecision(tb testing.TB, ev policy.Evaluator, in *policy.Input, action policy.Action, rule string) *policy.Answer {
 	tb.Helper()
 	d, err := ev.Evaluate(context.Background(), in)
 	if err != nil {
@@ -189,7 +194,7 @@ func wantDecision(tb testing.TB, ev policy.Evaluator, in *policy.Input, action p
 		}
 		return nil
 	}
-	if d == nil || d.Decision != action || d.RuleID != rule {
+	if d == nil || d.Action != action || d.RuleID != rule {
 		tb.Fatalf("evaluate %s: got %+v, want %s/%s", in.Step.Target, d, action, rule)
 	}
 	return d
@@ -229,6 +234,14 @@ const (
 	opBrIf        = 0x0d
 	opDrop        = 0x1a
 	opLocalGet    = 0x20
+	opLocalSet    = 0x21
+	opIf          = 0x04
+	opEnd         = 0x0b
+	opI32Eqz      = 0x45
+	opI32Shl      = 0x74
+	opI32ShrU     = 0x76
+	opMemorySize  = 0x3f
+	opMisc        = 0xfc // prefix of memory.fill (0x0b) and memory.copy (0x0a)
 	opI32Const    = 0x41
 	opI64Const    = 0x42
 	opI32Eq       = 0x46
@@ -236,6 +249,20 @@ const (
 	opCall        = 0x10
 	blockEmpty    = 0x40
 )
+
+// growToCap grows memory to its cap in a few dozen memory.grow calls (it
+// halves the request each time one fails), using local 0 as the request.
+var growToCap = cat(
+	i32Const(65536), []byte{opLocalSet, 0},
+	[]byte{opBlock, blockEmpty, opLoop, blockEmpty},
+	[]byte{opLocalGet, 0, opI32Eqz, opBrIf, 1}, // request 0: done
+	[]byte{opLocalGet, 0, opMemoryGrow, 0}, i32Const(-1), []byte{opI32Eq, opIf, blockEmpty},
+	[]byte{opLocalGet, 0}, i32Const(1), []byte{opI32ShrU, opLocalSet, 0, opEnd},
+	[]byte{opBr, 0, opEnd, opEnd},
+)
+
+// memoryBytes pushes the memory's size in bytes (memory.size << 16).
+var memoryBytes = cat([]byte{opMemorySize, 0}, i32Const(16), []byte{opI32Shl})
 
 func i32Const(v int32) []byte { return appendSLEB([]byte{opI32Const}, int64(v)) }
 func i64Const(v int64) []byte { return appendSLEB([]byte{opI64Const}, v) }

@@ -44,13 +44,9 @@ func smallInput() *policy.Input { return input("tool_call", "good", "", nil) }
 // the if.
 var (
 	infiniteLoop = []byte{opLoop, blockEmpty, opBr, 0, 0x0b, opUnreachable}
-	// memoryBomb grows memory a page at a time until memory.grow fails, then traps.
-	memoryBomb = cat(
-		[]byte{opBlock, blockEmpty, opLoop, blockEmpty},
-		i32Const(1), []byte{opMemoryGrow, 0}, i32Const(-1), []byte{opI32Eq, opBrIf, 1, opBr, 0, 0x0b, 0x0b},
-		[]byte{opUnreachable},
-	)
-	trap = []byte{opUnreachable}
+	// memoryBomb grows memory to the cap, then traps.
+	memoryBomb = cat(growToCap, []byte{opUnreachable})
+	trap       = []byte{opUnreachable}
 	// recurse calls wicket_evaluate (function 1) forever.
 	recurse = []byte{opLocalGet, 0, opLocalGet, 1, opCall, 1, 0x0f /* return */}
 	// answerAt returns output at ptr/len.
@@ -70,7 +66,7 @@ func TestHostileModules(t *testing.T) {
 	}
 	cases := []hostile{
 		{name: "infinite loop", bad: infiniteLoop, sb: bundle.Sandbox{Timeout: "100ms"}, want: "wasm: evaluation timed out after 100ms"},
-		{name: "memory bomb", bad: memoryBomb, sb: bundle.Sandbox{MemoryPages: 32, Timeout: "2s"}, // growing is slow-ish: copies
+		{name: "memory bomb", bad: memoryBomb, sb: bundle.Sandbox{MemoryPages: 32},
 			want: "wasm: memory limit of 32 pages (2 MiB) exhausted: trap: unreachable"},
 		{name: "trap", bad: trap, want: "wasm: trap: unreachable"},
 		{name: "stack overflow", bad: recurse, want: "wasm: trap: stack overflow"},
@@ -92,7 +88,7 @@ func TestHostileModules(t *testing.T) {
 		cases = append(cases, hostile{name: g.name, bad: bad, data: data, want: g.want})
 	}
 
-	e := newEngine(t, Config{PoolSize: 2})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 2}})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			mod := conditional(c.bad)
@@ -120,15 +116,18 @@ func TestHostileModules(t *testing.T) {
 }
 
 func TestTimeoutIsDeadlineExceeded(t *testing.T) {
-	ev := compile(t, newEngine(t, Config{DefaultTimeout: 50 * time.Millisecond}), newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{}))
+	ev := compile(t, newEngine(t, Config{Limits: bundle.Limits{Timeout: 50 * time.Millisecond}}), newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{}))
 	err := wantError(t, ev, bigInput(), "wasm: evaluation timed out after 50ms")
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("errors.Is(%v, context.DeadlineExceeded) = false", err)
 	}
 	// A caller's own deadline is reported as cancellation, not as the module's timeout.
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	ev2 := compile(t, newEngine(t, Config{Limits: bundle.Limits{Timeout: 10 * time.Second}}), newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{}))
+	// The deadline is long enough for the evaluation to start on a loaded
+	// machine (a deadline that passes while it waits for an instance is
+	// another error), and far shorter than the module's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	ev2 := compile(t, newEngine(t, Config{DefaultTimeout: 10 * time.Second}), newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{}))
 	if _, err := ev2.Evaluate(ctx, bigInput()); err == nil || !strings.Contains(err.Error(), "wasm: evaluation cancelled: context deadline exceeded") {
 		t.Fatalf("caller deadline: %v", err)
 	}
@@ -153,14 +152,14 @@ func TestAllocFailures(t *testing.T) {
 }
 
 // TestMemoryCapPerBundle runs the same module under two caps in one engine:
-// each bundle gets its own limit.
+// each bundle gets its own limit. The bomb reaches its cap in a few dozen
+// memory.grow calls whatever the cap, so the deadline is never the answer.
 func TestMemoryCapPerBundle(t *testing.T) {
 	e := newEngine(t, Config{})
 	mod := conditional(memoryBomb)
-	// Growing a page at a time copies memory over and over: give it time.
-	small := compile(t, e, newBundle("small", mod, bundle.Sandbox{MemoryPages: 8, Timeout: "5s"}))
-	large := compile(t, e, newBundle("large", mod, bundle.Sandbox{MemoryPages: 64, Timeout: "5s"}))
-	def := compile(t, e, newBundle("default", mod, bundle.Sandbox{Timeout: "5s"}))
+	small := compile(t, e, newBundle("small", mod, bundle.Sandbox{MemoryPages: 8, Timeout: "20s"}))
+	large := compile(t, e, newBundle("large", mod, bundle.Sandbox{MemoryPages: 64, Timeout: "20s"}))
+	def := compile(t, e, newBundle("default", mod, bundle.Sandbox{Timeout: "20s"}))
 	wantError(t, small, bigInput(), "memory limit of 8 pages (512 KiB) exhausted")
 	wantError(t, large, bigInput(), "memory limit of 64 pages (4 MiB) exhausted")
 	wantError(t, def, bigInput(), "memory limit of 256 pages (16 MiB) exhausted")

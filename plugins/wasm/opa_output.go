@@ -15,7 +15,7 @@ import (
 // Wicket ABI; unless the entrypoint is named decision, a boolean and an
 // array of deny messages (a set, which opa_json_dump writes as an array)
 // map by policy.FromBoolean and policy.FromMessages.
-func decodeOPA(entry string, out []byte) (*policy.Decision, error) {
+func decodeOPA(entry string, out []byte) (*policy.Answer, error) {
 	trimmed := bytes.TrimSpace(out)
 	if len(trimmed) == 0 || string(trimmed) == "null" {
 		return nil, nil
@@ -47,7 +47,7 @@ func decodeOPA(entry string, out []byte) (*policy.Decision, error) {
 // denyMessages maps an array of deny messages: strings as they are,
 // objects with a msg string by it, anything else as its JSON with sorted
 // keys (what the Rego engine writes).
-func denyMessages(entry string, arr []byte) (*policy.Decision, error) {
+func denyMessages(entry string, arr []byte) (*policy.Answer, error) {
 	var elems []json.RawMessage
 	if err := json.Unmarshal(arr, &elems); err != nil {
 		return nil, fmt.Errorf("wasm: output is not a decision: %w", err)

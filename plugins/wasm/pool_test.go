@@ -3,8 +3,10 @@ package wasm
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,7 +21,7 @@ func TestConcurrentEvaluations(t *testing.T) {
 		iters   = 40
 		pool    = 4
 	)
-	e := newEngine(t, Config{PoolSize: pool})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: pool}})
 	for _, m := range []struct {
 		name string
 		wasm func(testing.TB) []byte
@@ -39,7 +41,7 @@ func TestConcurrentEvaluations(t *testing.T) {
 							errs <- fmt.Errorf("worker %d: %s: %w", w, c.name, err)
 							return
 						}
-						if (d == nil) != (c.action == "") || (d != nil && (d.Decision != c.action || d.RuleID != c.rule)) {
+						if (d == nil) != (c.action == "") || (d != nil && (d.Action != c.action || d.RuleID != c.rule)) {
 							errs <- fmt.Errorf("worker %d: %s: got %+v, want %s/%s", w, c.name, d, c.action, c.rule)
 							return
 						}
@@ -60,7 +62,7 @@ func TestConcurrentEvaluations(t *testing.T) {
 
 // TestTrappedInstanceNotReused counts instantiations around a trap.
 func TestTrappedInstanceNotReused(t *testing.T) {
-	e := newEngine(t, Config{PoolSize: 1})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 1}})
 	ev := compile(t, e, newBundle("trap", conditional(trap), bundle.Sandbox{}))
 	count := func(want int64) {
 		t.Helper()
@@ -84,14 +86,23 @@ func TestTrappedInstanceNotReused(t *testing.T) {
 // TestPoolBound: with one instance busy in an infinite loop, another
 // evaluation waits and gives up when its context ends.
 func TestPoolBound(t *testing.T) {
-	e := newEngine(t, Config{PoolSize: 1})
-	ev := compile(t, e, newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{Timeout: "300ms"}))
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 1}})
+	// The loop holds the instance until its deadline: long enough, even on
+	// a loaded machine, for the second evaluation to wait and give up.
+	ev := compile(t, e, newBundle("loop", conditional(infiniteLoop), bundle.Sandbox{Timeout: "2s"}))
 	done := make(chan error, 1)
 	go func() {
 		_, err := ev.Evaluate(context.Background(), bigInput())
 		done <- err
 	}()
-	time.Sleep(50 * time.Millisecond) // let the loop take the only instance
+	// Gate: the loop has taken the only slot.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(ev.slots) < cap(ev.slots) {
+		if time.Now().After(deadline) {
+			t.Fatal("the looping evaluation never took the instance")
+		}
+		runtime.Gosched()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	_, err := ev.Evaluate(ctx, smallInput())
@@ -106,27 +117,32 @@ func TestPoolBound(t *testing.T) {
 
 // TestCloseWhileEvaluating closes an evaluator with evaluations in flight.
 func TestCloseWhileEvaluating(t *testing.T) {
-	e := newEngine(t, Config{PoolSize: 4})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 4}})
 	ev, err := e.Compile(context.Background(), newBundle("c", cPolicy(t), bundle.Sandbox{}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
+	var evaluated atomic.Int64
+	running := make(chan struct{}) // closed once every worker has evaluated once
 	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range 50 {
+			for i := range 50 {
 				if _, err := ev.Evaluate(context.Background(), sdkCases[0].in); err != nil {
 					if !strings.Contains(err.Error(), "closed") {
 						t.Errorf("unexpected error: %v", err)
 					}
 					return
 				}
+				if i == 0 && evaluated.Add(1) == 8 {
+					close(running)
+				}
 			}
 		}()
 	}
-	time.Sleep(5 * time.Millisecond)
+	<-running // every worker is mid-loop: Close lands among evaluations in flight
 	if err := ev.Close(); err != nil {
 		t.Fatal(err)
 	}

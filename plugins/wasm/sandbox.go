@@ -37,42 +37,29 @@ const wasiModule = "wasi_snapshot_preview1"
 type sandbox struct {
 	abi     string
 	pages   uint32
+	pool    int
 	timeout time.Duration
-	grants  map[string]bool
+	// startTimeout bounds instantiation: the start section, _initialize
+	// and, for OPA modules, loading data.json.
+	startTimeout time.Duration
+	grants       map[string]bool
 }
 
 func (s *sandbox) granted(g string) bool { return s.grants[g] }
 
-// instantiateTimeout bounds instantiation, including _initialize.
-func (s *sandbox) instantiateTimeout() time.Duration {
-	return max(10*s.timeout, minInstantiateTimeout)
-}
-
 // sandboxFor validates the manifest's ABI and sandbox section.
 func (e *Engine) sandboxFor(m *bundle.Manifest) (*sandbox, error) {
-	s := &sandbox{abi: m.ABI, pages: e.cfg.DefaultMemoryPages, timeout: e.cfg.DefaultTimeout, grants: map[string]bool{}}
+	eff, err := e.cfg.Limits.Apply(m)
+	if err != nil {
+		return nil, fmt.Errorf("wasm: %w", err)
+	}
+	s := &sandbox{abi: m.ABI, pages: eff.MemoryPages, pool: eff.PoolSize, timeout: eff.Timeout, startTimeout: eff.StartTimeout, grants: map[string]bool{}}
 	switch s.abi {
 	case "":
 		s.abi = bundle.ABIWicket
 	case bundle.ABIWicket, bundle.ABIOPA:
 	default:
 		return nil, fmt.Errorf("wasm: unknown abi %q (want %q or %q)", m.ABI, bundle.ABIWicket, bundle.ABIOPA)
-	}
-	if p := m.Sandbox.MemoryPages; p != 0 {
-		if p > MaxMemoryPages {
-			return nil, fmt.Errorf("wasm: sandbox.memory_pages %d exceeds %d (4 GiB)", p, MaxMemoryPages)
-		}
-		s.pages = p
-	}
-	if t := m.Sandbox.Timeout; t != "" {
-		d, err := time.ParseDuration(t)
-		if err != nil {
-			return nil, fmt.Errorf("wasm: sandbox.timeout: %w", err)
-		}
-		if d <= 0 {
-			return nil, fmt.Errorf("wasm: sandbox.timeout must be positive, got %q", t)
-		}
-		s.timeout = d
 	}
 	for _, g := range m.Sandbox.Grants {
 		switch g {

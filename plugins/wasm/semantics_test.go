@@ -171,7 +171,7 @@ func TestOneSemantics(t *testing.T) {
 					if d != nil {
 						t.Errorf("%s: got %+v, want no match", eng.name, d)
 					}
-				case d == nil || d.Decision != c.want.action || d.Reason != c.want.reason:
+				case d == nil || d.Action != c.want.action || d.Reason != c.want.reason:
 					t.Errorf("%s: got %+v, want %s %q", eng.name, d, c.want.action, c.want.reason)
 				case d.RuleID == "" && policy.AcceptsShapes(c.entry) && strings.HasSuffix(c.entry, "allow"):
 					t.Errorf("%s: no rule_id in %+v", eng.name, d)

@@ -54,7 +54,9 @@ type wasmModule struct {
 	funcs   []wasmFunc
 	memory  *memLimits
 	exports []wasmExport
-	data    []wasmData
+	// start, when set, is the index of the function the start section names.
+	start *uint32
+	data  []wasmData
 }
 
 // wasmData is an active data segment for memory 0 at a constant offset.
@@ -162,6 +164,9 @@ func (m *wasmModule) encode() []byte {
 			s = appendULEB(s, uint64(e.index))
 		}
 		b = appendSection(b, 7, s)
+	}
+	if m.start != nil {
+		b = appendSection(b, 8, appendULEB(nil, uint64(*m.start)))
 	}
 	if len(m.funcs) > 0 {
 		s := appendULEB(nil, uint64(len(m.funcs)))

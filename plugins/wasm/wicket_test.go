@@ -114,7 +114,7 @@ func TestGoExitCode(t *testing.T) {
 // the clock is fake, random bytes repeat, no environment, no files.
 func TestSandboxDefaults(t *testing.T) {
 	t.Setenv("WICKET_TEST", "host-value")
-	e := newEngine(t, Config{PoolSize: 1})
+	e := newEngine(t, Config{Limits: bundle.Limits{PoolSize: 1}})
 	ev := compile(t, e, newBundle("go", goPolicy(t), relaxed))
 
 	d := wantDecision(t, ev, input("tool_call", "test.clock", "", nil), policy.Allow, "clock")
@@ -141,9 +141,9 @@ func TestSandboxDefaults(t *testing.T) {
 func TestSandboxGrants(t *testing.T) {
 	var logs bytes.Buffer
 	e := newEngine(t, Config{
-		PoolSize: 1,
-		Env:      map[string]string{"WICKET_TEST": "configured"},
-		Logger:   slog.New(slog.NewTextHandler(&logs, nil)),
+		Limits: bundle.Limits{PoolSize: 1},
+		Env:    map[string]string{"WICKET_TEST": "configured"},
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 	})
 	sb := relaxed
 	sb.Grants = []string{GrantClock, GrantRandom, GrantEnv, GrantStdout}
@@ -195,9 +195,9 @@ func TestCompileRefuses(t *testing.T) {
 		{"unknown abi", func() *bundle.Bundle { b := newBundle("x", good, bundle.Sandbox{}); b.Manifest.ABI = "wasi"; return b }(),
 			`wasm: unknown abi "wasi"`},
 		{"unknown grant", newBundle("x", good, bundle.Sandbox{Grants: []string{"network"}}), `wasm: unknown sandbox grant "network"`},
-		{"bad timeout", newBundle("x", good, bundle.Sandbox{Timeout: "soon"}), "wasm: sandbox.timeout"},
-		{"negative timeout", newBundle("x", good, bundle.Sandbox{Timeout: "-1s"}), "wasm: sandbox.timeout must be positive"},
-		{"huge memory", newBundle("x", good, bundle.Sandbox{MemoryPages: 70000}), "wasm: sandbox.memory_pages 70000 exceeds 65536"},
+		{"bad timeout", newBundle("x", good, bundle.Sandbox{Timeout: "soon"}), `wasm: bundle.yaml: sandbox.timeout: must be a positive Go duration (e.g. 50ms), got "soon"`},
+		{"negative timeout", newBundle("x", good, bundle.Sandbox{Timeout: "-1s"}), "wasm: bundle.yaml: sandbox.timeout: must be a positive"},
+		{"huge memory", newBundle("x", good, bundle.Sandbox{MemoryPages: 70000}), "wasm: bundle.yaml: sandbox.memory_pages: 70000 exceeds the kernel's ceiling of 1024 pages (64 MiB) (serve --wasm-max-memory)"},
 		{"not wasm", newBundle("x", []byte("hello"), bundle.Sandbox{}), "wasm: compile policy.wasm:"},
 		{"forbidden import", newBundle("x", rawModule(rawSpec{
 			evaluate: outputAt(0, 0),

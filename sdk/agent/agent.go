@@ -111,6 +111,7 @@ type Agent struct {
 // run is one running dispatch.
 type run struct {
 	lease  Lease
+	token  string // the webhook's llm_gateway_token
 	cancel context.CancelCauseFunc
 	// prev is the run this one replaced for its execution, under another
 	// dispatch; it is cancelled once this run has checked with the kernel
@@ -266,7 +267,7 @@ func (a *Agent) start(p wire.WebhookPayload) bool {
 		// the new run asks before it cancels the old one.
 	}
 	ctx, cancel := context.WithCancelCause(a.base)
-	r := &run{lease: lease, cancel: cancel, prev: old}
+	r := &run{lease: lease, token: p.LLMGatewayToken, cancel: cancel, prev: old}
 	a.runs[p.ExecutionID] = r
 	a.wg.Add(1)
 	go a.run(ctx, p.ExecutionID, r)
@@ -305,7 +306,7 @@ func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 	if r.prev != nil {
 		r.prev.cancel(&LeaseSuperseded{DispatchID: r.prev.lease.DispatchID, Attempt: r.prev.lease.Attempt})
 	}
-	ex := &Execution{ID: x.ID, AgentID: x.AgentID, Lease: r.lease, Input: x.Input, Labels: x.Labels, k: a.kernel, cancel: r.cancel}
+	ex := &Execution{ID: x.ID, AgentID: x.AgentID, Lease: r.lease, Input: x.Input, Labels: x.Labels, LLMGatewayToken: r.token, k: a.kernel, cancel: r.cancel}
 	hctx := withExecution(ctx, ex)
 
 	stop := make(chan struct{})

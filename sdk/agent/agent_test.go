@@ -95,7 +95,17 @@ func signWebhook(req *http.Request, secret, body []byte, at time.Time) {
 // serve starts an SDK agent on loopback and returns it with its webhook URL.
 func (h *harness) serve(id string, hb time.Duration, handler agent.Handler) (*agent.Agent, string) {
 	h.t.Helper()
-	a, err := agent.New(agent.Config{ID: id, Secret: []byte(secret), KernelURL: h.env.URL, Handler: handler, HeartbeatInterval: hb})
+	return h.serveWith(id, hb, nil, handler)
+}
+
+// serveWith is serve with the agent's log (at debug level) written to logs.
+func (h *harness) serveWith(id string, hb time.Duration, logs io.Writer, handler agent.Handler) (*agent.Agent, string) {
+	h.t.Helper()
+	var logger *slog.Logger
+	if logs != nil {
+		logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	a, err := agent.New(agent.Config{ID: id, Secret: []byte(secret), KernelURL: h.env.URL, Handler: handler, HeartbeatInterval: hb, Logger: logger})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -176,7 +186,6 @@ func TestWebhookRequests(t *testing.T) {
 		runs.Add(1)
 		return map[string]any{"got": in}, nil
 	}))
-	_ = a
 	h.register("hook", url, false)
 	id := h.create("hook", map[string]string{"x": "y"})
 	x := h.status(id, kernel.ExecCompleted)
@@ -253,7 +262,9 @@ func TestWebhookRequests(t *testing.T) {
 		t.Fatalf("valid webhook: %d", resp.StatusCode)
 	}
 	before := len(h.checkLog(id))
-	time.Sleep(100 * time.Millisecond)
+	// Gate: the webhook was registered as a run before its 202; the run has
+	// read the execution and given up once none is running.
+	waitIdle(t, a)
 	if after := len(h.checkLog(id)); after != before || runs.Load() != 1 {
 		t.Fatalf("a webhook for a completed execution changed it: %d → %d events, %d runs", before, after, runs.Load())
 	}
@@ -717,7 +728,31 @@ func TestServe(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	cancel() // shut down while the handler runs: it gets to finish
-	time.Sleep(50 * time.Millisecond)
+	// Gate: Serve is shutting down (new webhooks get 503) while the handler
+	// is still held.
+	probe := []byte(`{"execution_id":"no-such-execution","dispatch_id":"d","dispatch_attempt":1}`)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+"/any/path", bytes.NewReader(probe))
+		signWebhook(req, []byte(secret), probe, time.Now())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("Serve stopped listening before its handler finished: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("webhooks still answered %d after Serve's context ended", resp.StatusCode)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Serve returned (%v) before its running handler finished", err)
+	default:
+	}
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatalf("Serve: %v", err)
@@ -809,7 +844,8 @@ func TestStaleWebhookIgnored(t *testing.T) {
 	var runs atomic.Int64
 	release := make(chan struct{})
 	causes := make(chan error, 2)
-	a, url := h.serve("stale", 0, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+	var logs lockedLog
+	a, url := h.serveWith("stale", 0, &logs, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
 		runs.Add(1)
 		select {
 		case <-release:
@@ -840,7 +876,14 @@ func TestStaleWebhookIgnored(t *testing.T) {
 			t.Fatalf("stale webhook: %d", resp.StatusCode)
 		}
 	}
-	time.Sleep(200 * time.Millisecond) // let the stale runs read the execution and give up
+	// Gate: both stale runs read the execution and gave up (they log it).
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(logs.String(), "stale webhook") < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stale webhooks were not both ignored:\n%s", logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	select {
 	case c := <-causes:
 		t.Fatalf("a stale webhook cancelled the running handler: %v", c)
@@ -872,4 +915,16 @@ func TestTypedInputMismatchFails(t *testing.T) {
 		t.Fatalf("execution %s %s (handler ran: %v)", x.Status, x.Error, ran.Load())
 	}
 	h.checkLog(id)
+}
+
+// waitIdle waits until the agent runs no dispatch.
+func waitIdle(t *testing.T, a *agent.Agent) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for a.Running() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d dispatches still running", a.Running())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }

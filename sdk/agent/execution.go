@@ -43,6 +43,12 @@ type Execution struct {
 	Input json.RawMessage
 	// Labels are the execution's labels.
 	Labels map[string]string
+	// LLMGatewayToken authenticates this dispatch's calls to the kernel's
+	// LLM gateway (/llm/...), for model clients that do not go through
+	// Transport: give it as their API key (docs/llm-gateway.md). Empty when
+	// the kernel does not serve the gateway. It is valid while this
+	// dispatch holds the lease.
+	LLMGatewayToken string
 
 	k      *client.Client
 	cancel context.CancelCauseFunc

@@ -23,8 +23,12 @@ import (
 
 // chat posts one chat completion request through hc under ctx.
 func chat(ctx context.Context, hc *http.Client, base, model, prompt string, stream bool) (*http.Response, []byte, error) {
-	body, _ := json.Marshal(map[string]any{"model": model, "stream": stream,
-		"messages": []map[string]string{{"role": "user", "content": prompt}}})
+	m := map[string]any{"model": model, "stream": stream,
+		"messages": []map[string]string{{"role": "user", "content": prompt}}}
+	if stream {
+		m["stream_options"] = map[string]bool{"include_usage": true} // OpenAI streams usage only when asked
+	}
+	body, _ := json.Marshal(m)
 	req, err := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return nil, nil, err
@@ -100,7 +104,7 @@ func TestLLMCallRecordedOnceReplayedExactly(t *testing.T) {
 					if it.Delta != nil {
 						deltas = append(deltas, *it.Delta)
 					}
-					if it.Event != nil && it.Event.Type == kernel.EvExecutionBlocked {
+					if it.Event != nil && it.Event.Type == string(kernel.EvExecutionBlocked) {
 						return errStop
 					}
 					return nil

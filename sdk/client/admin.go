@@ -2,6 +2,8 @@ package client
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 
@@ -249,4 +251,35 @@ func (c *Client) Keys(ctx context.Context, tenant string) ([]Key, error) {
 // DeleteKey revokes a tenant's API key (204).
 func (c *Client) DeleteKey(ctx context.Context, tenant, keyID string) error {
 	return c.Do(ctx, http.MethodDelete, "/v0/tenants/"+seg(tenant)+"/keys/"+seg(keyID), nil, nil, nil)
+}
+
+// ---- store (admin keys only) ----
+
+// Backup streams a consistent copy of the kernel's store, taken while it
+// serves, to w (GET /v0/store/backup), and returns the bytes copied. The
+// copy is a store file: `wicket store check` verifies it and `wicket serve
+// --data` runs on it. A transfer cut short is an error; w then holds a
+// partial copy that must not be used.
+func (c *Client) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	const path = "/v0/store/backup"
+	req, err := c.newRequest(ctx, http.MethodGet, path, http.Header{"Accept": {"application/octet-stream"}}, nil)
+	if err != nil {
+		return 0, fmt.Errorf("GET %s: %w", path, err)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("GET %s: %w", path, unwrapURLError(err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return 0, fmt.Errorf("GET %s: %w", path, apiError(resp))
+	}
+	n, err := io.Copy(w, resp.Body)
+	if err != nil {
+		return n, fmt.Errorf("GET %s: copy interrupted after %d bytes: %w", path, n, err)
+	}
+	if resp.ContentLength >= 0 && n != resp.ContentLength {
+		return n, fmt.Errorf("GET %s: got %d of %d bytes", path, n, resp.ContentLength)
+	}
+	return n, nil
 }

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -446,7 +447,7 @@ func TestWatchDelta(t *testing.T) {
 			return nil
 		}
 		order = append(order, it.Event.Type)
-		if it.Event.Type == kernel.EvStepExecuting {
+		if it.Event.Type == string(kernel.EvStepExecuting) {
 			var p struct {
 				StepID string `json:"step_id"`
 			}
@@ -474,7 +475,7 @@ func TestWatchDelta(t *testing.T) {
 	}
 	// Both deltas come between the step's executing and succeeded events
 	// (other events, such as dispatch.acked, may come between them).
-	exec, done := slices.Index(order, kernel.EvStepExecuting), slices.Index(order, kernel.EvStepSucceeded)
+	exec, done := slices.Index(order, string(kernel.EvStepExecuting)), slices.Index(order, string(kernel.EvStepSucceeded))
 	for i, typ := range order {
 		if typ == client.EventStepDelta && (i < exec || i > done) {
 			t.Fatalf("a delta outside its step's run: %v", order)
@@ -939,7 +940,7 @@ func TestBundlesAndEval(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Decision != tc.decision || r.RuleID != tc.rule || r.Bundle.Name != "guard" || r.Bundle.Digest != b.Digest {
+		if r.Action != tc.decision || r.RuleID != tc.rule || r.Bundle.Name != "guard" || r.Bundle.Digest != b.Digest {
 			t.Errorf("eval %s: %+v", tc.target, r)
 		}
 	}
@@ -1218,7 +1219,7 @@ func TestWatchGivesUp(t *testing.T) {
 			go func() {
 				var once sync.Once
 				errc <- c.WatchWith(ctx, x.ID, client.WatchOptions{Poll: poll, PollInterval: 5 * time.Millisecond, MaxRetries: 2}, func(it client.StreamItem) error {
-					if it.Event != nil && it.Event.Type == kernel.EvExecutionBlocked {
+					if it.Event != nil && it.Event.Type == string(kernel.EvExecutionBlocked) {
 						once.Do(func() { close(blocked) })
 					}
 					return nil
@@ -1276,9 +1277,25 @@ func TestWaitReady(t *testing.T) {
 	}
 
 	env, _ := start(t)
+	// Gate: the kernel comes up only after WaitReady has been refused at
+	// least twice (it waits and asks again).
+	var refused atomic.Int64
+	late := client.New("http://"+addr, client.WithHTTPClient(&http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := http.DefaultTransport.RoundTrip(r)
+		if err != nil {
+			refused.Add(1)
+		}
+		return resp, err
+	})}))
 	done := make(chan error, 1)
-	go func() { done <- c.WaitReady(testCtx(t)) }()
-	time.Sleep(200 * time.Millisecond)
+	go func() { done <- late.WaitReady(testCtx(t)) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for refused.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("WaitReady did not ask twice")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	ln, err = net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatalf("listen again on %s: %v", addr, err)
@@ -1290,3 +1307,8 @@ func TestWaitReady(t *testing.T) {
 		t.Fatalf("WaitReady once the kernel serves: %v", err)
 	}
 }
+
+// roundTripFunc is an http.RoundTripper made of a function.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -259,8 +259,9 @@ type BundleRef struct {
 	Engine   string `json:"engine"`
 }
 
-// StepPolicyDecision is the recorded policy decision of a step.
-type StepPolicyDecision struct {
+// StepVerdict is the recorded policy verdict of a step: the action and
+// what produced it.
+type StepVerdict struct {
 	Action   string    `json:"action"`
 	Reason   string    `json:"reason,omitempty"`
 	RuleID   string    `json:"rule_id,omitempty"`
@@ -270,25 +271,25 @@ type StepPolicyDecision struct {
 
 // Step is a step as the API shows it.
 type Step struct {
-	ID          string              `json:"id"`
-	ExecutionID string              `json:"execution_id"`
-	Kind        string              `json:"kind"`
-	Target      string              `json:"target"`
-	Args        json.RawMessage     `json:"args"`
-	ArgsHash    string              `json:"args_hash"`
-	Occurrence  int                 `json:"occurrence"`
-	Idempotency string              `json:"idempotency"`
-	Effect      string              `json:"effect,omitempty"`
-	Status      string              `json:"status"`
-	Result      json.RawMessage     `json:"result,omitempty"`
-	Error       json.RawMessage     `json:"error,omitempty"`
-	Usage       *Usage              `json:"usage,omitempty"`
-	Lease       *Lease              `json:"lease,omitempty"`
-	Decision    *StepPolicyDecision `json:"decision,omitempty"`
-	ApprovalID  string              `json:"approval_id,omitempty"`
-	Seq         uint64              `json:"seq"`
-	CreatedAt   time.Time           `json:"created_at"`
-	CompletedAt *time.Time          `json:"completed_at,omitempty"`
+	ID          string          `json:"id"`
+	ExecutionID string          `json:"execution_id"`
+	Kind        string          `json:"kind"`
+	Target      string          `json:"target"`
+	Args        json.RawMessage `json:"args"`
+	ArgsHash    string          `json:"args_hash"`
+	Occurrence  int             `json:"occurrence"`
+	Idempotency string          `json:"idempotency"`
+	Effect      string          `json:"effect,omitempty"`
+	Status      string          `json:"status"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	Error       json.RawMessage `json:"error,omitempty"`
+	Usage       *Usage          `json:"usage,omitempty"`
+	Lease       *Lease          `json:"lease,omitempty"`
+	Verdict     *StepVerdict    `json:"decision,omitempty"`
+	ApprovalID  string          `json:"approval_id,omitempty"`
+	Seq         uint64          `json:"seq"`
+	CreatedAt   time.Time       `json:"created_at"`
+	CompletedAt *time.Time      `json:"completed_at,omitempty"`
 }
 
 // StepList is the answer of GET /v0/executions/{id}/steps.
@@ -340,6 +341,10 @@ type WebhookPayload struct {
 	ExecutionID     string `json:"execution_id"`
 	DispatchID      string `json:"dispatch_id"`
 	DispatchAttempt int    `json:"dispatch_attempt"`
+	// LLMGatewayToken authenticates the attempt's model calls to the
+	// kernel's LLM gateway (/llm/...): present when the kernel serves it,
+	// valid while this attempt holds the lease.
+	LLMGatewayToken string `json:"llm_gateway_token,omitempty"`
 }
 
 // ---- admin routes ----
@@ -470,10 +475,11 @@ type RateLimit struct {
 	OnLimiterError string `json:"on_limiter_error,omitempty"`
 }
 
-// PolicyEvalResponse is the answer of a policy dry run: the decision and
-// which bundle and rule produced it. Nothing is recorded.
+// PolicyEvalResponse is the answer of a policy dry run: the verdict (the
+// action, and which bundle and rule produced it). Nothing is recorded.
 type PolicyEvalResponse struct {
-	Decision   string          `json:"decision"`
+	// Action is allow, deny, require_approval or abort.
+	Action     string          `json:"decision"`
 	Reason     string          `json:"reason,omitempty"`
 	RuleID     string          `json:"rule_id,omitempty"`
 	Bundle     BundleRef       `json:"bundle"`
@@ -542,20 +548,27 @@ type ResolveApprovalRequest struct {
 type TenantRequest struct {
 	ID     string   `json:"id"`
 	Guards []string `json:"guards,omitempty"`
+	// Retention is how long the tenant's terminal executions are kept
+	// (a Go duration such as "720h"; "0s" forever; omitted: the kernel's).
+	Retention string `json:"retention,omitempty"`
 }
 
 // TenantUpdateRequest is the body of PUT /v0/tenants/{t}: the tenant's
 // guard bundles, which replace the current ones (an empty list removes
-// them; the field is required). Each must name a bundle of that tenant that
-// the admin owns.
+// them), and its retention; at least one is required. Each guard must name
+// a bundle of that tenant that the admin owns.
 type TenantUpdateRequest struct {
 	Guards *[]string `json:"guards"`
+	// Retention, when present, replaces how long the tenant's ended
+	// executions are kept ("720h"; "0s" forever; "" the kernel's).
+	Retention *string `json:"retention,omitempty"`
 }
 
 // Tenant is a tenant as the API shows it.
 type Tenant struct {
 	ID        string    `json:"id"`
 	Guards    []string  `json:"guards,omitempty"`
+	Retention string    `json:"retention,omitempty"`
 	CreatedAt time.Time `json:"created_at,omitzero"`
 }
 

@@ -76,12 +76,12 @@ func BenchmarkStepPath(b *testing.B) {
 			now := time.Now().UTC()
 			st := &kernel.Step{ID: stepID, ExecutionID: ex.ID, Tenant: ex.Tenant, Kind: "tool_call", Target: "web.search",
 				Args: args, ArgsHash: stepID, Idempotency: kernel.SafeToRetry, Status: kernel.StepExecuting, Lease: ex.Lease,
-				Decision: &kernel.StepDecisionInfo{Action: "allow", RuleID: "allow-search", EvalTime: time.Microsecond},
-				Seq:      ex.LastSeq + 1, CreatedAt: now}
+				Verdict: &kernel.StepVerdict{Action: "allow", RuleID: "allow-search", EvalTime: time.Microsecond},
+				Seq:     ex.LastSeq + 1, CreatedAt: now}
 			if err := tx.PutStep(st); err != nil {
 				return err
 			}
-			for _, typ := range []string{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting} {
+			for _, typ := range []kernel.EventType{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting} {
 				ex.LastSeq++
 				if err := tx.AppendEvent(ex.Tenant, kernel.Event{ExecutionID: ex.ID, Seq: ex.LastSeq, Type: typ, Time: now, Payload: payload}); err != nil {
 					return err

@@ -116,8 +116,8 @@ func BenchmarkCodecStep(b *testing.B) {
 	s := &kernel.Step{ID: strings.Repeat("a", 64), ExecutionID: "0196a000-0000-7000-8000-000000000001", Tenant: kernel.DefaultTenant,
 		Kind: "tool_call", Target: "web.search", Args: json.RawMessage(`{"query":"durable execution kernels for AI agents","max_results":10}`),
 		ArgsHash: strings.Repeat("b", 64), Idempotency: kernel.SafeToRetry, Status: kernel.StepSucceeded, Result: json.RawMessage(`{"hits":["a","b"]}`),
-		Lease:    kernel.Lease{DispatchID: "0196a000-0000-7000-8000-00000000d001", Attempt: 1},
-		Decision: &kernel.StepDecisionInfo{Action: "allow", RuleID: "allow-search", EvalTime: time.Microsecond}, Seq: 4, CreatedAt: now, CompletedAt: &now}
+		Lease:   kernel.Lease{DispatchID: "0196a000-0000-7000-8000-00000000d001", Attempt: 1},
+		Verdict: &kernel.StepVerdict{Action: "allow", RuleID: "allow-search", EvalTime: time.Microsecond}, Seq: 4, CreatedAt: now, CompletedAt: &now}
 	bin := encodeStep(s)
 	js, err := encodeJSON(s)
 	if err != nil {

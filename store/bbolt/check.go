@@ -153,10 +153,10 @@ func checkExecutions(tx *bolt.Tx, c *checker) {
 
 // terminalExecEvents and terminalStepEvents end an execution and a step.
 var (
-	terminalExecEvents = map[string]bool{
+	terminalExecEvents = map[kernel.EventType]bool{
 		kernel.EvExecutionCompleted: true, kernel.EvExecutionFailed: true, kernel.EvExecutionCancelled: true,
 	}
-	terminalStepEvents = map[string]bool{
+	terminalStepEvents = map[kernel.EventType]bool{
 		kernel.EvStepSucceeded: true, kernel.EvStepFailed: true, kernel.EvStepCancelled: true,
 	}
 )
@@ -166,7 +166,7 @@ func checkEvents(tx *bolt.Tx, e *kernel.Execution, c *checker) {
 	where := e.Tenant + "/" + e.ID
 	pfx := prefix(e.Tenant, e.ID)
 	var next uint64 = 1
-	terminal := ""
+	var terminal kernel.EventType
 	stepDone := map[string]uint64{}
 	cur := tx.Bucket(bEvents).Cursor()
 	for k, v := cur.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = cur.Next() {

@@ -255,7 +255,7 @@ func encodeExecution(e *kernel.Execution) []byte {
 	b = appendStr(b, e.ID)
 	b = appendStr(b, e.Tenant)
 	b = appendStr(b, e.IdempotencyKey)
-	b = appendStr(b, e.Dispatch.State)
+	b = appendStr(b, string(e.Dispatch.State))
 	b = appendTime(b, e.Dispatch.DueAt)
 	b = appendTime(b, e.Dispatch.LeaseUntil)
 	// The rest.
@@ -303,7 +303,7 @@ func encodeStep(s *kernel.Step) []byte {
 	args := orNull(s.Args)
 	size := 128 + len(s.ID) + len(s.ExecutionID) + len(s.Tenant) + len(s.Kind) + len(s.Target) +
 		len(s.ArgsHash) + len(s.Idempotency) + len(s.Effect) + len(s.Status) + len(s.Lease.DispatchID) + len(s.ApprovalID)
-	if d := s.Decision; d != nil {
+	if d := s.Verdict; d != nil {
 		size += 48 + len(d.Action) + len(d.Reason) + len(d.RuleID) + len(d.Bundle.Name) +
 			len(d.Bundle.Revision) + len(d.Bundle.Digest) + len(d.Bundle.Engine)
 	}
@@ -316,7 +316,7 @@ func encodeStep(s *kernel.Step) []byte {
 	b = appendStr(b, s.Target)
 	b = appendStr(b, s.ArgsHash)
 	b = appendInt(b, int64(s.Occurrence))
-	b = appendStr(b, s.Idempotency)
+	b = appendStr(b, string(s.Idempotency))
 	b = appendStr(b, s.Effect)
 	b = appendStr(b, string(s.Status))
 	b = appendBool(b, s.Usage != nil)
@@ -328,8 +328,8 @@ func encodeStep(s *kernel.Step) []byte {
 	}
 	b = appendStr(b, s.Lease.DispatchID)
 	b = appendInt(b, int64(s.Lease.Attempt))
-	b = appendBool(b, s.Decision != nil)
-	if d := s.Decision; d != nil {
+	b = appendBool(b, s.Verdict != nil)
+	if d := s.Verdict; d != nil {
 		b = appendStr(b, string(d.Action))
 		b = appendStr(b, d.Reason)
 		b = appendStr(b, d.RuleID)
@@ -356,7 +356,7 @@ func encodeEvent(ev *kernel.Event) []byte {
 	b := header(formatBinary1, kindEvent, 32+len(ev.ExecutionID)+len(ev.Type), payload)
 	b = appendStr(b, ev.ExecutionID)
 	b = appendUint(b, ev.Seq)
-	b = appendStr(b, ev.Type)
+	b = appendStr(b, string(ev.Type))
 	b = appendTime(b, ev.Time)
 	return append(b, payload...)
 }
@@ -604,7 +604,7 @@ func decodeExecution(b []byte) (*kernel.Execution, error) {
 	e.ID = r.str()
 	e.Tenant = r.str()
 	e.IdempotencyKey = r.str()
-	e.Dispatch.State = r.str()
+	e.Dispatch.State = kernel.DispatchStatus(r.str())
 	e.Dispatch.DueAt = r.time()
 	e.Dispatch.LeaseUntil = r.time()
 	e.AgentID = r.str()
@@ -685,7 +685,7 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 	s.Target = r.str()
 	s.ArgsHash = r.str()
 	s.Occurrence = r.int()
-	s.Idempotency = r.str()
+	s.Idempotency = kernel.Idempotency(r.str())
 	s.Effect = r.str()
 	s.Status = kernel.StepStatus(r.str())
 	if r.bool() {
@@ -694,7 +694,7 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 	s.Lease.DispatchID = r.str()
 	s.Lease.Attempt = r.int()
 	if r.bool() {
-		d := new(kernel.StepDecisionInfo)
+		d := new(kernel.StepVerdict)
 		d.Action = policy.Action(r.str())
 		d.Reason = r.str()
 		d.RuleID = r.str()
@@ -703,7 +703,7 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 		d.Bundle.Digest = r.str()
 		d.Bundle.Engine = r.str()
 		d.EvalTime = time.Duration(r.varint())
-		s.Decision = d
+		s.Verdict = d
 	}
 	s.ApprovalID = r.str()
 	s.Seq = r.uvarint()
@@ -726,7 +726,7 @@ func decodeEvent(b []byte, ev *kernel.Event) error {
 	r.begin(b, kindEvent, lens[:], true)
 	ev.ExecutionID = r.str()
 	ev.Seq = r.uvarint()
-	ev.Type = r.str()
+	ev.Type = kernel.EventType(r.str())
 	ev.Time = r.time()
 	if err := r.finish(); err != nil {
 		*ev = kernel.Event{}

@@ -156,7 +156,7 @@ func TestCodecMatchesJSON(t *testing.T) {
 		s.CreatedAt, s.CompletedAt = tm, &tm
 		s.Args, s.Result, s.Error = raw, raws[(i+1)%len(raws)], raws[(i+2)%len(raws)]
 		s.Usage = &kernel.Usage{}
-		s.Decision = &kernel.StepDecisionInfo{}
+		s.Verdict = &kernel.StepVerdict{}
 		check(fmt.Sprintf("Step %d", i), roundTrip(t, s), viaJSON(t, s))
 		zs := &kernel.Step{CreatedAt: tm, Args: raw}
 		check(fmt.Sprintf("zero Step %d", i), roundTrip(t, zs), viaJSON(t, zs))
@@ -174,7 +174,7 @@ func TestExecIndexMatches(t *testing.T) {
 	times := []time.Time{{}, time.Date(1500, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(1677, 9, 21, 0, 12, 43, 145224191, time.UTC),
 		time.Unix(-1, 0), time.Unix(0, 1), time.Now(), time.Date(2262, 4, 11, 23, 47, 16, 854775808, time.UTC),
 		time.Date(2500, 1, 1, 0, 0, 0, 0, time.FixedZone("", 3600)), time.Date(-50, 1, 1, 0, 0, 0, 0, time.UTC)}
-	states := []string{kernel.DispatchNone, kernel.DispatchQueued, kernel.DispatchDelivering, kernel.DispatchAcked, kernel.DispatchParked}
+	states := []kernel.DispatchStatus{kernel.DispatchNone, kernel.DispatchQueued, kernel.DispatchDelivering, kernel.DispatchAcked, kernel.DispatchParked}
 	for i, tm := range times {
 		for _, st := range states {
 			e := &kernel.Execution{ID: "id-1", Tenant: "ten", IdempotencyKey: fmt.Sprint("k", i),

@@ -181,7 +181,7 @@ func leaseKey(e *kernel.Execution) []byte {
 // dueKey returns the due-index key of the stored execution x, or nil when
 // it is not queued.
 func (x *execIndex) dueKey() []byte {
-	if string(x.state) != kernel.DispatchQueued {
+	if kernel.DispatchStatus(x.state) != kernel.DispatchQueued {
 		return nil
 	}
 	return nanosKey(x.dueAt, x.tenant, x.id)
@@ -190,7 +190,7 @@ func (x *execIndex) dueKey() []byte {
 // leaseKey returns the lease-index key of the stored execution x, or nil
 // when it holds no lease.
 func (x *execIndex) leaseKey() []byte {
-	switch string(x.state) {
+	switch kernel.DispatchStatus(x.state) {
 	case kernel.DispatchDelivering, kernel.DispatchAcked:
 		return nanosKey(x.leaseUntil, x.tenant, x.id)
 	}

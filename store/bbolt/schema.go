@@ -147,3 +147,21 @@ func migrate(db *bolt.DB) error {
 		return meta.Put(keySchemaVersion, binary.BigEndian.AppendUint64(nil, v))
 	})
 }
+
+// checkSchema refuses a file (opened read-only) whose schema is not
+// SchemaVersion: it cannot be migrated without writing.
+func checkSchema(db *bolt.DB) error {
+	return db.View(func(tx *bolt.Tx) error {
+		v, err := schemaVersion(tx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case v > SchemaVersion:
+			return fmt.Errorf("file has schema version %d, this binary supports up to %d (upgrade wicket): %w", v, SchemaVersion, ErrNewerSchema)
+		case v < SchemaVersion:
+			return fmt.Errorf("file has schema version %d, this binary reads %d: start `wicket serve` on it once to migrate it", v, SchemaVersion)
+		}
+		return nil
+	})
+}

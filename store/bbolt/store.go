@@ -12,6 +12,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/wicket-run/wicket/kernel"
 )
@@ -54,6 +55,15 @@ type Options struct {
 	// (zero: DefaultGatherWindow; negative: never wait). Without it, N
 	// steady writers split into two alternating half-size batches.
 	GatherWindow time.Duration
+	// OnCommit, when set, is called by the writer after each commit with
+	// the time the commit took (write and fsync) and the number of Update
+	// functions it carried. It must be quick: the writer waits for it.
+	OnCommit func(took time.Duration, updates int)
+	// ReadOnly opens an existing file for reading only, under a shared lock
+	// (a running kernel's exclusive lock excludes it): Update fails, nothing
+	// is migrated, and a file of another schema version is refused. For
+	// offline tools such as `wicket store check`.
+	ReadOnly bool
 }
 
 // DefaultGatherWindow is the default Options.GatherWindow.
@@ -87,6 +97,8 @@ type Store struct {
 	stopped   chan struct{} // closed when the writer returns
 	closeOnce sync.Once
 	closeErr  error
+	readOnly  bool // Options.ReadOnly: no writer runs
+	onCommit  func(time.Duration, int)
 
 	waiting atomic.Int64  // Updates waiting for the writer to take them
 	commits atomic.Uint64 // committed write transactions
@@ -102,8 +114,10 @@ var _ kernel.Store = (*Store)(nil)
 // # Errors
 //
 // Open refuses an existing file writable by group or others
-// (ErrInsecureFile), a file with a newer schema (ErrNewerSchema), and a file
-// whose lock is held beyond opts.Timeout (ErrLocked). Every error names path.
+// (ErrInsecureFile), an empty, truncated or corrupt-headed file
+// (ErrDamaged, see CheckFile), a file with a newer schema
+// (ErrNewerSchema), and a file whose lock is held beyond opts.Timeout
+// (ErrLocked). Every error names path.
 func Open(path string, opts Options) (*Store, error) {
 	opts = opts.withDefaults()
 	if err := os.MkdirAll(filepath.Dir(path), DirMode); err != nil {
@@ -118,6 +132,11 @@ func Open(path string, opts Options) (*Store, error) {
 		if perm := fi.Mode().Perm(); perm&0o022 != 0 {
 			return nil, fmt.Errorf("bbolt: open %s: mode %04o: %w (chmod 600 it)", path, perm, ErrInsecureFile)
 		}
+		if err := CheckFile(path); err != nil {
+			return nil, err
+		}
+	case opts.ReadOnly && errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("bbolt: open %s read-only: %w", path, err)
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
@@ -125,18 +144,24 @@ func Open(path string, opts Options) (*Store, error) {
 		Timeout:      opts.Timeout,
 		NoSync:       opts.NoSync,
 		FreelistType: bolt.FreelistMapType,
+		ReadOnly:     opts.ReadOnly,
 	}
 	if opts.Timeout < 0 {
 		bopts.Timeout = 0 // bbolt: zero waits forever
 	}
 	db, err := bolt.Open(path, FileMode, bopts)
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("bbolt: open %s: %w (gave up after %s)", path, ErrLocked, opts.Timeout)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
-	if err := migrate(db); err != nil {
+	if opts.ReadOnly {
+		err = checkSchema(db)
+	} else {
+		err = migrate(db)
+	}
+	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
@@ -145,9 +170,15 @@ func Open(path string, opts Options) (*Store, error) {
 		path:     path,
 		maxBatch: opts.MaxBatch,
 		gather:   opts.GatherWindow,
+		onCommit: opts.OnCommit,
 		reqs:     make(chan *request),
 		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),
+	}
+	if opts.ReadOnly {
+		s.readOnly = true
+		close(s.stopped)
+		return s, nil
 	}
 	go s.run()
 	return s, nil
@@ -196,7 +227,7 @@ func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error
 		return errClosed("view")
 	}
 	err := s.db.View(func(btx *bolt.Tx) error { return fn(&readTx{tx: btx}) })
-	if errors.Is(err, bolt.ErrDatabaseNotOpen) {
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return errClosed("view")
 	}
 	return err
@@ -220,6 +251,9 @@ func (s *Store) Update(ctx context.Context, fn func(tx kernel.Tx) error) error {
 	}
 	if s.closed() {
 		return errClosed("update")
+	}
+	if s.readOnly {
+		return fmt.Errorf("bbolt: update %s: opened read-only", s.path)
 	}
 	r := &request{ctx: ctx, fn: fn, done: make(chan error, 1)}
 	s.waiting.Add(1)

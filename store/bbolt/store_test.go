@@ -305,7 +305,7 @@ func TestCloseDrains(t *testing.T) {
 	<-started
 	closed := make(chan error, 1)
 	go func() { closed <- s.Close() }()
-	time.Sleep(20 * time.Millisecond)
+	<-s.closing // Close has begun: it now waits for the writer, which waits for the Update
 	select {
 	case err := <-closed:
 		t.Fatalf("Close returned (%v) while an Update was running", err)
@@ -512,7 +512,7 @@ func TestValidation(t *testing.T) {
 // knows about and expects Check to say so.
 func TestCheckFindsCorruption(t *testing.T) {
 	const id = "01960000-0000-7000-8000-000000000001"
-	ev := func(seq uint64, typ, payload string) kernel.Event {
+	ev := func(seq uint64, typ kernel.EventType, payload string) kernel.Event {
 		return kernel.Event{ExecutionID: id, Seq: seq, Type: typ, Payload: []byte(payload)}
 	}
 	cases := []struct {

@@ -139,10 +139,10 @@ func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*ker
 	c := r.bucket(bExecutions).Cursor()
 	var k, v []byte
 	if f.Before != "" {
-		k, v = c.Seek(key(tenant, f.Before))
+		k, _ = c.Seek(key(tenant, f.Before))
 	} else {
 		// tenant␁ sorts after every tenant␀… key.
-		k, v = c.Seek(append(key(tenant), sep+1))
+		k, _ = c.Seek(append(key(tenant), sep+1))
 	}
 	if k == nil {
 		k, v = c.Last()

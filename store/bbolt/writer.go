@@ -151,8 +151,12 @@ func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
 			return i, err, nil
 		}
 	}
+	t0 := time.Now()
 	if err := btx.Commit(); err != nil {
 		return -1, nil, fmt.Errorf("bbolt: update %s: commit: %w", s.path, err)
+	}
+	if s.onCommit != nil {
+		s.onCommit(time.Since(t0), len(batch))
 	}
 	return -1, nil, nil
 }

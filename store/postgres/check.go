@@ -124,7 +124,7 @@ func checkExecutions(ctx context.Context, tx pgx.Tx, c *checker) (map[execRef]*k
 			switch {
 			case e.Tenant != tenant || e.ID != id:
 				c.addf("execution %s: stored under key %s/%s", e.Tenant+"/"+e.ID, tenant, id)
-			case e.AgentID != agent || string(e.Status) != status || e.Dispatch.State != state:
+			case e.AgentID != agent || string(e.Status) != status || string(e.Dispatch.State) != state:
 				c.addf("execution %s: columns (agent %q, status %q, dispatch %q) differ from the record (%q, %q, %q)",
 					where, agent, status, state, e.AgentID, e.Status, e.Dispatch.State)
 			case e.IdempotencyKey != string(idem) || (e.IdempotencyKey == "") != (idem == nil):
@@ -144,10 +144,10 @@ func checkExecutions(ctx context.Context, tx pgx.Tx, c *checker) (map[execRef]*k
 
 // terminalExecEvents and terminalStepEvents end an execution and a step.
 var (
-	terminalExecEvents = map[string]bool{
+	terminalExecEvents = map[kernel.EventType]bool{
 		kernel.EvExecutionCompleted: true, kernel.EvExecutionFailed: true, kernel.EvExecutionCancelled: true,
 	}
-	terminalStepEvents = map[string]bool{
+	terminalStepEvents = map[kernel.EventType]bool{
 		kernel.EvStepSucceeded: true, kernel.EvStepFailed: true, kernel.EvStepCancelled: true,
 	}
 )
@@ -156,7 +156,7 @@ var (
 type logState struct {
 	ref      execRef
 	next     uint64
-	terminal string
+	terminal kernel.EventType
 	stepDone map[string]uint64
 }
 
@@ -188,7 +188,7 @@ func checkEvents(ctx context.Context, tx pgx.Tx, execs map[execRef]*kernel.Execu
 					c.addf("events: %s/%s: no such execution", ref.tenant, ref.id)
 				}
 			}
-			checkEvent(cur, uint64(seq), typ, payload, c)
+			checkEvent(cur, uint64(seq), kernel.EventType(typ), payload, c)
 			return nil
 		})
 	if err != nil {
@@ -204,7 +204,7 @@ func checkEvents(ctx context.Context, tx pgx.Tx, execs map[execRef]*kernel.Execu
 }
 
 // checkEvent verifies one event against the log so far.
-func checkEvent(st *logState, seq uint64, typ string, payload []byte, c *checker) {
+func checkEvent(st *logState, seq uint64, typ kernel.EventType, payload []byte, c *checker) {
 	where := st.ref.tenant + "/" + st.ref.id
 	if seq != st.next {
 		c.addf("execution %s: event seq %d follows %d (gap)", where, seq, st.next-1)

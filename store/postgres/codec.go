@@ -95,9 +95,9 @@ func readable(ids ...string) bool {
 
 // Dispatch-state helpers: which executions the due and lease indexes hold.
 
-func queued(state string) bool { return state == kernel.DispatchQueued }
+func queued(state kernel.DispatchStatus) bool { return state == kernel.DispatchQueued }
 
-func leased(state string) bool {
+func leased(state kernel.DispatchStatus) bool {
 	return state == kernel.DispatchDelivering || state == kernel.DispatchAcked
 }
 

@@ -57,6 +57,11 @@ type Options struct {
 	// its WAL reaches the disk, so a crash of the database server may lose
 	// the last acknowledged commits (never corrupt). For benchmarks only.
 	NoSyncCommit bool
+	// OnCommit, when set, is called by the writer after each commit with
+	// the time the committed attempt took (its statements and the COMMIT)
+	// and the number of Update functions it carried. It must be quick: the
+	// writer waits for it.
+	OnCommit func(took time.Duration, updates int)
 }
 
 func (o Options) withDefaults() Options {

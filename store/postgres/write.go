@@ -131,14 +131,18 @@ type execRef struct{ tenant, id string }
 // layer holds the buffered writes and the knowledge of one function (own)
 // or of the functions already run (batch).
 type layer struct {
-	ops     map[okey]*op
-	execs   map[execRef]execInfo
-	events  map[okey]bool // events appended (flushed or not)
-	changes changes       // what other replicas are told at commit
+	ops    map[okey]*op
+	execs  map[execRef]execInfo
+	events map[okey]bool // events appended (flushed or not)
+	// purged are the executions DeleteExecution deleted from (its events
+	// known before that are forgotten).
+	purged  map[execRef]bool
+	changes changes // what other replicas are told at commit
 }
 
 func newLayer() *layer {
-	return &layer{ops: map[okey]*op{}, execs: map[execRef]execInfo{}, events: map[okey]bool{}, changes: newChanges()}
+	return &layer{ops: map[okey]*op{}, execs: map[execRef]execInfo{}, events: map[okey]bool{}, purged: map[execRef]bool{},
+		changes: newChanges()}
 }
 
 // absorb moves l's writes and knowledge into dst (l's win).
@@ -148,6 +152,14 @@ func (l *layer) absorb(src *layer) {
 	}
 	for k, v := range src.execs {
 		l.execs[k] = v
+	}
+	for ref := range src.purged {
+		for k := range l.events {
+			if k.tenant == ref.tenant && k.id == ref.id {
+				delete(l.events, k)
+			}
+		}
+		l.purged[ref] = true
 	}
 	for k := range src.events {
 		l.events[k] = true
@@ -588,7 +600,7 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 	if err := checkIDs(what, e.Tenant, e.ID); err != nil {
 		return err
 	}
-	for _, f := range [][2]string{{"agent_id", e.AgentID}, {"status", string(e.Status)}, {"dispatch state", e.Dispatch.State}} {
+	for _, f := range [][2]string{{"agent_id", e.AgentID}, {"status", string(e.Status)}, {"dispatch state", string(e.Dispatch.State)}} {
 		if err := checkText(what, f[0], f[1]); err != nil {
 			return err
 		}
@@ -616,7 +628,7 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 		lease = nanos(e.Dispatch.LeaseUntil)
 	}
 	o, err := encodeOp("put execution "+e.Tenant+"/"+e.ID, e, sqlPutExecution,
-		e.Tenant, e.ID, e.AgentID, string(e.Status), idem, e.Dispatch.State, due, lease, int64(e.LastSeq))
+		e.Tenant, e.ID, e.AgentID, string(e.Status), idem, string(e.Dispatch.State), due, lease, int64(e.LastSeq))
 	if err != nil {
 		return err
 	}
@@ -716,7 +728,7 @@ func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
 	if ev.Seq == 0 || ev.Seq > math.MaxInt64 {
 		return fmt.Errorf("postgres: append event %s/%s: seq %d: %w", tenant, ev.ExecutionID, ev.Seq, kernel.ErrValidation)
 	}
-	if err := checkText("append event", "type", ev.Type); err != nil {
+	if err := checkText("append event", "type", string(ev.Type)); err != nil {
 		return err
 	}
 	k := okey{t: tEvents, tenant: tenant, id: ev.ExecutionID, seq: ev.Seq}
@@ -733,7 +745,7 @@ func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
 		payload = []byte{}
 	}
 	w.put(k, &op{stmt: statement{sql: sqlAppendEvent,
-		args: []any{tenant, ev.ExecutionID, int64(ev.Seq), ev.Type, nanos(ev.Time), bytes.Clone(payload)}}})
+		args: []any{tenant, ev.ExecutionID, int64(ev.Seq), string(ev.Type), nanos(ev.Time), bytes.Clone(payload)}}})
 	w.own.events[k] = true
 	w.own.changes.executions[ev.ExecutionID] = true
 	return nil
@@ -741,7 +753,7 @@ func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
 
 // eventExists reports whether the event k is recorded (see writeTx).
 func (w *writeTx) eventExists(k okey) (bool, error) {
-	if w.own.events[k] || w.batch.events[k] {
+	if w.own.events[k] || (w.batch.events[k] && !w.own.purged[execRef{k.tenant, k.id}]) {
 		return true, nil
 	}
 	if !w.strict {

@@ -136,6 +136,7 @@ func (s *Store) commit(batch []*request, strict bool) {
 		live = append(live, r)
 	}
 	for attempt := 1; len(live) > 0; attempt++ {
+		t0 := time.Now()
 		ran, err, committing := s.try(live, strict)
 		live = ran
 		if err == nil {
@@ -144,11 +145,16 @@ func (s *Store) commit(batch []*request, strict bool) {
 				if r.ferr == nil {
 					committed++
 				}
-				r.done <- r.ferr
 			}
 			if committed > 0 {
 				s.commits.Add(1)
 				s.updates.Add(uint64(committed))
+				if s.opts.OnCommit != nil {
+					s.opts.OnCommit(time.Since(t0), committed)
+				}
+			}
+			for _, r := range live {
+				r.done <- r.ferr
 			}
 			return
 		}

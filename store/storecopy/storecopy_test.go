@@ -48,7 +48,7 @@ func fill(t *testing.T, s kernel.Store) {
 				if err := tx.PutExecution(e); err != nil {
 					return err
 				}
-				for seq, typ := range []string{kernel.EvExecutionCreated, kernel.EvStepProposed, kernel.EvStepSucceeded} {
+				for seq, typ := range []kernel.EventType{kernel.EvExecutionCreated, kernel.EvStepProposed, kernel.EvStepSucceeded} {
 					if err := tx.AppendEvent(ten, kernel.Event{ExecutionID: id, Seq: uint64(seq + 1), Type: typ, Time: t0,
 						Payload: json.RawMessage(`{"step_id":"s1","kind":"tool_call","target":"x"}`)}); err != nil {
 						return err

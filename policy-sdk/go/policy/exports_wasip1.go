@@ -39,3 +39,5 @@ func wicketEvaluate(ptr, length int32) int64 {
 	}
 	return int64(uintptr(unsafe.Pointer(&outBuf[0])))<<32 | int64(len(outBuf))
 }
+
+//lint:file-ignore U1000 the functions above are exported to the host through //go:wasmexport, which staticcheck does not see

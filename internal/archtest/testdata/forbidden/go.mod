@@ -1,0 +1,3 @@
+module github.com/wicket-run/wicket
+
+go 1.26

@@ -1,0 +1,4 @@
+// Package testkit keeps the rules: test support may import testing.
+package testkit
+
+import _ "testing"

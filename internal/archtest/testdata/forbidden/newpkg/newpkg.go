@@ -1,0 +1,2 @@
+// Package newpkg has no row in the layout table.
+package newpkg

@@ -1,0 +1,2 @@
+// Package plugins keeps the rules.
+package plugins

@@ -1,0 +1,2 @@
+// Package wire keeps the rules.
+package wire

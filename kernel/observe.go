@@ -1,0 +1,198 @@
+package kernel
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel/policy"
+)
+
+// Observer receives the kernel's measurements as they are committed
+// (internal/metrics implements it with Prometheus). Its methods are called
+// after the transaction that did the thing commits, never for a rolled-back
+// one; they must be cheap and safe for concurrent use. Config.Observer nil
+// observes nothing.
+type Observer interface {
+	// ExecutionsAtStart reports, once from Start, the executions stored by
+	// status: the baseline that ExecutionStatus then moves.
+	ExecutionsAtStart(counts map[ExecStatus]int)
+	// ExecutionStatus reports one execution's committed status change;
+	// from is "" for a new execution, to is "" for one deleted by retention.
+	ExecutionStatus(from, to ExecStatus)
+	// StepDecided reports the policy decision of a new step: the engine of
+	// the bundle that decided, the decision and the evaluation time.
+	StepDecided(engine string, decision policy.Action, eval time.Duration)
+	// Delivery reports one webhook delivery attempt: nil when the agent
+	// acknowledged it.
+	Delivery(err error)
+	// ApprovalResolved reports an approval granted, denied or expired, and
+	// how long it was pending.
+	ApprovalResolved(status ApprovalStatus, waited time.Duration)
+	// Purged reports what one retention batch deleted.
+	Purged(p PurgeStats)
+}
+
+// observed collects, for one run of an update function, what the Observer
+// is told once it commits.
+type observed struct {
+	execFrom  map[string]ExecStatus // status when first read in the transaction
+	execTo    map[string]ExecStatus // status when last written
+	apprFrom  map[string]ApprovalStatus
+	apprTo    map[string]*Approval
+	decisions []verdictPayload
+}
+
+// observedTx is the Tx an update function sees when the kernel has an
+// Observer: it notes the first-read and last-written status of executions
+// and approvals.
+type observedTx struct {
+	Tx
+	o *observed
+}
+
+func (t *observedTx) Execution(tenant, id string) (*Execution, error) {
+	e, err := t.Tx.Execution(tenant, id)
+	if err == nil {
+		if _, seen := t.o.execFrom[tenant+"\x00"+id]; !seen {
+			if t.o.execFrom == nil {
+				t.o.execFrom = map[string]ExecStatus{}
+			}
+			t.o.execFrom[tenant+"\x00"+id] = e.Status
+		}
+	}
+	return e, err
+}
+
+func (t *observedTx) PutExecution(e *Execution) error {
+	if err := t.Tx.PutExecution(e); err != nil {
+		return err
+	}
+	if t.o.execTo == nil {
+		t.o.execTo = map[string]ExecStatus{}
+	}
+	t.o.execTo[e.Tenant+"\x00"+e.ID] = e.Status
+	return nil
+}
+
+func (t *observedTx) DeleteExecution(tenant, id string, limit int) (PurgeStats, bool, error) {
+	st, done, err := t.Tx.DeleteExecution(tenant, id, limit)
+	if err == nil && done {
+		if t.o.execTo == nil {
+			t.o.execTo = map[string]ExecStatus{}
+		}
+		t.o.execTo[tenant+"\x00"+id] = "" // deleted
+	}
+	return st, done, err
+}
+
+func (t *observedTx) Approval(tenant, id string) (*Approval, error) {
+	a, err := t.Tx.Approval(tenant, id)
+	if err == nil {
+		if _, seen := t.o.apprFrom[tenant+"\x00"+id]; !seen {
+			if t.o.apprFrom == nil {
+				t.o.apprFrom = map[string]ApprovalStatus{}
+			}
+			t.o.apprFrom[tenant+"\x00"+id] = a.Status
+		}
+	}
+	return a, err
+}
+
+func (t *observedTx) PutApproval(a *Approval) error {
+	if err := t.Tx.PutApproval(a); err != nil {
+		return err
+	}
+	if t.o.apprTo == nil {
+		t.o.apprTo = map[string]*Approval{}
+	}
+	t.o.apprTo[a.Tenant+"\x00"+a.ID] = a
+	return nil
+}
+
+// observeEvent notes what an event tells the Observer.
+func (o *observed) observeEvent(payload any) {
+	if d, ok := payload.(verdictPayload); ok {
+		o.decisions = append(o.decisions, d)
+	}
+}
+
+// report tells obs what a committed run did.
+func (o *observed) report(obs Observer, now time.Time) {
+	for k, to := range o.execTo {
+		if from := o.execFrom[k]; from != to {
+			obs.ExecutionStatus(from, to)
+		}
+	}
+	for k, a := range o.apprTo {
+		if o.apprFrom[k] == ApprovalPending && a.Status != ApprovalPending {
+			at := now
+			if a.DecidedAt != nil {
+				at = *a.DecidedAt
+			}
+			obs.ApprovalResolved(a.Status, at.Sub(a.CreatedAt))
+		}
+	}
+	for _, d := range o.decisions {
+		obs.StepDecided(d.Engine, d.Decision, time.Duration(d.EvalNS))
+	}
+}
+
+// countExecutions counts the stored executions by status, reading them a
+// page at a time.
+func (k *Kernel) countExecutions(ctx context.Context) (map[ExecStatus]int, error) {
+	counts := map[ExecStatus]int{}
+	tenants, err := k.ListTenants(ctx)
+	if err != nil {
+		return nil, err
+	}
+	const page = 1000
+	for _, t := range tenants {
+		before := ""
+		for {
+			var got []*Execution
+			err := k.store.View(ctx, func(tx ReadTx) error {
+				var err error
+				got, err = tx.ListExecutions(t.ID, ExecutionFilter{Before: before, Limit: page})
+				return err
+			})
+			if err != nil {
+				return nil, fmt.Errorf("count executions of %s: %w", t.ID, err)
+			}
+			for _, e := range got {
+				counts[e.Status]++
+			}
+			if len(got) < page {
+				break
+			}
+			before = got[len(got)-1].ID
+		}
+	}
+	return counts, nil
+}
+
+// PendingApprovals returns how many approvals are pending, kernel-wide, and
+// when the oldest of them was requested (zero when none is). It reads the
+// store's index of pending approvals: metrics call it on every scrape.
+func (k *Kernel) PendingApprovals(ctx context.Context) (int, time.Time, error) {
+	var n int
+	var oldest time.Time
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		refs, err := tx.ExpiredApprovals(time.Unix(1<<62, 0), 0)
+		if err != nil {
+			return err
+		}
+		for _, ref := range refs {
+			a, err := tx.Approval(ref.Tenant, ref.ApprovalID)
+			if err != nil || a.Status != ApprovalPending {
+				continue
+			}
+			n++
+			if oldest.IsZero() || a.CreatedAt.Before(oldest) {
+				oldest = a.CreatedAt
+			}
+		}
+		return nil
+	})
+	return n, oldest, err
+}

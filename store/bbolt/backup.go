@@ -1,0 +1,129 @@
+package bbolt
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Backup writes a consistent copy of the whole store to w: the file as of
+// one read transaction, taken while writers go on (bbolt's Tx.WriteTo).
+// The copy is a store file Open accepts as is. It returns the bytes
+// written, which the copy's size equals when err is nil.
+//
+// While it runs, pages freed by later commits cannot be reused (the file
+// may grow by what is written meanwhile), and a commit that must grow the
+// memory map waits for the copy to end. ctx is checked as the copy is
+// written: a cancelled backup stops with ctx's error.
+func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	if s.closed() {
+		return 0, errClosed("backup")
+	}
+	var n int64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		n, err = tx.WriteTo(ctxWriter{ctx: ctx, w: w})
+		return err
+	})
+	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			err = cerr // bbolt's WriteTo does not wrap the writer's error
+		}
+		return n, fmt.Errorf("bbolt: backup %s: %w", s.path, err)
+	}
+	return n, nil
+}
+
+// ctxWriter fails writes once ctx is done.
+type ctxWriter struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (c ctxWriter) Write(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.w.Write(p)
+}
+
+// CompactStats are the sizes Compact saw.
+type CompactStats struct {
+	Before, After int64
+}
+
+// Compact rewrites the store file at path into a new file with bbolt's
+// compaction (every page filled, free pages dropped) and renames it over
+// path, giving back the space deleted records left behind. The store must
+// not be open: Compact holds the file's lock throughout and fails with
+// ErrLocked after timeout when another process (a running kernel) holds it.
+// With dst set, the compacted copy is written there instead and path is
+// left as it was.
+func Compact(path, dst string, timeout time.Duration) (CompactStats, error) {
+	var st CompactStats
+	if err := CheckFile(path); err != nil {
+		return st, err
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
+	}
+	st.Before = fi.Size()
+	src, err := bolt.Open(path, FileMode, &bolt.Options{Timeout: timeout, ReadOnly: true})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return st, fmt.Errorf("bbolt: compact %s: %w (gave up after %s)", path, ErrLocked, timeout)
+	}
+	if err != nil {
+		return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
+	}
+	defer src.Close() // the lock is held until the new file is in place
+	if err := checkSchema(src); err != nil {
+		return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
+	}
+	inPlace := dst == ""
+	if inPlace {
+		dst = path + ".compact"
+	}
+	if _, err := os.Stat(dst); err == nil {
+		return st, fmt.Errorf("bbolt: compact %s: %s already exists (remove it)", path, dst)
+	}
+	out, err := bolt.Open(dst, FileMode, &bolt.Options{NoSync: true, FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return st, fmt.Errorf("bbolt: compact %s: create %s: %w", path, dst, err)
+	}
+	fail := func(err error) (CompactStats, error) {
+		_ = out.Close()
+		_ = os.Remove(dst)
+		return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
+	}
+	if err := bolt.Compact(out, src, 64<<20); err != nil {
+		return fail(err)
+	}
+	if err := out.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := out.Close(); err != nil {
+		return fail(err)
+	}
+	if fi, err := os.Stat(dst); err == nil {
+		st.After = fi.Size()
+	}
+	if !inPlace {
+		return st, nil
+	}
+	if err := os.Rename(dst, path); err != nil {
+		_ = os.Remove(dst)
+		return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		_ = d.Close()
+	}
+	return st, nil
+}

@@ -1,0 +1,167 @@
+package bbolt
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/wicket-run/wicket/kernel"
+)
+
+// DeleteExecution implements kernel.Tx. It deletes, in this order and at
+// most limit records: the execution's steps (with the approvals they asked
+// for), occurrence counters, counters under kernel.ExecCounterPrefix, and
+// events from the newest down (LastSeq follows them, so that the log left
+// is always 1..LastSeq); then, when nothing else is left, the execution
+// and its index entries.
+func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeStats, bool, error) {
+	var st kernel.PurgeStats
+	if err := checkIDs("delete execution", tenant, id); err != nil {
+		return st, false, err
+	}
+	fail := func(what string, err error) (kernel.PurgeStats, bool, error) {
+		return st, false, fmt.Errorf("bbolt: delete execution %s/%s: %s: %w", tenant, id, what, err)
+	}
+	execs := w.bucket(bExecutions)
+	k := key(tenant, id)
+	raw := execs.Get(k)
+	if raw == nil {
+		return st, false, missing("execution", tenant, id)
+	}
+	budget := limit
+	if budget <= 0 {
+		budget = math.MaxInt
+	}
+	pfx := prefix(tenant, id)
+	var err error
+	var approvals []string
+	if st.Steps, err = deleteForward(w.bucket(bSteps), pfx, budget, func(v []byte) error {
+		s, err := decode[kernel.Step](v)
+		if err == nil && s.ApprovalID != "" {
+			approvals = append(approvals, s.ApprovalID)
+		}
+		return err
+	}); err != nil {
+		return fail("steps", err)
+	}
+	budget -= st.Steps
+	for _, aid := range approvals {
+		ak := key(tenant, aid)
+		araw := w.bucket(bApprovals).Get(ak)
+		if araw == nil {
+			continue
+		}
+		a, err := decodeApprovalIndex(araw)
+		if err != nil {
+			return fail("approval "+aid, err)
+		}
+		if ek := approvalExpKey(a); ek != nil {
+			if err := w.bucket(bApprovalExp).Delete(ek); err != nil {
+				return fail("approval expiry index", err)
+			}
+		}
+		if err := w.bucket(bApprovals).Delete(ak); err != nil {
+			return fail("approval "+aid, err)
+		}
+		st.Approvals++
+		budget--
+	}
+	occ, err := deleteForward(w.bucket(bOcc), pfx, budget, nil)
+	if err != nil {
+		return fail("occurrence counters", err)
+	}
+	budget -= occ
+	ctr, err := deleteForward(w.bucket(bCounters), key(tenant, kernel.ExecCounterPrefix(id)), budget, nil)
+	if err != nil {
+		return fail("counters", err)
+	}
+	budget -= ctr
+	st.Counters = occ + ctr
+	left, n, err := deleteEventsBackward(w.bucket(bEvents), pfx, budget)
+	st.Events = n
+	if err != nil {
+		return fail("events", err)
+	}
+	budget -= n
+	if left > 0 || budget <= 0 {
+		if n > 0 {
+			// The log left is 1..left: LastSeq follows it.
+			e, err := decode[kernel.Execution](raw)
+			if err != nil {
+				return fail("read", err)
+			}
+			e.LastSeq = left
+			if err := execs.Put(k, encodeExecution(e)); err != nil {
+				return fail("record", err)
+			}
+		}
+		return st, false, nil
+	}
+	old, err := decodeExecIndex(raw)
+	if err != nil {
+		return fail("read", err)
+	}
+	if err := w.unindexExecution(&old, old.dueKey(), old.leaseKey(), nil, nil, nil); err != nil {
+		return fail("unindex", err)
+	}
+	if err := execs.Delete(k); err != nil {
+		return fail("record", err)
+	}
+	if owner := w.bucket(bExecTenant).Get([]byte(id)); string(owner) == tenant {
+		if err := w.bucket(bExecTenant).Delete([]byte(id)); err != nil {
+			return fail("tenant index", err)
+		}
+	}
+	st.Executions = 1
+	return st, true, nil
+}
+
+// deleteForward deletes up to limit keys of b that start with pfx, in key
+// order, calling seen (when set) with each value first, and returns how
+// many it deleted. Keys are collected first and deleted after: bbolt
+// cursors are not moved across their own deletes.
+func deleteForward(b *bolt.Bucket, pfx []byte, limit int, seen func(v []byte) error) (int, error) {
+	var keys [][]byte
+	c := b.Cursor()
+	for k, v := c.Seek(pfx); len(keys) < limit && k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+		if seen != nil {
+			if err := seen(v); err != nil {
+				return 0, fmt.Errorf("key %q: %w", k, err)
+			}
+		}
+		keys = append(keys, bytes.Clone(k))
+	}
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	return len(keys), nil
+}
+
+// deleteEventsBackward deletes up to limit events under pfx (keys
+// pfx+seq(8)), newest first. It returns the seq of the newest event left
+// (0: none) and how many it deleted. It walks the events forward (bbolt's
+// Prev does not step over the pages this transaction's deletes emptied).
+func deleteEventsBackward(b *bolt.Bucket, pfx []byte, limit int) (uint64, int, error) {
+	var keys [][]byte
+	c := b.Cursor()
+	for k, _ := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Next() {
+		keys = append(keys, bytes.Clone(k))
+	}
+	var left uint64
+	if limit < len(keys) {
+		keep := keys[len(keys)-limit-1]
+		left = binary.BigEndian.Uint64(keep[len(pfx):])
+		keys = keys[len(keys)-limit:]
+	}
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return 0, 0, err
+		}
+	}
+	return left, len(keys), nil
+}
