@@ -290,6 +290,12 @@ func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 
 	x, err := a.kernel.GetExecution(ctx, executionID)
 	if err != nil {
+		var ls *LeaseSuperseded
+		if errors.As(context.Cause(ctx), &ls) {
+			// A newer attempt of this dispatch arrived while it read.
+			log.Info("stale webhook: a newer attempt arrived before it started; ignored", "cause", ls)
+			return
+		}
 		log.Warn("read execution; the dispatch ends and the kernel will re-deliver it", "err", err)
 		return
 	}
