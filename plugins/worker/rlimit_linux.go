@@ -20,9 +20,6 @@ func limitMemory(n int64) error {
 	return nil
 }
 
-// memoryLimited reports whether limitMemory enforces anything here.
-const memoryLimited = true
-
 // lowerPriority makes the worker nicer (10) than the kernel, so that a
 // tenant's busy policies yield the CPU to the kernel's own work.
 func lowerPriority() { _ = syscall.Setpriority(syscall.PRIO_PROCESS, 0, workerNice) }

@@ -6,8 +6,5 @@ package worker
 // the worker then relies on the Go runtime's soft limit alone.
 func limitMemory(int64) error { return nil }
 
-// memoryLimited reports whether limitMemory enforces anything here.
-const memoryLimited = false
-
 // lowerPriority does nothing here.
 func lowerPriority() {}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Backup writes a consistent copy of the whole store to w: the file as of
@@ -76,7 +77,7 @@ func Compact(path, dst string, timeout time.Duration) (CompactStats, error) {
 	}
 	st.Before = fi.Size()
 	src, err := bolt.Open(path, FileMode, &bolt.Options{Timeout: timeout, ReadOnly: true})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, berrors.ErrTimeout) {
 		return st, fmt.Errorf("bbolt: compact %s: %w (gave up after %s)", path, ErrLocked, timeout)
 	}
 	if err != nil {
