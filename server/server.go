@@ -75,6 +75,11 @@ type Config struct {
 	// LLMOwnListener serves the gateway only through LLMHandler (a
 	// listener of its own), not under /llm/ of Handler.
 	LLMOwnListener bool
+	// UI, when set, is served under /ui/ on the same listener (the
+	// console, server/console). New calls it once with the handler of the
+	// API itself: the UI acts by calling the API in process with the
+	// signed-in key, so it may do exactly what that key may do.
+	UI func(api http.Handler) http.Handler
 }
 
 // Server serves the /v0 API of one kernel. Create it with New; it is safe
@@ -100,6 +105,8 @@ type Server struct {
 	streams *streamSet
 	// storeCheck is /v0/ready's store write check.
 	storeCheck writeCheck
+	// table is every route with its class (GET /v0/whoami lists a key's).
+	table []route
 }
 
 // New builds a server for k.
@@ -164,6 +171,11 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 	s.ready.Store(true)
 	s.router = s.routes()
 	s.handler = s.outer(s.router)
+	if cfg.UI != nil {
+		ui := cfg.UI(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }))
+		s.router.PathPrefix("/ui/").Handler(uiRoute(ui))
+		s.router.Handle("/ui", http.RedirectHandler("/ui/", http.StatusFound)).Methods("GET", "HEAD")
+	}
 	return s
 }
 
@@ -217,13 +229,8 @@ func (s *Server) routes() *mux.Router {
 			Message: "method " + req.Method + " is not allowed on " + req.URL.Path})
 	})
 	mutation := routeOpts{lease: true}
-	type rt struct {
-		method, path string
-		cl           class
-		h            handlerFunc
-		o            routeOpts
-	}
-	for _, x := range []rt{
+	type rt = route
+	s.table = []rt{
 		{"GET", "/v0/health", classOpen, s.health, routeOpts{}},
 		{"GET", "/v0/ready", classOpen, s.readyz, routeOpts{}},
 
@@ -276,7 +283,10 @@ func (s *Server) routes() *mux.Router {
 		{"DELETE", "/v0/tenants/{tenant}/keys/{key_id}", classKeys, s.deleteKey, routeOpts{}},
 
 		{"GET", "/v0/store/backup", classTenants, s.backup, routeOpts{}},
-	} {
+
+		{"GET", "/v0/whoami", classRead, s.whoami, routeOpts{}},
+	}
+	for _, x := range s.table {
 		r.Handle(x.path, s.wrap(x.path, x.cl, x.o, x.h)).Methods(x.method)
 	}
 	if !s.cfg.MetricsElsewhere {
@@ -292,6 +302,14 @@ func (s *Server) routes() *mux.Router {
 		r.PathPrefix("/llm/").Handler(s.llmRoute())
 	}
 	return r
+}
+
+// route is one row of the route table.
+type route struct {
+	method, path string
+	cl           class
+	h            handlerFunc
+	o            routeOpts
 }
 
 // llmRoute is the LLM gateway as the router serves it, named for metrics

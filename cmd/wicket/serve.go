@@ -28,6 +28,7 @@ import (
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/server"
+	"github.com/wicket-run/wicket/server/console"
 	"github.com/wicket-run/wicket/server/llmgw"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
@@ -55,7 +56,14 @@ type serveOptions struct {
 	net                           netLimits
 	webhookAllow, webhookDeny     stringList
 	signatureTolerance            time.Duration
+	ui                            uiOptions
 	llm                           llmOptions
+}
+
+// uiOptions configure the console served at /ui/ (server/console).
+type uiOptions struct {
+	disabled     bool
+	secureCookie bool
 }
 
 // llmOptions are the LLM gateway's flags; its providers come from the
@@ -171,6 +179,8 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
+	fs.BoolVar(&o.ui.disabled, "no-ui", os.Getenv("WICKET_NO_UI") == "1", "do not serve the console at /ui/ (WICKET_NO_UI=1)")
+	fs.BoolVar(&o.ui.secureCookie, "ui-secure-cookie", os.Getenv("WICKET_UI_SECURE_COOKIE") == "1", "mark the console's session cookie Secure on plain HTTP too, behind a proxy that terminates TLS (WICKET_UI_SECURE_COOKIE=1)")
 	fs.StringVar(&o.llm.addr, "llm-addr", envString("WICKET_LLM_ADDR", ""), "serve the LLM gateway on this address only, instead of under /llm/ of --addr (WICKET_LLM_ADDR)")
 	fs.Int64Var(&o.llm.maxBody, "llm-max-body", int64(envInt("WICKET_LLM_MAX_BODY", int(llmgw.DefaultMaxBodyBytes))), "largest LLM gateway request body in bytes (WICKET_LLM_MAX_BODY)")
 	fs.DurationVar(&o.llm.upstreamTimeout, "llm-upstream-timeout", envDuration("WICKET_LLM_UPSTREAM_TIMEOUT", llmgw.DefaultUpstreamTimeout), "longest provider call, stream included (WICKET_LLM_UPSTREAM_TIMEOUT)")
@@ -385,6 +395,9 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		}
 		scfg.LLM, scfg.LLMOwnListener = gw, o.llm.addr != ""
 		log.Info("llm gateway", "providers_per_tenant", gw.Tenants(), "addr", cmp.Or(o.llm.addr, o.addr))
+	}
+	if !o.ui.disabled {
+		scfg.UI = console.Handler(console.Options{SecureCookie: o.ui.secureCookie, Logger: log})
 	}
 	srv = server.New(k, scfg)
 	if !keysConfigured {

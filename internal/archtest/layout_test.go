@@ -53,6 +53,7 @@ var layout = []row{
 	{"sdk/client", []string{std, "server/wire"}, "the client SDK stays light"},
 	{"sdk/agent", []string{std, "sdk/client", "server/wire", "kernel/canon", "internal/llmrec"}, "the agent SDK stays light; kernel/canon (standard library only) computes the step ids it sends as Rebuno-Step-Id"},
 	{"server", []string{std, "kernel", "kernel/policy", "server/wire", "internal/metrics", "github.com/gorilla/mux", "golang.org/x/net/netutil"}, "the HTTP API: the only user of mux (and of x/net's connection limit); never the policy engines (cmd/wicket wires them)"},
+	{"server/console", []string{std, "kernel", "server/wire"}, "the web console: pages made from the API's answers to the signed-in key (called in process, through the handler the server hands it); no dependency of its own, no permission model of its own"},
 	{"server/llmgw", []string{std, "kernel", "kernel/policy", "server/wire", "internal/llmrec"}, "the LLM gateway: provider wire formats in, steps recorded through the kernel; a handler the server mounts"},
 	{"internal/llmrec", []string{std, "server/wire"}, "the llm_call record (format, refusal, usage, stream recorder) shared by the SDK's Transport and the gateway: standard library only"},
 	{"internal/metrics", []string{std, "kernel", "kernel/policy", "github.com/prometheus/client_golang"}, "Prometheus metrics: the only user of the Prometheus client"},

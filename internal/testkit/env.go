@@ -56,6 +56,8 @@ type Options struct {
 	// gives every dispatch attempt a gateway token). Its Deltas are the
 	// server's.
 	LLM *llmgw.Config
+	// UI is server.Config.UI (the console, server/console).
+	UI func(api http.Handler) http.Handler
 }
 
 // Store backends.
@@ -143,7 +145,7 @@ func Start(t testing.TB, o Options) *Env {
 		t.Fatalf("load bundles: %v", err)
 	}
 	var srv *server.Server
-	scfg := server.Config{AdminKey: AdminKey}
+	scfg := server.Config{AdminKey: AdminKey, UI: o.UI}
 	var gw *llmgw.Gateway
 	if o.LLM != nil {
 		lc := *o.LLM

@@ -614,3 +614,17 @@ type KeyList struct {
 type Status struct {
 	Status string `json:"status"`
 }
+
+// Whoami is the answer of GET /v0/whoami: who the key is, the tenant the
+// request acts in (an admin key's ?tenant=), and the routes ("METHOD
+// /v0/path/{var}") its role may call. Key routes of a tenant-admin are
+// further held to its own tenant, and agent routes to the session a key
+// holds.
+type Whoami struct {
+	Role      string   `json:"role"`
+	Tenant    string   `json:"tenant"`
+	KeyTenant string   `json:"key_tenant"`
+	KeyID     string   `json:"key_id"`
+	Principal string   `json:"principal"`
+	Routes    []string `json:"routes"`
+}
