@@ -750,3 +750,103 @@ func TestSubmitGivesUpWhenStateKeepsMoving(t *testing.T) {
 		t.Errorf("%d steps recorded for %d racing submissions: the given-up one recorded something", len(steps), raced.Load())
 	}
 }
+
+// TestHeartbeatFreshLeaseNeedsNoWrite: a heartbeat within an eighth of the
+// lease timeout of the last renewal is answered from a read (the expiry
+// does not move: a write would set it to now + LeaseTimeout); a later one
+// renews in full.
+func TestHeartbeatFreshLeaseNeedsNoWrite(t *testing.T) {
+	h := newHarness(t, kernel.Config{}, nil)
+	r := h.start(kernel.Limits{}, nil)
+	ctx := context.Background()
+	lt := kernel.DefaultConfig().LeaseTimeout
+	first, err := h.k.Heartbeat(ctx, r.call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.clock.advance(lt / 16)
+	again, err := h.k.Heartbeat(ctx, r.call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Equal(first) {
+		t.Errorf("a heartbeat %s after the last renewal moved the expiry from %s to %s", lt/16, first, again)
+	}
+	h.clock.advance(lt / 4)
+	later, err := h.k.Heartbeat(ctx, r.call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := h.clock.Now().Add(lt); !later.Equal(want) {
+		t.Errorf("a heartbeat after an eighth of the lease: expiry %s, want %s", later, want)
+	}
+	if e := r.waitState(func(*kernel.Execution) bool { return true }); !e.Dispatch.LeaseUntil.Equal(later) {
+		t.Errorf("stored expiry %s, answered %s", e.Dispatch.LeaseUntil, later)
+	}
+	// A superseded or unknown lease is refused by the read as by the write.
+	bad := r.call
+	bad.Lease.Attempt++
+	if _, err := h.k.Heartbeat(ctx, bad); kernel.CodeOf(err) != kernel.CodeLeaseSuperseded {
+		t.Errorf("heartbeat with another lease: %v", err)
+	}
+}
+
+// TestLocalStepWithValue: a local step submitted with its value is decided
+// and recorded succeeded in one commit, answered replay with the value; a
+// later attempt gets the first value back whatever it sends; a denied one
+// records no value; any other kind with a value is refused.
+func TestLocalStepWithValue(t *testing.T) {
+	h := newHarness(t, kernel.Config{}, map[string]kernel.Verdict{"forbidden": {Action: policy.Deny, RuleID: "no", Reason: "no"}})
+	r := h.start(kernel.Limits{}, nil)
+	ctx := context.Background()
+	submit := func(kind, target, value string) (*kernel.StepDecision, error) {
+		return h.k.SubmitStep(ctx, kernel.StepRequest{AgentCall: r.call, Kind: kind, Target: target, Value: json.RawMessage(value)})
+	}
+	d, err := submit("local", "clock", `{ "t" : 1 }`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Decision != kernel.DecisionReplay || string(d.Result) != `{"t":1}` || d.Occurrence != 0 {
+		t.Fatalf("answer %+v, want replay with the canonical value", d)
+	}
+	s := r.getStep(d.StepID)
+	if s.Status != kernel.StepSucceeded || string(s.Result) != `{"t":1}` || s.CompletedAt == nil || s.Verdict == nil {
+		t.Errorf("step %+v", s)
+	}
+	want := []kernel.EventType{kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting, kernel.EvStepSucceeded}
+	if got := r.stepEvents(d.StepID); !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
+	}
+	if e := r.exec(); e.Totals.Steps != 1 {
+		t.Errorf("totals %+v, want one step", e.Totals)
+	}
+	// Completing it again with the same value is the usual idempotent no-op.
+	if _, err := h.k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: r.call, StepID: d.StepID, Result: json.RawMessage(`{"t":1}`)}); err != nil {
+		t.Errorf("complete with the recorded value: %v", err)
+	}
+	// The next attempt replays the first value.
+	r.expireLease()
+	d2, err := submit("local", "clock", `{"t":2}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2.StepID != d.StepID || d2.Decision != kernel.DecisionReplay || string(d2.Result) != `{"t":1}` {
+		t.Errorf("replay %+v, want the first value of step %s", d2, d.StepID)
+	}
+	// Denied: no value recorded.
+	d3, err := submit("local", "forbidden", `1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d3.Decision != kernel.DecisionDenied || d3.Result != nil {
+		t.Errorf("denied local step: %+v", d3)
+	}
+	if s := r.getStep(d3.StepID); s.Status != kernel.StepDenied || s.Result != nil {
+		t.Errorf("denied step recorded %s %s", s.Status, s.Result)
+	}
+	for _, tc := range []struct{ kind, value string }{{"tool_call", `1`}, {"llm_call", `"x"`}, {"local", `{"bad"`}} {
+		if _, err := submit(tc.kind, "x", tc.value); kernel.CodeOf(err) != kernel.CodeValidation {
+			t.Errorf("%s with value %s: %v, want a validation error", tc.kind, tc.value, err)
+		}
+	}
+}

@@ -442,7 +442,7 @@ func (r *rec) event(e *Execution, typ EventType, payload any) error {
 	case json.RawMessage:
 		raw = p
 	default:
-		b, err := json.Marshal(p)
+		b, err := encodePayload(p)
 		if err != nil {
 			return fmt.Errorf("encode %s payload: %w", typ, err)
 		}

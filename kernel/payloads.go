@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"encoding/json"
+	"strconv"
 
 	"github.com/wicket-run/wicket/kernel/policy"
 )
@@ -62,4 +63,109 @@ type outcomePayload struct {
 	stepRef
 	Error json.RawMessage `json:"error,omitempty"`
 	Usage *Usage          `json:"usage,omitempty"`
+}
+
+// The payloads above are encoded by hand, byte for byte as encoding/json
+// would encode them (TestPayloadEncodingMatchesJSON compares the two):
+// four of them are written on every step, and reflection was a visible
+// share of a step's CPU. A field that is rare or awkward (a nested lease,
+// usage, an error) falls back to encoding/json for that payload.
+
+// appendJSONString appends s as encoding/json quotes it. Strings of
+// printable ASCII without characters it escapes are copied; any other is
+// left to encoding/json (HTML escapes, control characters, invalid UTF-8).
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string always encodes
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+func appendField(b []byte, name, v string) []byte {
+	b = append(b, name...)
+	return appendJSONString(b, v)
+}
+
+func (r *stepRef) appendJSON(b []byte) []byte {
+	b = appendField(b, `{"step_id":`, r.StepID)
+	b = appendField(b, `,"kind":`, r.Kind)
+	return appendField(b, `,"target":`, r.Target)
+}
+
+func (p *proposedPayload) appendJSON(b []byte) ([]byte, bool) {
+	b = p.stepRef.appendJSON(b)
+	b = appendField(b, `,"args_hash":`, p.ArgsHash)
+	b = strconv.AppendInt(append(b, `,"occurrence":`...), int64(p.Occurrence), 10)
+	b = appendField(b, `,"idempotency":`, string(p.Idempotency))
+	b = appendField(b, `,"effect":`, p.Effect)
+	b = appendField(b, `,"dispatch_id":`, p.DispatchID)
+	b = strconv.AppendInt(append(b, `,"dispatch_attempt":`...), int64(p.DispatchAttempt), 10)
+	return append(b, '}'), true
+}
+
+func (p *verdictPayload) appendJSON(b []byte) ([]byte, bool) {
+	b = p.stepRef.appendJSON(b)
+	b = appendField(b, `,"decision":`, string(p.Decision))
+	b = appendField(b, `,"reason":`, p.Reason)
+	b = appendField(b, `,"rule_id":`, p.RuleID)
+	b = appendField(b, `,"bundle":{"name":`, p.Bundle.Name)
+	b = appendField(b, `,"revision":`, p.Bundle.Revision)
+	b = appendField(b, `,"sha256":`, p.Bundle.Digest)
+	b = appendField(b, `,"engine":`, p.Bundle.Engine)
+	b = appendField(b, `},"engine":`, p.Engine)
+	b = strconv.AppendInt(append(b, `,"eval_ns":`...), p.EvalNS, 10)
+	if p.RateLimitID != "" {
+		b = appendField(b, `,"rate_limit_id":`, p.RateLimitID)
+	}
+	if p.ApprovalID != "" {
+		b = appendField(b, `,"approval_id":`, p.ApprovalID)
+	}
+	return append(b, '}'), true
+}
+
+func (p *executingPayload) appendJSON(b []byte) ([]byte, bool) {
+	if p.OrphanedFrom != nil {
+		return b, false
+	}
+	b = p.stepRef.appendJSON(b)
+	b = appendField(b, `,"dispatch_id":`, p.DispatchID)
+	b = strconv.AppendInt(append(b, `,"dispatch_attempt":`...), int64(p.DispatchAttempt), 10)
+	if p.ApprovalID != "" {
+		b = appendField(b, `,"approval_id":`, p.ApprovalID)
+	}
+	return append(b, '}'), true
+}
+
+func (p *outcomePayload) appendJSON(b []byte) ([]byte, bool) {
+	if len(p.Error) > 0 || p.Usage != nil {
+		return b, false
+	}
+	return append(p.stepRef.appendJSON(b), '}'), true
+}
+
+// encodePayload encodes an event payload: by hand for the step payloads,
+// with encoding/json for the rest.
+func encodePayload(v any) ([]byte, error) {
+	b := make([]byte, 0, 256)
+	ok := false
+	switch p := v.(type) {
+	case proposedPayload:
+		b, ok = p.appendJSON(b)
+	case verdictPayload:
+		b, ok = p.appendJSON(b)
+	case executingPayload:
+		b, ok = p.appendJSON(b)
+	case outcomePayload:
+		b, ok = p.appendJSON(b)
+	}
+	if ok {
+		return b, nil
+	}
+	return json.Marshal(v)
 }

@@ -63,6 +63,12 @@ type StepRequest struct {
 	// ended): it is then answered DecisionInterrupted instead of the
 	// agent's on_interrupted behaviour.
 	Reconcile bool
+	// Value is a local step's value, submitted with it (nil: none). A
+	// local step allowed to run is then recorded succeeded with it in the
+	// decision's own commit, and answered DecisionReplay with the value:
+	// one commit for the step instead of two. A step already recorded
+	// answers its recorded value, as always.
+	Value json.RawMessage
 }
 
 // StepDecision is the kernel's answer to a submission.
@@ -139,6 +145,14 @@ func newSubmission(req StepRequest) (*submission, error) {
 		return nil, Errorf(CodeValidation, "args: %v", err)
 	}
 	req.Args = args
+	if req.Value != nil {
+		if req.Kind != policy.KindLocal {
+			return nil, Errorf(CodeValidation, "result is accepted with a step only for kind local (a value recorded with its submission), not %s", req.Kind)
+		}
+		if req.Value, err = canonicalOrNull(req.Value, "result"); err != nil {
+			return nil, err
+		}
+	}
 	return &submission{StepRequest: req, argsHash: argsHash, occKey: occKey(req.Kind, req.Target, argsHash)}, nil
 }
 
@@ -436,6 +450,13 @@ func (k *Kernel) writeStep(r *rec, sub *submission, pre *preread, v *Verdict) (*
 	}
 	if err != nil {
 		return nil, err
+	}
+	if sub.Value != nil && d.Decision == DecisionProceed {
+		// A local step with its value: it ends in the commit that lets it run.
+		if err := k.recordOutcome(r, e, s, StepSucceeded, sub.Value, nil, nil); err != nil {
+			return nil, err
+		}
+		d = replayOf(d, s)
 	}
 	if d.Decision != DecisionBlocked {
 		// A blocked answer consumes no occurrence: a session's holder,
@@ -778,37 +799,46 @@ func (k *Kernel) endStep(ctx context.Context, o StepOutcome, st StepStatus) (*St
 		if s.Lease != e.Lease {
 			return Errorf(CodeLeaseSuperseded, "step %s was proceeded under another dispatch attempt", s.ID)
 		}
-		t := r.now
-		s.Status, s.Result, s.Error, s.Usage, s.CompletedAt = st, o.Result, o.Error, o.Usage, &t
-		if err := r.tx.PutStep(s); err != nil {
+		if err := k.recordOutcome(r, e, s, st, o.Result, o.Error, o.Usage); err != nil {
 			return err
-		}
-		payload := outcomePayload{stepRef: refOf(s), Usage: o.Usage}
-		typ := EvStepSucceeded
-		if st == StepFailed {
-			typ = EvStepFailed
-			payload.Error = o.Error
-		}
-		if o.Usage != nil {
-			e.Totals.Tokens += o.Usage.TotalTokens
-			if o.Usage.TotalTokens == 0 {
-				e.Totals.Tokens += o.Usage.InputTokens + o.Usage.OutputTokens
-			}
-			e.Totals.CostUSD += o.Usage.CostUSD
-		}
-		if err := r.event(e, typ, payload); err != nil {
-			return err
-		}
-		if e.Limits.MaxConsecutiveFailures > 0 {
-			if err := countFailure(r.tx, e, st == StepFailed); err != nil {
-				return err
-			}
 		}
 		k.renew(r, e)
 		out = s
 		return r.tx.PutExecution(e)
 	})
 	return out, err
+}
+
+// recordOutcome ends the executing step s with status st (succeeded or
+// failed), its result or error and usage: the step, its event, the
+// execution's totals and its count of consecutive failures. The caller
+// renews the lease and writes e.
+func (k *Kernel) recordOutcome(r *rec, e *Execution, s *Step, st StepStatus, result, errv json.RawMessage, usage *Usage) error {
+	t := r.now
+	s.Status, s.Result, s.Error, s.Usage, s.CompletedAt = st, result, errv, usage, &t
+	if err := r.tx.PutStep(s); err != nil {
+		return err
+	}
+	payload := outcomePayload{stepRef: refOf(s), Usage: usage}
+	typ := EvStepSucceeded
+	if st == StepFailed {
+		typ = EvStepFailed
+		payload.Error = errv
+	}
+	if usage != nil {
+		e.Totals.Tokens += usage.TotalTokens
+		if usage.TotalTokens == 0 {
+			e.Totals.Tokens += usage.InputTokens + usage.OutputTokens
+		}
+		e.Totals.CostUSD += usage.CostUSD
+	}
+	if err := r.event(e, typ, payload); err != nil {
+		return err
+	}
+	if e.Limits.MaxConsecutiveFailures > 0 {
+		return countFailure(r.tx, e, st == StepFailed)
+	}
+	return nil
 }
 
 // GetStep returns one step of an execution.

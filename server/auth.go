@@ -9,8 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gorilla/mux"
-
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/server/wire"
 )
@@ -155,7 +153,7 @@ func (s *Server) agentOf(c *call, agentID string) (*kernel.Agent, string, error)
 	if c.r.Header.Get(wire.HeaderWicketSignature) == "" && c.r.Header.Get(wire.HeaderSignature) == "" {
 		return nil, "", errorf(kernel.CodeUnauthenticated, "missing %s (or %s for agents registered with signing: body)", wire.HeaderWicketSignature, wire.HeaderSignature)
 	}
-	id := mux.Vars(c.r)["id"]
+	id := c.vars("id")
 	tenant, owner, err := s.k.ExecutionOwner(c.ctx, id)
 	if err != nil {
 		return nil, "", err

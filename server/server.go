@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,6 +92,7 @@ type Server struct {
 	log       *slog.Logger
 	adminHash [32]byte // sha256 of cfg.AdminKey; unused when AdminKey is ""
 	router    *mux.Router
+	hot       [len(hotRoutes)]*routeHandler // the handlers of hotRoutes
 	handler   http.Handler
 	ready     atomic.Bool
 	metrics   *metrics.Metrics
@@ -170,7 +173,7 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 	}
 	s.ready.Store(true)
 	s.router = s.routes()
-	s.handler = s.outer(s.router)
+	s.handler = s.outer(http.HandlerFunc(s.serveRoute))
 	if cfg.UI != nil {
 		ui := cfg.UI(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }))
 		s.router.PathPrefix("/ui/").Handler(uiRoute(ui))
@@ -287,7 +290,11 @@ func (s *Server) routes() *mux.Router {
 		{"GET", "/v0/whoami", classRead, s.whoami, routeOpts{}},
 	}
 	for _, x := range s.table {
-		r.Handle(x.path, s.wrap(x.path, x.cl, x.o, x.h)).Methods(x.method)
+		h := s.wrap(x.path, x.cl, x.o, x.h)
+		r.Handle(x.path, h).Methods(x.method)
+		if i := slices.Index(hotRoutes[:], x.path); i >= 0 && x.method == "POST" {
+			s.hot[i] = h
+		}
 	}
 	if !s.cfg.MetricsElsewhere {
 		mh := s.metricsHandler()
@@ -303,6 +310,72 @@ func (s *Server) routes() *mux.Router {
 	}
 	return r
 }
+
+// hotRoutes are an agent's step traffic, matched by Server.serveRoute
+// without the router's regular expressions; all are POSTs.
+var hotRoutes = [...]string{
+	"/v0/executions/{id}/steps",
+	"/v0/executions/{id}/steps/{step_id}/complete",
+	"/v0/executions/{id}/steps/{step_id}/fail",
+	"/v0/executions/{id}/heartbeat",
+}
+
+// serveRoute serves a request: the hot routes by splitting the path, every
+// other request (and any hot path that is not in clean form) through the
+// router. The two agree: a hot route's variables are non-empty segments
+// without a slash, as the router's {id} and {step_id} are, and a path the
+// router would clean or redirect (empty, "." or ".." segments) is left to
+// it.
+func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		if rest, ok := strings.CutPrefix(r.URL.Path, "/v0/executions/"); ok {
+			if h, pv := s.hotRoute(rest); h != nil {
+				h.serve(w, r, pv)
+				return
+			}
+		}
+	}
+	s.router.ServeHTTP(w, r)
+}
+
+// hotRoute matches rest, the path after /v0/executions/, against the hot
+// routes.
+func (s *Server) hotRoute(rest string) (*routeHandler, *pathVars) {
+	var seg [5]string
+	n := 0
+	for n < len(seg) {
+		i := strings.IndexByte(rest, '/')
+		if i < 0 {
+			seg[n] = rest
+			n++
+			break
+		}
+		seg[n], rest = rest[:i], rest[i+1:]
+		n++
+		if n == len(seg) {
+			return nil, nil // too many segments for a hot route
+		}
+	}
+	for _, v := range seg[:n] {
+		if v == "" || v == "." || v == ".." {
+			return nil, nil
+		}
+	}
+	switch {
+	case n == 2 && seg[1] == "steps":
+		return s.hot[0], &pathVars{id: seg[0]}
+	case n == 4 && seg[1] == "steps" && seg[3] == "complete":
+		return s.hot[1], &pathVars{id: seg[0], stepID: seg[2]}
+	case n == 4 && seg[1] == "steps" && seg[3] == "fail":
+		return s.hot[2], &pathVars{id: seg[0], stepID: seg[2]}
+	case n == 2 && seg[1] == "heartbeat":
+		return s.hot[3], &pathVars{id: seg[0]}
+	}
+	return nil, nil
+}
+
+// pathVars are the path variables of a hot route.
+type pathVars struct{ id, stepID string }
 
 // route is one row of the route table.
 type route struct {
@@ -357,10 +430,23 @@ type call struct {
 	bodyRead bool
 	// token is the bearer key as sent (bearer principals only).
 	token string
+	// pv are the path variables of a hot route (nil: the router's).
+	pv *pathVars
 }
 
 // vars returns a path variable.
-func (c *call) vars(name string) string { return mux.Vars(c.r)[name] }
+func (c *call) vars(name string) string {
+	if c.pv != nil {
+		switch name {
+		case "id":
+			return c.pv.id
+		case "step_id":
+			return c.pv.stepID
+		}
+		return ""
+	}
+	return mux.Vars(c.r)[name]
+}
 
 // handlerFunc handles a call: it returns the status and the value to send
 // as JSON (nil: no body), or an error. A handler that wrote the answer
@@ -370,28 +456,45 @@ type handlerFunc func(c *call) (int, any, error)
 // wrap turns a handlerFunc into an http.Handler: it admits the call
 // (authentication, authorisation, then the body within the caller's limit),
 // runs the handler and writes the answer or the error envelope.
-func (s *Server) wrap(template string, cl class, o routeOpts, h handlerFunc) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if rec, ok := w.(*recorder); ok {
-			rec.route = template
-		}
-		c := &call{w: w, r: r, ctx: r.Context()}
-		if err := s.admit(c, cl, o); err != nil {
-			s.refuse(c, err)
-			return
-		}
-		status, v, err := h(c)
-		switch {
-		case err != nil:
-			s.writeError(w, r, err)
-		case status == 0:
-			// written by the handler
-		case v == nil:
-			w.WriteHeader(status)
-		default:
-			s.writeJSON(w, status, v)
-		}
-	})
+func (s *Server) wrap(template string, cl class, o routeOpts, h handlerFunc) *routeHandler {
+	return &routeHandler{s: s, template: template, cl: cl, o: o, h: h}
+}
+
+// routeHandler is a route's handler (see wrap).
+type routeHandler struct {
+	s        *Server
+	template string
+	cl       class
+	o        routeOpts
+	h        handlerFunc
+}
+
+// ServeHTTP serves a request the router matched.
+func (rh *routeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { rh.serve(w, r, nil) }
+
+// serve serves a request; pv are its path variables when Server.route
+// matched it (nil: the router's).
+func (rh *routeHandler) serve(w http.ResponseWriter, r *http.Request, pv *pathVars) {
+	s := rh.s
+	if rec, ok := w.(*recorder); ok {
+		rec.route = rh.template
+	}
+	c := &call{w: w, r: r, ctx: r.Context(), pv: pv}
+	if err := s.admit(c, rh.cl, rh.o); err != nil {
+		s.refuse(c, err)
+		return
+	}
+	status, v, err := rh.h(c)
+	switch {
+	case err != nil:
+		s.writeError(w, r, err)
+	case status == 0:
+		// written by the handler
+	case v == nil:
+		w.WriteHeader(status)
+	default:
+		s.writeJSON(w, status, v)
+	}
 }
 
 // admit authenticates and authorises c, and reads its body. Bearer

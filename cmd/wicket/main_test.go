@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -140,18 +141,92 @@ func TestPolicyInspectBuildEval(t *testing.T) {
 	}
 }
 
+// TestBench runs the bench with its load in this process (the default,
+// the load in a child process running this binary, is
+// e2e.TestBenchChildLoad: here the binary is the test's).
 func TestBench(t *testing.T) {
-	out, _, err := runCmd(t, context.Background(), "bench", "--executions", "3", "--steps", "60", "--data", t.TempDir())
+	out, _, err := runCmd(t, context.Background(), "bench", "--executions", "3", "--steps", "60", "--data", t.TempDir(), "--load-in-process")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"steps:           60 over HTTP through sdk/agent, 3 concurrent executions, fsync true", "steps/s", "p99", "updates/commit"} {
+	for _, want := range []string{"steps:           60 over HTTP through sdk/agent, 3 concurrent executions, fsync true, store disk",
+		"steps/s", "p99", "updates/commit", "page writes/commit", "s per 1,000 steps (kernel and load, one process", "bytes per step"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("bench output lacks %q:\n%s", want, out)
 		}
 	}
-	if _, _, err := runCmd(t, context.Background(), "bench", "--executions", "0"); err == nil {
-		t.Error("bench with no executions accepted")
+	out, _, err = runCmd(t, context.Background(), "bench", "--executions", "2", "--steps", "20", "--store", "memory", "--load-in-process")
+	if err != nil || !strings.Contains(out, "fsync false, store memory") {
+		t.Errorf("bench --store memory: %v\n%s", err, out)
+	}
+	out, _, err = runCmd(t, context.Background(), "bench", "--idle", "5", "--store", "memory")
+	if err != nil || !strings.Contains(out, "5 executions created and held by their agent") || !strings.Contains(out, "bytes per idle execution") {
+		t.Errorf("bench --idle: %v\n%s", err, out)
+	}
+	for _, bad := range [][]string{{"--executions", "0"}, {"--store", "tape"}, {"extra"}, {"--idle", "-1"}} {
+		if _, _, err := runCmd(t, context.Background(), append([]string{"bench"}, bad...)...); err == nil {
+			t.Errorf("bench %v accepted", bad)
+		} else if _, ok := err.(usageError); !ok {
+			t.Errorf("bench %v: %v, want a usage error", bad, err)
+		}
+	}
+}
+
+// TestServePprof: --pprof serves Go's profiler on its own loopback
+// listener, not on the API's, and refuses any other address.
+func TestServePprof(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:6060", ":6060", "192.0.2.1:6060"} {
+		_, _, err := runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--pprof", addr)
+		if _, ok := err.(usageError); !ok || !strings.Contains(err.Error(), "loopback") {
+			t.Errorf("--pprof %s: %v, want a usage error about loopback", addr, err)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pprofAddr := ln.Addr().String()
+	ln.Close()
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var out, errb bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{"serve", "--data", filepath.Join(dir, "data"), "--addr", "127.0.0.1:0", "--ready-file", ready, "--pprof", pprofAddr}, &out, &errb)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Error("serve did not shut down")
+		}
+	}()
+	var addr []byte
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if addr, err = os.ReadFile(ready); err == nil && len(addr) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	get := func(url string) int {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := get("http://" + pprofAddr + "/debug/pprof/cmdline"); st != http.StatusOK {
+		t.Errorf("profiler: %d", st)
+	}
+	if st := get("http://" + string(addr) + "/debug/pprof/cmdline"); st != http.StatusNotFound {
+		t.Errorf("the API listener answers /debug/pprof/ with %d, want 404", st)
 	}
 }
 

@@ -89,14 +89,14 @@ func TestServeRefusesUnknownStore(t *testing.T) {
 }
 
 // TestBenchReplicas runs the bench with two kernels on one PostgreSQL
-// database; its schema is gone afterwards.
+// database, the load taking them in turn; its schema is gone afterwards.
 func TestBenchReplicas(t *testing.T) {
 	base := pgtest.BaseDSN(t)
-	out, _, err := runCmd(t, context.Background(), "bench", "--executions", "3", "--steps", "60", "--store", base, "--replicas", "2")
+	out, _, err := runCmd(t, context.Background(), "bench", "--executions", "3", "--steps", "60", "--store", base, "--replicas", "2", "--load-in-process")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"store:           postgres, 2 replica(s)", "steps:           60 over HTTP", "p99", "conflicts:"} {
+	for _, want := range []string{"store postgres, 2 replica(s)", "steps:           60 over HTTP", "p99", "conflicts:", "server CPU:"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("bench output lacks %q:\n%s", want, out)
 		}

@@ -56,6 +56,7 @@ type serveOptions struct {
 	net                           netLimits
 	webhookAllow, webhookDeny     stringList
 	signatureTolerance            time.Duration
+	pprofAddr                     string
 	ui                            uiOptions
 	llm                           llmOptions
 }
@@ -179,6 +180,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	o.webhookAllow, o.webhookDeny = envList("WICKET_WEBHOOK_ALLOW_CIDR"), envList("WICKET_WEBHOOK_DENY_CIDR")
 	fs.Var(&o.webhookAllow, "webhook-allow-cidr", "admit webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_ALLOW_CIDR, comma-separated)")
 	fs.Var(&o.webhookDeny, "webhook-deny-cidr", "refuse webhook addresses in this prefix (repeatable; WICKET_WEBHOOK_DENY_CIDR, comma-separated)")
+	fs.StringVar(&o.pprofAddr, "pprof", envString("WICKET_PPROF", ""), "serve Go's profiler (net/http/pprof) on this loopback address, e.g. 127.0.0.1:6060 (WICKET_PPROF)")
 	fs.BoolVar(&o.ui.disabled, "no-ui", os.Getenv("WICKET_NO_UI") == "1", "do not serve the console at /ui/ (WICKET_NO_UI=1)")
 	fs.BoolVar(&o.ui.secureCookie, "ui-secure-cookie", os.Getenv("WICKET_UI_SECURE_COOKIE") == "1", "mark the console's session cookie Secure on plain HTTP too, behind a proxy that terminates TLS (WICKET_UI_SECURE_COOKIE=1)")
 	fs.StringVar(&o.llm.addr, "llm-addr", envString("WICKET_LLM_ADDR", ""), "serve the LLM gateway on this address only, instead of under /llm/ of --addr (WICKET_LLM_ADDR)")
@@ -256,6 +258,9 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		return err
 	}
 
+	if o.pprofAddr != "" && !isLoopback(o.pprofAddr) {
+		return usageError{fmt.Sprintf("serve: --pprof %s: the profiler listens on a loopback address only (127.0.0.1:PORT)", o.pprofAddr)}
+	}
 	guard, err := webhookGuard(*o)
 	if err != nil {
 		return err
@@ -431,6 +436,13 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	hs := srv.HTTPServer()                                         // timeouts, idle eviction, CloseStreams on shutdown
 	hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn) // net/http: accept errors and the like
 	ln = srv.Listener(ln)
+	if o.pprofAddr != "" {
+		stop, err := servePprof(o.pprofAddr, log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if err := k.Start(ctx); err != nil {
 		return err
 	}

@@ -360,20 +360,64 @@ func Step[T any](ctx context.Context, name string, fn func(ctx context.Context) 
 }
 
 // Now returns the current time, recorded: a replay returns the first
-// run's time.
+// run's time. The time is sent with the step's submission, so that the
+// kernel records it in the commit that decides the step (one request, one
+// commit).
 func Now(ctx context.Context) (time.Time, error) {
-	return Step(ctx, "wicket.now", func(context.Context) (time.Time, error) { return time.Now().UTC(), nil })
+	var t time.Time
+	err := recordValue(ctx, "wicket.now", time.Now().UTC(), &t)
+	return t, err
 }
 
-// NewID returns a fresh random id (a UUIDv4 string), recorded.
+// NewID returns a fresh random id (a UUIDv4 string), recorded, sent with
+// the step's submission as Now's time is.
 func NewID(ctx context.Context) (string, error) {
-	return Step(ctx, "wicket.new_id", func(context.Context) (string, error) {
-		var b [16]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			return "", err
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var id string
+	err := recordValue(ctx, "wicket.new_id", fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16]), &id)
+	return id, err
+}
+
+// recordValue submits the local step name with its value v and decodes
+// the value the kernel recorded (v, or on replay the first run's) into
+// out. Computing v costs nothing and has no effect, so it is computed
+// before the kernel says whether the step is new. A kernel that answers
+// proceed (one that records values only on completion) gets the value
+// through a completion.
+func recordValue(ctx context.Context, name string, v, out any) error {
+	ex, err := FromContext(ctx)
+	if err != nil {
+		return err
+	}
+	val, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("agent: encode value of %s: %w", name, err)
+	}
+	d, err := ex.Submit(ctx, wire.StepSubmitRequest{Kind: KindLocal, Target: name, Args: json.RawMessage("null"), Result: val})
+	if err != nil {
+		return err
+	}
+	raw := d.Result
+	switch d.Decision {
+	case wire.DecisionReplay:
+		if isSet(d.Error) {
+			return &ToolError{StepID: d.StepID, Target: name, Recorded: d.Error, Replayed: true}
 		}
-		b[6] = b[6]&0x0f | 0x40
-		b[8] = b[8]&0x3f | 0x80
-		return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16]), nil
-	})
+	case wire.DecisionProceed:
+		if err := ex.Complete(ctx, d.StepID, val, nil); err != nil {
+			return err
+		}
+		raw = val
+	default:
+		return ex.refused(d, name)
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("agent: decode value of %s: %w", name, err)
+	}
+	return nil
 }

@@ -168,6 +168,11 @@ type StepSubmitRequest struct {
 	// Reconcile says the submitter can reconcile the step if it is found
 	// interrupted: it is then answered DecisionInterrupted.
 	Reconcile bool `json:"reconcile,omitempty"`
+	// Result is a local step's value, submitted with it: a step allowed to
+	// run is recorded succeeded with it in the same commit and answered
+	// replay with the value; a step already recorded answers its recorded
+	// value. Refused with any other kind.
+	Result json.RawMessage `json:"result,omitempty"`
 }
 
 // ReconcileRequest is the body of POST …/steps/{step_id}/reconcile: what

@@ -596,6 +596,12 @@ func (w *writeTx) PutOccurrence(tenant, executionID, k string, o kernel.Occurren
 	return nil
 }
 
+// eventsFill is how full the events bucket's pages are left when one
+// splits. Events are appended at the end of each execution's key range, so
+// the left half of a split page is never written again: bbolt's default
+// (half full) leaves half of every such page empty.
+const eventsFill = 0.9
+
 // AppendEvent implements kernel.Tx. Seq 0 is refused (seqs start at 1).
 func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
 	if err := checkIDs("append event", tenant, ev.ExecutionID); err != nil {
@@ -605,6 +611,7 @@ func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
 		return fmt.Errorf("bbolt: append event %s/%s: seq 0: %w", tenant, ev.ExecutionID, kernel.ErrValidation)
 	}
 	b := w.bucket(bEvents)
+	b.FillPercent = eventsFill
 	k := eventKey(tenant, ev.ExecutionID, ev.Seq)
 	if b.Get(k) != nil {
 		return fmt.Errorf("bbolt: append event %s/%s seq %d (%s): already recorded: %w",

@@ -69,7 +69,8 @@ func (s *Store) collect(batch []*request) []*request {
 	return batch
 }
 
-// gatherMore holds the batch open, up to the gather window, until as many
+// gatherMore holds the batch open, up to the gather window (no longer than
+// the last commit took), until as many
 // requests as there were active writers at the last commit have arrived. A
 // window that brings nobody turns gathering off for the next 16 commits, so
 // a lone or thinning set of writers pays it rarely.
@@ -85,8 +86,16 @@ func (s *Store) gatherMore(batch []*request) []*request {
 	if len(batch) >= target {
 		return batch
 	}
+	// Waiting longer than a commit takes would cost more latency than the
+	// commit it saves: the window is the last commit's duration, at most
+	// the configured one (fsync'd commits on a disk: the full window; a
+	// store without fsync: a fraction of it).
+	window := min(s.gather, s.lastCommit)
+	if window <= 0 {
+		return batch
+	}
 	start := len(batch)
-	timer := time.NewTimer(s.gather)
+	timer := time.NewTimer(window)
 	defer timer.Stop()
 	for len(batch) < target {
 		select {
@@ -155,8 +164,10 @@ func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
 	if err := btx.Commit(); err != nil {
 		return -1, nil, fmt.Errorf("bbolt: update %s: commit: %w", s.path, err)
 	}
+	took := time.Since(t0)
+	s.lastCommit = took
 	if s.onCommit != nil {
-		s.onCommit(time.Since(t0), len(batch))
+		s.onCommit(took, len(batch))
 	}
 	return -1, nil, nil
 }

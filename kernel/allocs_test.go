@@ -1,0 +1,98 @@
+package kernel_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/store/bbolt"
+)
+
+// Allocation ceilings of a step's two requests in the kernel, store
+// included (its writer goroutine, the bbolt transaction, the codec): a
+// regression that adds allocations to the hot path fails here. They sit a
+// little above what the code does today (see the test's log), so that a
+// change of the Go runtime does not trip them.
+const (
+	maxSubmitAllocs   = 300
+	maxCompleteAllocs = 195
+)
+
+// TestAllocsStepPath counts the allocations of SubmitStep (a new step,
+// allowed: step.proposed, step.allowed, step.executing in one commit) and
+// CompleteStep (step.succeeded) against a real bbolt store without fsync.
+// It runs without -race (.ci/run reruns TestAllocs* so).
+func TestAllocsStepPath(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts under the race detector are not the program's")
+	}
+	st, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliv := &deliverer{got: make(chan kernel.Delivery, 4)}
+	cfg := kernel.Config{ReapInterval: time.Hour}
+	k, err := kernel.New(st, deliv, &script{}, nil, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := k.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = k.Close(ctx); _ = st.Close() }()
+	if _, err := k.PutAgent(ctx, kernel.Agent{ID: agentID, WebhookURL: "http://127.0.0.1:1/webhook", Secret: agentSecret}); err != nil {
+		t.Fatal(err)
+	}
+	e, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: agentID, Input: json.RawMessage(`{"task":"allocs"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var call kernel.AgentCall
+	select {
+	case d := <-deliv.got:
+		call = kernel.AgentCall{Tenant: d.Tenant, ExecutionID: d.ExecutionID, AgentID: d.AgentID,
+			Lease: kernel.Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no delivery")
+	}
+	if call.ExecutionID != e.ID {
+		t.Fatalf("delivered %s, created %s", call.ExecutionID, e.ID)
+	}
+
+	const runs = 200
+	args := make([]json.RawMessage, runs+1)
+	results := make([]json.RawMessage, runs+1)
+	for i := range args {
+		args[i] = json.RawMessage(`{"n":` + strconv.Itoa(i) + `,"q":"allocs"}`)
+		results[i] = json.RawMessage(`{"hits":` + strconv.Itoa(i) + `}`)
+	}
+	ids := make([]string, 0, runs+1)
+	i := 0
+	submit := testing.AllocsPerRun(runs, func() {
+		d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: call, Kind: "tool_call", Target: "search", Args: args[i]})
+		if err != nil || d.Decision != kernel.DecisionProceed {
+			t.Fatalf("submit %d: %v %+v", i, err, d)
+		}
+		ids = append(ids, d.StepID)
+		i++
+	})
+	i = 0
+	complete := testing.AllocsPerRun(runs, func() {
+		if _, err := k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: call, StepID: ids[i], Result: results[i]}); err != nil {
+			t.Fatalf("complete %d: %v", i, err)
+		}
+		i++
+	})
+	t.Logf("allocations per call: SubmitStep %.0f (ceiling %d), CompleteStep %.0f (ceiling %d)", submit, maxSubmitAllocs, complete, maxCompleteAllocs)
+	if submit > maxSubmitAllocs {
+		t.Errorf("SubmitStep allocates %.0f times, ceiling %d", submit, maxSubmitAllocs)
+	}
+	if complete > maxCompleteAllocs {
+		t.Errorf("CompleteStep allocates %.0f times, ceiling %d", complete, maxCompleteAllocs)
+	}
+}
