@@ -11,8 +11,12 @@ const claimBatch = 64
 
 // dispatchLoop claims due dispatches and delivers them until ctx ends.
 func (k *Kernel) dispatchLoop(ctx context.Context) {
-	if err := k.recoverDeliveries(ctx); err != nil && ctx.Err() == nil {
-		k.log.Error("recover deliveries", "err", err)
+	// On a shared store the deliveries left "delivering" may be another
+	// replica's, in flight: their leases decide (replicas.go).
+	if _, shared := k.shared(); !shared {
+		if err := k.recoverDeliveries(ctx); err != nil && ctx.Err() == nil {
+			k.log.Error("recover deliveries", "err", err)
+		}
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -242,7 +246,11 @@ func (k *Kernel) claim(r *rec, e *Execution) (*Delivery, error) {
 	e.Dispatch.DueAt = time.Time{}
 	e.Dispatch.LeaseUntil = r.now.Add(k.cfg.LeaseTimeout)
 	e.Lease = Lease{DispatchID: e.Dispatch.ID, Attempt: e.Dispatch.Attempt}
-	if err := r.event(e, EvDispatchClaimed, map[string]any{"dispatch_id": e.Dispatch.ID, "dispatch_attempt": e.Dispatch.Attempt, "lease_until": e.Dispatch.LeaseUntil}); err != nil {
+	claimed := map[string]any{"dispatch_id": e.Dispatch.ID, "dispatch_attempt": e.Dispatch.Attempt, "lease_until": e.Dispatch.LeaseUntil}
+	if k.cfg.Replica != "" {
+		claimed["replica"] = k.cfg.Replica
+	}
+	if err := r.event(e, EvDispatchClaimed, claimed); err != nil {
 		return nil, err
 	}
 	if e.Status == ExecPending {

@@ -217,6 +217,8 @@ type Kernel struct {
 
 	subsMu sync.Mutex
 	subs   map[string]map[chan struct{}]struct{} // execution id → watchers (SSE)
+
+	sh sharedState // following the other replicas (replicas.go)
 }
 
 type owner struct{ tenant, agentID string }
@@ -292,6 +294,10 @@ func (k *Kernel) Start(ctx context.Context) error {
 	go func() { defer k.wg.Done(); k.dispatchLoop(ctx) }()
 	go func() { defer k.wg.Done(); k.reapLoop(ctx) }()
 	go func() { defer k.wg.Done(); k.retentionLoop(ctx) }()
+	if f, ok := k.shared(); ok {
+		k.wg.Add(1)
+		go func() { defer k.wg.Done(); k.follow(ctx, f) }()
+	}
 	return nil
 }
 
