@@ -63,7 +63,6 @@ func TestHotRoutesAgreeWithRouter(t *testing.T) {
 		status   int
 		code     string
 		decision string
-		route    string
 	}
 	ask := func(h http.Handler, req *http.Request) answer {
 		w := httptest.NewRecorder()
