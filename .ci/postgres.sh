@@ -3,6 +3,7 @@
 #
 #   eval "$(.ci/postgres.sh start)"   # start (installing Debian's PostgreSQL
 #                                     # if missing) and export WICKET_TEST_POSTGRES
+#                                     # (and WICKET_PG_STARTED=1 if it started it)
 #   go test -race ./...               # the PostgreSQL tests now run
 #   .ci/postgres.sh stop              # stop it (the data stays until `clean`)
 #   .ci/postgres.sh clean             # stop and remove the cluster
@@ -89,11 +90,16 @@ max_connections = 400
 shared_buffers = 128MB
 EOF
 	fi
+	local started=0
 	if ! as "$bin/pg_ctl" -D "$dir/data" status >/dev/null 2>&1; then
 		as "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start >/dev/null ||
 			{ tail -n 20 "$dir/server.log" >&2; exit 1; }
+		started=1
 	fi
 	echo "export WICKET_TEST_POSTGRES='$(dsn)'"
+	# Whether this call started the server: a caller stops only a server it
+	# started (another run may be using one that was already up).
+	echo "export WICKET_PG_STARTED=$started"
 }
 
 stop() {
