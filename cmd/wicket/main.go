@@ -54,6 +54,9 @@ func init() {
 				var o serveOptions
 				serveFlags(&o, fs)
 				return func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
+					if err := checkEnvTwins(fs, scratchServeFlags); err != nil {
+						return err
+					}
 					return serve(ctx, &o, stdout, stderr)
 				}
 			}},

@@ -163,7 +163,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.DurationVar(&o.net.idleTmo, "idle-timeout", envDuration("WICKET_IDLE_TIMEOUT", server.DefaultIdleTimeout), "how long a keep-alive connection may idle (WICKET_IDLE_TIMEOUT)")
 	fs.IntVar(&o.net.maxConns, "max-conns", envInt("WICKET_MAX_CONNS", server.DefaultMaxConns), "open connections at most, lowered to fit the file descriptor limit; idle ones are closed for room (WICKET_MAX_CONNS)")
 	fs.IntVar(&o.net.maxStreamsPerTenant, "max-streams-per-tenant", envInt("WICKET_MAX_STREAMS_PER_TENANT", server.DefaultMaxStreamsPerTenant), "open event streams per tenant at most (WICKET_MAX_STREAMS_PER_TENANT)")
-	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.BoolVar(&o.noSync, "unsafe-no-fsync", envBool("WICKET_UNSAFE_NO_FSYNC", false), "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss) (WICKET_UNSAFE_NO_FSYNC)")
 	fs.DurationVar(&o.retention, "retention", envDuration("WICKET_RETENTION", 0), "delete terminal executions (with their events, steps, approvals, counters) this long after they end; 0 keeps them (WICKET_RETENTION; a tenant's retention overrides it)")
 	fs.DurationVar(&o.retentionInterval, "retention-interval", envDuration("WICKET_RETENTION_INTERVAL", d.RetentionInterval), "time between retention passes (WICKET_RETENTION_INTERVAL)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", envString("WICKET_METRICS_ADDR", ""), "serve /metrics on this address instead of the API's (WICKET_METRICS_ADDR)")
@@ -182,7 +182,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.StringVar(&o.llm.addr, "llm-addr", envString("WICKET_LLM_ADDR", ""), "serve the LLM gateway on this address only, instead of under /llm/ of --addr (WICKET_LLM_ADDR)")
 	fs.Int64Var(&o.llm.maxBody, "llm-max-body", int64(envInt("WICKET_LLM_MAX_BODY", int(llmgw.DefaultMaxBodyBytes))), "largest LLM gateway request body in bytes (WICKET_LLM_MAX_BODY)")
 	fs.DurationVar(&o.llm.upstreamTimeout, "llm-upstream-timeout", envDuration("WICKET_LLM_UPSTREAM_TIMEOUT", llmgw.DefaultUpstreamTimeout), "longest provider call, stream included (WICKET_LLM_UPSTREAM_TIMEOUT)")
-	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
+	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors) (WICKET_READY_FILE)")
 	limitFlags(&o.limits, fs)
 }
 
