@@ -11,13 +11,6 @@ const claimBatch = 64
 
 // dispatchLoop claims due dispatches and delivers them until ctx ends.
 func (k *Kernel) dispatchLoop(ctx context.Context) {
-	// On a shared store the deliveries left "delivering" may be another
-	// replica's, in flight: their leases decide (replicas.go).
-	if _, shared := k.shared(); !shared {
-		if err := k.recoverDeliveries(ctx); err != nil && ctx.Err() == nil {
-			k.log.Error("recover deliveries", "err", err)
-		}
-	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -60,6 +53,9 @@ func (k *Kernel) dispatchLoop(ctx context.Context) {
 // recoverDeliveries requeues dispatches that were being delivered when the
 // kernel stopped: whether the agent got them is unknown, so they are
 // delivered again as a new attempt right away instead of after the lease.
+// Start runs it before anything of this process can claim: run alongside
+// the first claims, it would take a delivery of this process still in
+// flight for a lost one and deliver the dispatch a second time.
 func (k *Kernel) recoverDeliveries(ctx context.Context) error {
 	var refs []DispatchRef
 	far := k.now().Add(100 * 365 * 24 * time.Hour)
