@@ -42,7 +42,7 @@ rules:
     when: {target: limited}
     then:
       decision: allow
-      rate_limit: {max_calls: 2, window: 1m, per: execution}
+      rate_limit: {max_calls: 2, window: 1h, per: execution}
   - id: deploy
     priority: 4
     when: {target: deploy}
@@ -69,7 +69,7 @@ decision := {"decision": "allow", "rule_id": "read"} if input.step.target == "re
 
 decision := {"decision": "deny", "rule_id": "no-delete", "reason": "deletes are denied"} if input.step.target == "delete"
 
-decision := {"decision": "allow", "rule_id": "limited", "rate_limit": {"max_calls": 2, "window": "1m", "per": "execution"}} if input.step.target == "limited"
+decision := {"decision": "allow", "rule_id": "limited", "rate_limit": {"max_calls": 2, "window": "1h", "per": "execution"}} if input.step.target == "limited"
 
 decision := {"decision": "require_approval", "rule_id": "deploy", "reason": "deploys need a human",
 	"approval": {"approvers": ["alice"], "timeout": "10m", "message": "deploy?"}} if input.step.target == "deploy"
@@ -237,7 +237,10 @@ func pendingApproval(t *testing.T, env *testkit.Env, execID string) kernel.Appro
 
 // TestPolicyDecisionsPerEngine drives every decision through a real agent
 // for each engine: proceed, denied, rate_limited, blocked then grant →
-// resume → proceed, blocked then deny → denied, expiry, and abort.
+// resume → proceed, blocked then deny → denied, expiry, and abort. The rate
+// limit's window is an hour: fixed windows are aligned to the clock, and a
+// minute's boundary crossed between the calls and their re-delivery would
+// reset the count.
 func TestPolicyDecisionsPerEngine(t *testing.T) {
 	for _, ec := range policyEngines() {
 		t.Run(ec.engine, func(t *testing.T) {

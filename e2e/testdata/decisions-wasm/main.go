@@ -15,7 +15,7 @@ func decide(in *policy.Input) *policy.Decision {
 	case "delete":
 		return policy.Deny("deletes are denied").WithRule("no-delete")
 	case "limited":
-		return policy.Allow("").WithRule("limited").WithRateLimit(policy.RateLimit{MaxCalls: 2, Window: "1m", Per: policy.PerExecution})
+		return policy.Allow("").WithRule("limited").WithRateLimit(policy.RateLimit{MaxCalls: 2, Window: "1h", Per: policy.PerExecution})
 	case "deploy":
 		return policy.RequireApproval("deploys need a human").WithRule("deploy").
 			WithApproval(policy.Approval{Approvers: []string{"alice"}, Timeout: "10m", Message: "deploy?"})
