@@ -125,7 +125,7 @@ func TestBadInput(t *testing.T) {
 	env.WaitTerminal(id, 5*time.Second)
 }
 
-// TestBundlesSurviveRestart: bundles are stored in bbolt and loaded again
+// TestBundlesSurviveRestart: bundles are stored in the store and loaded again
 // at boot; the agent binding keeps deciding after a restart.
 func TestBundlesSurviveRestart(t *testing.T) {
 	dir := t.TempDir()
@@ -139,6 +139,7 @@ func TestBundlesSurviveRestart(t *testing.T) {
 	}
 	env.Close()
 
+	opts.DSN = env.DSN // on PostgreSQL: the same database
 	env2 := testkit.Start(t, opts)
 	ctx := context.Background()
 	for effect, want := range map[string]string{"read_only": "allow", "destructive": "deny"} {

@@ -57,7 +57,7 @@ func benchSubmitComplete(b *testing.B, conc int, setup func(env *testkit.Env) st
 	var idx atomic.Int64
 	lat := make([][]time.Duration, conc)
 	b.ResetTimer()
-	st0 := env.Store.Stats()
+	st0 := env.Bolt.Stats()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for w := range conc {
@@ -94,7 +94,7 @@ func benchSubmitComplete(b *testing.B, conc int, setup func(env *testkit.Env) st
 	wg.Wait()
 	el := time.Since(start)
 	b.StopTimer()
-	st1 := env.Store.Stats()
+	st1 := env.Bolt.Stats()
 	if c := st1.Commits - st0.Commits; c > 0 {
 		b.ReportMetric(float64(st1.Updates-st0.Updates)/float64(c), "updates/commit")
 		b.ReportMetric(float64(st1.DB.TxStats.GetWrite()-st0.DB.TxStats.GetWrite())/float64(c), "page-writes/commit")
@@ -242,7 +242,7 @@ func benchKernel(b *testing.B, so bbolt.Options) {
 	}
 	k := env.Kernel
 	var next, idx atomic.Int64
-	s0 := env.Store.Stats()
+	s0 := env.Bolt.Stats()
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -271,7 +271,7 @@ func benchKernel(b *testing.B, so bbolt.Options) {
 	}
 	wg.Wait()
 	el := time.Since(start)
-	s1 := env.Store.Stats()
+	s1 := env.Bolt.Stats()
 	b.ReportMetric(float64(b.N)/el.Seconds(), "steps/s")
 	commits := float64(s1.Commits - s0.Commits)
 	b.ReportMetric(float64(s1.Updates-s0.Updates)/commits, "updates/commit")

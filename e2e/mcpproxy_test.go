@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +18,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wicket-run/wicket/internal/testkit"
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/plugins"
+	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/sdk/client"
 	"github.com/wicket-run/wicket/server/wire"
 )
@@ -211,5 +217,108 @@ func TestMCPProxyProcess(t *testing.T) {
 	}
 	if got["files.read"] != "succeeded" || got["files.delete"] != "denied" || got["files.write"] != "succeeded" {
 		t.Fatalf("steps %v", got)
+	}
+}
+
+// `wicket mcp-proxy --listen`: the real binary serves streamable HTTP in
+// front of a streamable-HTTP upstream (a tool without annotations, whose
+// effect comes from --effect); two MCP clients of the MCP Go SDK share its
+// one session (labelled by --label); on SIGTERM it gives its lease up, so
+// the session is attached again at once.
+func TestMCPProxyListen(t *testing.T) {
+	env := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}})
+	admin := client.New(env.URL, client.WithAPIKey(testkit.AdminKey))
+	ctx := context.Background()
+	if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: "ide", Secret: "ide-secret-0123456789abc"}); err != nil {
+		t.Fatal(err)
+	}
+	k, err := admin.CreateKey(ctx, "default", wire.KeyRequest{Role: "client", Principal: "ide"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fetches atomic.Int32
+	up := mcp.NewServer(&mcp.Implementation{Name: "web", Version: "1"}, nil)
+	mcp.AddTool(up, &mcp.Tool{Name: "fetch", Description: "fetch a URL"},
+		func(_ context.Context, _ *mcp.CallToolRequest, in struct {
+			URL string `json:"url"`
+		}) (*mcp.CallToolResult, any, error) {
+			n := fetches.Add(1)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("page %s #%d", in.URL, n)}}}, nil, nil
+		})
+	ts := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return up }, nil))
+	defer ts.Close()
+
+	addr := freeAddr(t)
+	cmd := exec.Command(wicketBinary(t), "mcp-proxy", "--url", env.URL, "--key", k.Key, "--agent", "ide", "--listen", addr,
+		"--upstream", "web="+ts.URL, "--effect", "web.fetch=read_only", "--label", "team=docs")
+	stderr := &syncBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(stderr.String(), "serving MCP over streamable HTTP") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy did not serve:\n%s", stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	connect := func(name string) *mcp.ClientSession {
+		c := mcp.NewClient(&mcp.Implementation{Name: name, Version: "1"}, nil)
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		cs, err := c.Connect(cctx, &mcp.StreamableClientTransport{Endpoint: "http://" + addr}, nil)
+		if err != nil {
+			t.Fatalf("connect: %v\n%s", err, stderr)
+		}
+		t.Cleanup(func() { _ = cs.Close() })
+		return cs
+	}
+	for i, cs := range []*mcp.ClientSession{connect("one"), connect("two")} {
+		cctx, cancel := context.WithTimeout(ctx, time.Minute)
+		res, err := cs.CallTool(cctx, &mcp.CallToolParams{Name: "web_fetch", Arguments: map[string]any{"url": "https://example.com"}})
+		cancel()
+		if err != nil || res.IsError || mcpText(res) != fmt.Sprintf("page https://example.com #%d", i+1) {
+			t.Fatalf("client %d: %+v %v\n%s", i, res, err, stderr)
+		}
+	}
+	list, err := admin.ListExecutions(ctx, client.ListOptions{AgentID: "ide"})
+	if err != nil || len(list.Executions) != 1 {
+		t.Fatalf("executions %+v %v", list, err)
+	}
+	x := list.Executions[0]
+	if x.Labels["team"] != "docs" || x.Status != "running" {
+		t.Fatalf("session %+v", x)
+	}
+	steps, err := admin.Steps(ctx, x.ID)
+	if err != nil || len(steps) != 2 {
+		t.Fatalf("steps %+v %v", steps, err)
+	}
+	for _, s := range steps {
+		if s.Target != "web.fetch" || s.Status != "succeeded" || s.Effect != "read_only" || s.Idempotency != "safe_to_retry" {
+			t.Fatalf("step %+v", s)
+		}
+	}
+
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the proxy's exit: %v\n%s", err, stderr)
+	}
+	evs, err := admin.AllEvents(ctx, x.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	detached := 0
+	for _, ev := range evs {
+		if ev.Type == string(kernel.EvSessionDetached) && strings.Contains(string(ev.Payload), `"reason":"detached"`) {
+			detached++
+		}
+	}
+	if detached != 1 {
+		t.Fatalf("no session.detached (detached) after SIGTERM:\n%s", stderr)
+	}
+	if _, err := client.New(env.URL, client.WithAPIKey(k.Key)).AttachSession(ctx, x.ID); err != nil {
+		t.Fatalf("attach after the proxy stopped: %v", err)
 	}
 }

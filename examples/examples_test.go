@@ -391,12 +391,16 @@ func TestLLM(t *testing.T) {
 
 // TestGatewayPython runs examples/gateway-python (standard library only)
 // against a kernel serving the LLM gateway in front of the fake provider:
-// its two calls are llm_call steps, answered through the gateway, and a
-// model its policy denies comes back to it as the rebuno_refusal marker.
+// its two calls are llm_call steps, answered through the gateway; a
+// model its policy denies comes back to it as the rebuno_refusal marker;
+// and a model that needs an approval parks the execution (the agent's
+// raise_for_refusal reads "blocked" and ends its dispatch) until a human
+// grants it, after which the execution is delivered again, the recorded
+// call replays and the next one proceeds.
 func TestGatewayPython(t *testing.T) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
-		t.Skip("python3 is not installed: the Python gateway example is not run")
+		t.Skip("python3 is not installed: the Python gateway example is not run (apt-get install -y python3; .ci/run installs it)")
 	}
 	prov := &fakellm.Provider{APIKey: "sk-python-example-provider-key"}
 	base, stop, err := fakellm.Listen("127.0.0.1:0", prov)
@@ -406,13 +410,14 @@ func TestGatewayPython(t *testing.T) {
 	defer stop()
 	env := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}, LLM: &llmgw.Config{Providers: []llmgw.Provider{
 		{Name: "fake", Dialect: llmgw.DialectOpenAI, BaseURL: base + "/v1", APIKey: prov.APIKey,
-			Models: []llmgw.Model{{Name: "gpt-py", Input: 1, Output: 2}, {Name: "gpt-denied"}}},
+			Models: []llmgw.Model{{Name: "gpt-py", Input: 1, Output: 2}, {Name: "gpt-denied"}, {Name: "gpt-gated"}}},
 	}}})
 	admin := client.New(env.URL, client.WithAPIKey(testkit.AdminKey))
 	ctx := context.Background()
 	const secret = "python-agent-secret-0123456789"
-	policy := "default_action: allow\nrules:\n  - id: no\n    priority: 1\n    when: {target: gpt-denied}\n    then: {decision: deny, reason: not this one}\n"
-	for _, model := range []string{"gpt-py", "gpt-denied"} {
+	policy := "default_action: allow\nrules:\n  - id: no\n    priority: 1\n    when: {target: gpt-denied}\n    then: {decision: deny, reason: not this one}\n" +
+		"  - id: gate\n    priority: 2\n    when: {target: gpt-gated}\n    then: {decision: require_approval}\n"
+	for _, model := range []string{"gpt-py", "gpt-denied", "gpt-gated"} {
 		addr := freeAddr(t)
 		id := "py-" + strings.TrimPrefix(model, "gpt-")
 		if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: id, WebhookURL: "http://" + addr + "/webhook", Secret: secret}); err != nil {
@@ -449,6 +454,32 @@ func TestGatewayPython(t *testing.T) {
 			t.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, timeout)
+		granted := make(chan int, 1)
+		if model == "gpt-gated" {
+			// Each gated call parks the execution (the agent's
+			// raise_for_refusal sees "blocked" and ends its dispatch);
+			// a human grants it and the execution is delivered again.
+			go func() {
+				n := 0
+				defer func() { granted <- n }()
+				for wctx.Err() == nil {
+					aps, err := admin.Approvals(wctx, "pending")
+					if err == nil {
+						for _, ap := range aps {
+							if ap.ExecutionID == x.ID {
+								if _, err := admin.Grant(wctx, ap.ID, wire.ResolveApprovalRequest{RequestHash: ap.RequestHash}); err == nil {
+									n++
+								}
+							}
+						}
+					}
+					if cur, err := admin.GetExecution(wctx, x.ID); err == nil && client.IsTerminalStatus(cur.Status) {
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}()
+		}
 		done, err := admin.Wait(wctx, x.ID)
 		cancel()
 		if err != nil {
@@ -473,6 +504,27 @@ func TestGatewayPython(t *testing.T) {
 		case "gpt-denied":
 			if done.Status != "failed" || !strings.Contains(string(done.Error), `"decision":"denied"`) || len(steps) != 1 || prov.Calls() != 2 {
 				t.Fatalf("execution %s %s; steps %+v; provider calls %d", done.Status, done.Error, steps, prov.Calls())
+			}
+		case "gpt-gated":
+			// Two approvals (the plain and the streamed call), three
+			// deliveries; the last one replays the plain call (the
+			// provider is called once per call), and nothing failed.
+			var o struct {
+				Reply, Streamed string
+				Replayed        bool
+			}
+			if n := <-granted; n != 2 || done.Status != "completed" || json.Unmarshal(done.Output, &o) != nil ||
+				!strings.Contains(o.Reply, `"hello from python"`) || !strings.Contains(o.Streamed, `"hello from python"`) {
+				t.Fatalf("gated: %d grants; execution %s %s %s", n, done.Status, done.Output, done.Error)
+			}
+			if len(steps) != 2 || steps[0].Status != "succeeded" || steps[1].Status != "succeeded" || prov.Calls() != 4 {
+				t.Fatalf("gated: steps %+v, provider calls %d", steps, prov.Calls())
+			}
+			// The agent's log: two refusals as "blocked", then a
+			// delivery whose plain call was a replay.
+			b, _ := os.ReadFile(logf)
+			if strings.Count(string(b), "refused: blocked") != 2 || !strings.Contains(string(b), "replayed=True,False") {
+				t.Fatalf("gated: the agent's log:\n%s", b)
 			}
 		}
 	}

@@ -7,10 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"runtime"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel/policy"
@@ -105,6 +102,10 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	}
 	br := &BundleRecord{Tenant: tenant, Name: cb.Ref.Name, Revision: cb.Ref.Revision, Digest: cb.Ref.Digest, Engine: cb.Ref.Engine,
 		Owner: owner, Archive: cb.Archive}
+	// Stored and activated under bundleMu: a replica reloading the bundle
+	// meanwhile cannot activate an older revision after this one.
+	k.sh.bundleMu.Lock()
+	defer k.sh.bundleMu.Unlock()
 	_, err = k.update(ctx, func(r *rec) error {
 		if err := k.requireTenant(r.tx, tenant); err != nil {
 			return err
@@ -123,6 +124,7 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, err
 	}
 	l.Activate(tenant, cb)
+	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest)
 	k.log.Info("bundle activated", "tenant", tenant, "bundle", br.Name, "revision", br.Revision, "engine", br.Engine,
 		"sha256", br.Digest, "compile", compiled.Round(time.Microsecond).String())
 	return br, nil
@@ -300,6 +302,8 @@ func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string, by Bundl
 	if err := validOwner(by); err != nil {
 		return err
 	}
+	k.sh.bundleMu.Lock()
+	defer k.sh.bundleMu.Unlock()
 	_, err := k.update(ctx, func(r *rec) error {
 		if _, err := r.tx.Bundle(tenant, name); err != nil {
 			if errors.Is(err, ErrNotFound) {
@@ -321,6 +325,7 @@ func (k *Kernel) DeleteBundle(ctx context.Context, tenant, name string, by Bundl
 	})
 	if err == nil && k.bundles != nil {
 		k.bundles.Remove(tenant, name)
+		delete(k.sh.active, Ref{Tenant: tenant, Name: name})
 	}
 	if err == nil && k.puller != nil {
 		k.puller.Unwatch(tenant, name)
@@ -393,45 +398,14 @@ func (k *Kernel) SetAgentPolicy(ctx context.Context, tenant, agentID string, rul
 // discarded), the loader is told (Failed), and agents bound to it are
 // denied (engine_error) until it is replaced.
 func (k *Kernel) LoadBundles(ctx context.Context) error {
-	if k.bundles == nil {
-		return nil
-	}
-	recs, err := k.ListBundles(ctx, "")
-	if err != nil {
-		return fmt.Errorf("list bundles: %w", err)
-	}
-	start := time.Now()
-	var failed atomic.Int64
-	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
-	var wg sync.WaitGroup
-	for _, rec := range recs {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			wg.Wait()
-			return ctx.Err()
-		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			if !k.loadStored(ctx, rec) {
-				failed.Add(1)
-			}
-		}()
-	}
-	wg.Wait()
-	if ctx.Err() == nil {
-		k.log.Info("bundles loaded", "bundles", len(recs)-int(failed.Load()), "failed", failed.Load(),
-			"took", time.Since(start).Round(time.Millisecond).String())
-	}
-	return ctx.Err()
+	return k.syncBundles(ctx)
 }
 
 // loadStored compiles and activates one stored bundle under the load
-// timeout. The loader is not trusted to honour ctx: a compile that
-// outlasts it is left to finish in the background and discarded. It
-// reports whether the bundle is live.
-func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) bool {
+// timeout; an error says why it is not live. The loader is not trusted to
+// honour ctx: a compile that outlasts it is left to finish in the
+// background and discarded.
+func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) error {
 	timeout := k.cfg.BundleLoadTimeout
 	lctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -450,31 +424,23 @@ func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) bool {
 		cb, err := k.bundles.Compile(lctx, rec.Tenant, BundleSource{Archive: rec.Archive, Name: rec.Name, TenantKeys: keys})
 		done <- result{cb, err}
 	}()
-	var err error
 	select {
 	case r := <-done:
-		if r.err == nil {
-			k.bundles.Activate(rec.Tenant, r.cb)
-			k.log.Info("bundle loaded", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "engine", rec.Engine,
-				"compile", time.Since(t0).Round(time.Microsecond).String())
-			return true
+		if r.err != nil {
+			return r.err
 		}
-		err = r.err
+		k.bundles.Activate(rec.Tenant, r.cb)
+		k.log.Info("bundle loaded", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "engine", rec.Engine,
+			"sha256", rec.Digest, "compile", time.Since(t0).Round(time.Microsecond).String())
+		return nil
 	case <-lctx.Done():
-		err = fmt.Errorf("did not load within %s", timeout)
 		go func() {
 			if r := <-done; r.err == nil {
 				k.bundles.Discard(r.cb)
 			}
 		}()
+		return fmt.Errorf("did not load within %s", timeout)
 	}
-	if ctx.Err() != nil {
-		return false
-	}
-	k.log.Warn("stored bundle skipped: it does not load; agents bound to it are denied (engine_error) until it is replaced",
-		"tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "err", err)
-	k.bundles.Failed(rec.Tenant, rec.Name, err)
-	return false
 }
 
 // EvalRequest is a policy dry run.

@@ -45,6 +45,10 @@ type Config struct {
 	BundleLoadTimeout time.Duration
 	// Logger receives operational logs (default slog.Default()).
 	Logger *slog.Logger
+	// Replica names this kernel among the replicas sharing its store; the
+	// dispatch.claimed events it writes carry it ("replica"), so the log
+	// says which replica delivered each attempt. Empty: not recorded.
+	Replica string
 	// Clock is the kernel's time: event times, lease and approval expiry,
 	// execution deadlines and max_duration (default SystemClock). Tests set
 	// a clock they move by hand.

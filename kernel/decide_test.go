@@ -179,6 +179,23 @@ func (r *run) waitState(ok func(*kernel.Execution) bool) *kernel.Execution {
 	}
 }
 
+// advance moves the clock by d while the agent keeps its lease: like a live
+// agent, it heartbeats at least every half lease, so the reaper (which
+// runs on real time, every few milliseconds) never finds the lease expired
+// however far the clock goes.
+func (r *run) advance(d time.Duration) {
+	r.h.t.Helper()
+	lt := kernel.DefaultConfig().LeaseTimeout
+	for d > 0 {
+		by := min(d, lt/2)
+		r.h.clock.advance(by)
+		d -= by
+		if _, err := r.h.k.Heartbeat(context.Background(), r.call); err != nil {
+			r.h.t.Fatalf("heartbeat: %v", err)
+		}
+	}
+}
+
 // expireLease moves the clock past the lease and takes the next attempt.
 func (r *run) expireLease() {
 	r.h.t.Helper()
@@ -379,7 +396,7 @@ func TestDecisionOutcomes(t *testing.T) {
 		// The window moves with the kernel's clock; the same step id is
 		// decided again in a later attempt and now proceeds.
 		r.expireLease()
-		h.clock.advance(2 * time.Minute)
+		r.advance(2 * time.Minute)
 		r.mustSubmit(step{target: "search", args: `{"q":1}`}) // replays occurrence 0's step
 		if d2 := r.mustSubmit(step{target: "search", args: `{"q":2}`}); d2.Decision != kernel.DecisionProceed || d2.StepID != d.StepID {
 			t.Errorf("after the window: %+v, want proceed of %s", d2, d.StepID)
@@ -455,9 +472,9 @@ func TestLimits(t *testing.T) {
 		{"max_output_tokens_per_call", kernel.Limits{MaxOutputTokensPerCall: 100}, nil, nil,
 			step{kind: "llm_call", target: "m", args: `{"max_tokens":101}`}, "limit_output_tokens"},
 		{"max_duration", kernel.Limits{MaxDuration: "10m"}, nil,
-			func(r *run) { r.h.clock.advance(11 * time.Minute) }, step{target: "late"}, "limit_duration"},
+			func(r *run) { r.advance(11 * time.Minute) }, step{target: "late"}, "limit_duration"},
 		{"deadline", kernel.Limits{}, &deadline,
-			func(r *run) { r.h.clock.advance(31 * time.Minute) }, step{target: "late"}, "limit_deadline"},
+			func(r *run) { r.advance(31 * time.Minute) }, step{target: "late"}, "limit_deadline"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, kernel.Config{}, nil)
@@ -488,7 +505,7 @@ func TestLimits(t *testing.T) {
 		h := newHarness(t, kernel.Config{}, nil)
 		r := h.start(kernel.Limits{MaxSteps: 2, MaxLoopRepetitions: 2, MaxOutputTokensPerCall: 100, MaxDuration: "10m"}, nil)
 		r.complete(r.mustSubmit(step{target: "again"}).StepID, nil)
-		h.clock.advance(9 * time.Minute)
+		r.advance(9 * time.Minute)
 		if d := r.mustSubmit(step{target: "again"}); d.Decision != kernel.DecisionProceed {
 			t.Errorf("second of two: %+v", d)
 		}

@@ -11,9 +11,6 @@ const claimBatch = 64
 
 // dispatchLoop claims due dispatches and delivers them until ctx ends.
 func (k *Kernel) dispatchLoop(ctx context.Context) {
-	if err := k.recoverDeliveries(ctx); err != nil && ctx.Err() == nil {
-		k.log.Error("recover deliveries", "err", err)
-	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -56,6 +53,9 @@ func (k *Kernel) dispatchLoop(ctx context.Context) {
 // recoverDeliveries requeues dispatches that were being delivered when the
 // kernel stopped: whether the agent got them is unknown, so they are
 // delivered again as a new attempt right away instead of after the lease.
+// Start runs it before anything of this process can claim: run alongside
+// the first claims, it would take a delivery of this process still in
+// flight for a lost one and deliver the dispatch a second time.
 func (k *Kernel) recoverDeliveries(ctx context.Context) error {
 	var refs []DispatchRef
 	far := k.now().Add(100 * 365 * 24 * time.Hour)
@@ -242,7 +242,11 @@ func (k *Kernel) claim(r *rec, e *Execution) (*Delivery, error) {
 	e.Dispatch.DueAt = time.Time{}
 	e.Dispatch.LeaseUntil = r.now.Add(k.cfg.LeaseTimeout)
 	e.Lease = Lease{DispatchID: e.Dispatch.ID, Attempt: e.Dispatch.Attempt}
-	if err := r.event(e, EvDispatchClaimed, map[string]any{"dispatch_id": e.Dispatch.ID, "dispatch_attempt": e.Dispatch.Attempt, "lease_until": e.Dispatch.LeaseUntil}); err != nil {
+	claimed := map[string]any{"dispatch_id": e.Dispatch.ID, "dispatch_attempt": e.Dispatch.Attempt, "lease_until": e.Dispatch.LeaseUntil}
+	if k.cfg.Replica != "" {
+		claimed["replica"] = k.cfg.Replica
+	}
+	if err := r.event(e, EvDispatchClaimed, claimed); err != nil {
 		return nil, err
 	}
 	if e.Status == ExecPending {

@@ -217,6 +217,8 @@ type Kernel struct {
 
 	subsMu sync.Mutex
 	subs   map[string]map[chan struct{}]struct{} // execution id → watchers (SSE)
+
+	sh sharedState // following the other replicas (replicas.go)
 }
 
 type owner struct{ tenant, agentID string }
@@ -262,8 +264,9 @@ func New(st Store, deliv Deliverer, pol Policy, bundles BundleLoader, cfg Config
 // now is the kernel's clock reading, in UTC.
 func (k *Kernel) now() time.Time { return k.cfg.Clock.Now().UTC() }
 
-// Start runs the dispatcher, the lease reaper and the approval expirer
-// until Close.
+// Start requeues the deliveries a previous process left in flight, then
+// runs the dispatcher, the lease reaper and the approval expirer until
+// Close.
 func (k *Kernel) Start(ctx context.Context) error {
 	if k.deliv == nil {
 		return errors.New("kernel: start: no deliverer")
@@ -283,6 +286,17 @@ func (k *Kernel) Start(ctx context.Context) error {
 		n += counts[st]
 	}
 	k.log.Info("executions resumed", append(append([]any{"executions", n}, resumed...), "counted_in", time.Since(t0).Round(time.Millisecond).String())...)
+	// Deliveries the previous process left in flight are requeued before
+	// this process claims anything: until runCtx is set no transaction
+	// claims (claimNow), so every delivering dispatch recovery sees is one
+	// the previous process started, never one of ours still in flight.
+	// On a store shared with other replicas a delivering dispatch may be
+	// another replica's, in flight: its lease decides (replicas.go).
+	if _, shared := k.shared(); !shared {
+		if err := k.recoverDeliveries(ctx); err != nil {
+			return fmt.Errorf("kernel: start: recover deliveries: %w", err)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	k.cancel = cancel
 	k.runMu.Lock()
@@ -292,6 +306,10 @@ func (k *Kernel) Start(ctx context.Context) error {
 	go func() { defer k.wg.Done(); k.dispatchLoop(ctx) }()
 	go func() { defer k.wg.Done(); k.reapLoop(ctx) }()
 	go func() { defer k.wg.Done(); k.retentionLoop(ctx) }()
+	if f, ok := k.shared(); ok {
+		k.wg.Add(1)
+		go func() { defer k.wg.Done(); k.follow(ctx, f) }()
+	}
 	return nil
 }
 

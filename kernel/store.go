@@ -7,9 +7,10 @@ import (
 
 // Store is the kernel's durable state: projections (executions, steps,
 // agents, approvals, bundles, counters) and the append-only event log, all
-// scoped by tenant. store/bbolt implements it on one bbolt file; a shared
-// database backend may implement it later. kernel/storetest is the
-// conformance suite every implementation must pass.
+// scoped by tenant. store/bbolt implements it on one bbolt file,
+// store/postgres on a PostgreSQL database that several kernels (replicas)
+// may share. kernel/storetest is the conformance suite every
+// implementation must pass.
 //
 // # Transactions
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,6 +170,33 @@ func TestSessions(t *testing.T) {
 	if count(types, "session.attached") != 2 || count(types, "session.detached") != 1 || count(types, "dispatch.queued") != 0 {
 		t.Fatalf("events %v", types)
 	}
+}
+
+// TestSessionLabelsAndLimits: a session begins with the labels and limits
+// of its request, and its holder's proposals are held to those limits like
+// an agent's steps.
+func TestSessionLabelsAndLimits(t *testing.T) {
+	e := newEnv(t)
+	cl := e.key("default", "client", "ide")
+	e.admin("POST", "/v0/agents", map[string]any{"id": "desk", "secret": "desk-secret-0123456789"}).want(t, http.StatusCreated)
+	var s wire.Session
+	e.do("POST", "/v0/sessions", map[string]any{"agent_id": "desk", "labels": map[string]string{"team": "docs"}, "limits": map[string]any{"max_steps": 1}},
+		bearer(cl)).want(t, http.StatusCreated).decode(t, &s)
+	if s.Execution.Labels["team"] != "docs" || s.Execution.Limits.MaxSteps != 1 {
+		t.Fatalf("session %+v", s.Execution)
+	}
+	h := holder{id: s.Execution.ID, key: cl, lease: wire.Lease{DispatchID: s.DispatchID, Attempt: s.DispatchAttempt}}
+	d := e.propose(h, "fs.read", map[string]any{"path": "a.txt"})
+	if d.Decision != wire.DecisionProceed {
+		t.Fatalf("first step %+v", d)
+	}
+	e.do("POST", "/v0/executions/"+h.id+"/steps/"+d.StepID+"/complete", map[string]any{"result": "a"}, h.hdr()).want(t, http.StatusOK)
+	if d := e.propose(h, "fs.read", map[string]any{"path": "b.txt"}); d.Decision != wire.DecisionDenied || d.Reason == "" || !strings.HasPrefix(d.Reason, "limit_steps") {
+		t.Fatalf("a step over max_steps: %+v", d)
+	}
+	// A malformed limit is refused before anything begins.
+	e.do("POST", "/v0/sessions", map[string]any{"agent_id": "desk", "limits": map[string]any{"max_duration": "soon"}}, bearer(cl)).
+		wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 }
 
 // TestSessionLeaseExpiresAndApprovals: a session's lease runs while it waits

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +31,7 @@ import (
 	"github.com/wicket-run/wicket/server"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
+	"github.com/wicket-run/wicket/store/postgres"
 )
 
 // benchOptions are the flags of `wicket bench`.
@@ -46,6 +48,7 @@ type benchOptions struct {
 	gatherWindow   time.Duration
 	noFreelistSync bool
 	idle           int
+	replicas       int
 }
 
 // benchSetup defines the flags of `wicket bench`, which measures steps over
@@ -55,15 +58,19 @@ type benchOptions struct {
 // signed requests per step; the agent registered and the executions
 // created through sdk/client) in a child process, so that the CPU time
 // this process reports is the kernel's alone. With --url it is only the
-// load, against a kernel already serving there.
+// load, against a kernel already serving there. With --store postgres://…
+// the kernel runs on PostgreSQL, and with --replicas N so do N kernels
+// sharing the database, each with its own HTTP server; the load's requests
+// go to them in turn.
 func benchSetup(fs *flag.FlagSet, _ *clientOpts) runFunc {
 	var o benchOptions
 	fs.IntVar(&o.execs, "executions", 10, "concurrent executions")
 	fs.IntVar(&o.steps, "steps", 20000, "steps in total")
 	fs.StringVar(&o.dir, "data", "", "data directory (default: a temporary one, removed after)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", false, "skip fsync (to see the cost of durability)")
-	fs.StringVar(&o.store, "store", "disk", "disk (bbolt under --data) or memory (bbolt without fsync on a tmpfs file: the cost of durability as a ratio)")
-	fs.StringVar(&o.url, "url", "", "only generate the load, against the kernel serving at this URL (authentication disabled)")
+	fs.StringVar(&o.store, "store", "disk", "disk (bbolt under --data), memory (bbolt without fsync on a tmpfs file: the cost of durability as a ratio), or a postgres:// URL (PostgreSQL, in a schema of the bench's own, dropped after)")
+	fs.IntVar(&o.replicas, "replicas", 1, "kernels sharing the store, each with its own HTTP server; the load's requests go round-robin (PostgreSQL only)")
+	fs.StringVar(&o.url, "url", "", "only generate the load, against the kernel serving at this URL (authentication disabled); several URLs, comma-separated, are taken in turn")
 	fs.BoolVar(&o.inProcess, "load-in-process", false, "run the load in this process too (the CPU figure then covers both)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the kernel process over the measured run to this file")
 	fs.BoolVar(&o.reportJSON, "report-json", false, "with --url: print machine-readable progress lines (used by bench itself)")
@@ -81,8 +88,11 @@ func bench(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	if o.execs < 1 || o.steps < o.execs {
 		return usageError{"bench: want --executions >= 1 and --steps >= --executions"}
 	}
-	if o.store != "disk" && o.store != "memory" {
-		return usageError{fmt.Sprintf("bench: --store %q: want disk or memory", o.store)}
+	if o.store != "disk" && o.store != "memory" && !isPostgres(o.store) {
+		return usageError{fmt.Sprintf("bench: --store %q: want disk, memory or a postgres:// URL", redactSpec(o.store))}
+	}
+	if o.replicas < 1 || (o.replicas > 1 && !isPostgres(o.store)) {
+		return usageError{"bench: --replicas needs a shared store (--store postgres://…) and must be at least 1"}
 	}
 	if o.idle < 0 {
 		return usageError{"bench: --idle must not be negative"}
@@ -90,7 +100,123 @@ func bench(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	if o.url != "" {
 		return benchLoadOnly(ctx, o, stdout)
 	}
+	if isPostgres(o.store) {
+		if o.idle > 0 {
+			return usageError{"bench: --idle runs on the embedded store only"}
+		}
+		return benchPostgres(ctx, o, stdout)
+	}
 	return benchKernel(ctx, o, stdout)
+}
+
+// benchPostgres runs --replicas kernels on one PostgreSQL database (a
+// schema of the bench's own) and the load beside them, taking the
+// replicas in turn as a load balancer would.
+func benchPostgres(ctx context.Context, o benchOptions, stdout io.Writer) error {
+	if o.cpuProfile != "" {
+		return usageError{"bench: --cpuprofile runs on the embedded store only"}
+	}
+	if o.dir == "" {
+		d, err := os.MkdirTemp("", "wicket-bench-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(d)
+		o.dir = d
+	}
+	// A schema of the bench's own, dropped afterwards: the database's
+	// other contents are left alone.
+	schema := fmt.Sprintf("wicket_bench_%d", os.Getpid())
+	if err := postgres.CreateSchema(ctx, o.store, schema); err != nil {
+		return err
+	}
+	defer func() { _ = postgres.DropSchema(context.WithoutCancel(ctx), o.store, schema) }()
+	dsn := postgres.WithSearchPath(o.store, schema)
+	var bases []string
+	var stores []*openedStore
+	for range o.replicas {
+		st, err := openStore(ctx, dsn, o.dir, o.noSync, nil)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		stores = append(stores, st)
+		sender := webhook.New()
+		defer sender.Close()
+		k, err := kernel.New(st.Store, sender, nil, nil, kernel.Config{Logger: discardLogger()})
+		if err != nil {
+			return err
+		}
+		srv := server.New(k, server.Config{AuthDisabled: true, Logger: discardLogger()})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		hs := &http.Server{Handler: srv.Handler()}
+		go func() { _ = hs.Serve(ln) }()
+		defer hs.Close()
+		if err := k.Start(ctx); err != nil {
+			return err
+		}
+		defer k.Close(context.WithoutCancel(ctx))
+		bases = append(bases, "http://"+ln.Addr().String())
+	}
+	counts := func() (commits, updates, conflicts uint64) {
+		for _, st := range stores {
+			c, u, x := st.counts()
+			commits, updates, conflicts = commits+c, updates+u, conflicts+x
+		}
+		return commits, updates, conflicts
+	}
+	var c0, u0, x0, c1, u1, x1 uint64
+	var cpu0, cpu1 procCPU
+	onStart := func() error { c0, u0, x0 = counts(); cpu0 = readCPU(); return nil }
+	onEnd := func() { c1, u1, x1 = counts(); cpu1 = readCPU() }
+	var res loadResult
+	var err error
+	if o.inProcess {
+		res, err = runLoad(ctx, strings.Join(bases, ","), o.execs, o.steps, onStart, onEnd)
+	} else {
+		o.url = strings.Join(bases, ",")
+		res, err = runLoadChild(ctx, o.url, o, onStart, onEnd)
+	}
+	if err != nil {
+		return err
+	}
+	commits := max(c1-c0, 1)
+	fmt.Fprintf(stdout, "steps:           %d over HTTP through sdk/agent, %d concurrent executions, synchronous_commit %v, store postgres, %d replica(s)\n",
+		o.steps, o.execs, !o.noSync, o.replicas)
+	res.print(stdout)
+	fmt.Fprintf(stdout, "group commit:    %.2f updates/commit, %s per commit\n", float64(u1-u0)/float64(commits), (res.Elapsed / time.Duration(commits)).Round(time.Microsecond))
+	fmt.Fprintf(stdout, "conflicts:       %d transactions retried after a serialization failure\n", x1-x0)
+	if cpu0.ok && cpu1.ok {
+		cpu := cpu1.total() - cpu0.total()
+		who := "the kernels, one process"
+		if o.inProcess {
+			who = "kernels and load, one process"
+		}
+		fmt.Fprintf(stdout, "server CPU:      %.3f s per 1,000 steps (%s; PostgreSQL's own not counted)\n", cpu.Seconds()*1000/float64(o.steps), who)
+	}
+	return nil
+}
+
+// roundRobin sends each request to the next of the kernels' hosts, as a
+// load balancer in front of replicas would (the signature does not cover
+// the host).
+type roundRobin struct {
+	hosts []string
+	next  atomic.Uint64
+	base  http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper.
+func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
+	if len(rr.hosts) > 1 {
+		req = req.Clone(req.Context())
+		req.URL.Host = rr.hosts[rr.next.Add(1)%uint64(len(rr.hosts))]
+		req.Host = req.URL.Host
+	}
+	return rr.base.RoundTrip(req)
 }
 
 // benchKernel runs the kernel here and the load beside it.
@@ -333,8 +459,19 @@ func runLoad(ctx context.Context, base string, execs, steps int, onStart func() 
 	r.done.Add(execs)
 	id := "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	const secret = "bench-secret-0123456789"
+	// base may name several kernels (replicas of one store), taken in turn.
+	rr := &roundRobin{base: &http.Transport{MaxIdleConnsPerHost: execs * 2}}
+	urls := strings.Split(base, ",")
+	for _, u := range urls {
+		pu, err := url.Parse(strings.TrimRight(u, "/"))
+		if err != nil || pu.Host == "" {
+			return loadResult{}, usageError{fmt.Sprintf("bench: --url %q: want http://host:port[,http://host:port…]", u)}
+		}
+		rr.hosts = append(rr.hosts, pu.Host)
+	}
+	base = strings.TrimRight(urls[0], "/")
 	a, err := agent.New(agent.Config{ID: id, Secret: []byte(secret), KernelURL: base, Handler: agent.HandlerFunc(r.handle),
-		HTTPClient: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: execs * 2}}, Logger: discardLogger()})
+		HTTPClient: &http.Client{Transport: rr}, Logger: discardLogger()})
 	if err != nil {
 		return loadResult{}, err
 	}

@@ -79,9 +79,9 @@ running revision stays. --tenant (admin keys) uploads into another tenant.`,
 					}
 					rows := make([][]string, 0, len(bs))
 					for _, b := range bs {
-						rows = append(rows, []string{b.Name, b.Revision, b.Engine, b.Digest, strconv.Itoa(b.Size), when(b.UpdatedAt)})
+						rows = append(rows, []string{b.Name, b.Revision, b.Engine, b.Owner, b.Digest, strconv.Itoa(b.Size), when(b.UpdatedAt)})
 					}
-					return table(stdout, []string{"NAME", "REVISION", "ENGINE", "SHA256", "SIZE", "UPDATED"}, rows)
+					return table(stdout, []string{"NAME", "REVISION", "ENGINE", "OWNER", "SHA256", "SIZE", "UPDATED"}, rows)
 				}
 			}},
 		&command{name: "bundle rm", args: "NAME", min: 1, max: 1, client: true, summary: "remove a bundle (--data: from a stopped kernel's store)",

@@ -60,7 +60,7 @@ var groupSummaries = map[string]string{
 	"tenant key": "create, list and revoke a tenant's API keys",
 	"bundle":     "upload, download, list and remove policy bundles of a kernel",
 	"policy":     "test, evaluate, build and inspect policy bundles",
-	"store":      "check, compact and back up the embedded store",
+	"store":      "check, compact and back up the embedded store; copy between stores",
 }
 
 // commands is every leaf command; main.go, client.go, policy.go and

@@ -3,7 +3,7 @@
 //	wicket serve [--data DIR] [--addr 127.0.0.1:8080] [--config manifest.yaml]
 //	wicket exec|agent|approval|tenant|bundle ...   clients of a running kernel
 //	wicket policy test|eval|build|inspect ...      bundles on disk
-//	wicket store check|compact|backup ...          the embedded store
+//	wicket store check|compact|backup|copy ...     the stores
 //	wicket version
 //
 // `wicket help` lists every command; `wicket COMMAND --help` describes one.
@@ -49,11 +49,14 @@ func exitCode(err error, stderr io.Writer) int {
 
 func init() {
 	register(
-		&command{name: "serve", summary: "run the kernel (embedded bbolt store under --data)", max: 0,
+		&command{name: "serve", summary: "run the kernel (embedded bbolt store under --data, or --store postgres://…)", max: 0,
 			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
 				var o serveOptions
 				serveFlags(&o, fs)
 				return func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
+					if err := checkEnvTwins(fs, scratchServeFlags); err != nil {
+						return err
+					}
 					return serve(ctx, &o, stdout, stderr)
 				}
 			}},

@@ -32,11 +32,13 @@ import (
 	"github.com/wicket-run/wicket/server/llmgw"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
+	"github.com/wicket-run/wicket/store/postgres"
 )
 
 // serveOptions are the flags of `wicket serve`; each has a WICKET_* twin.
 type serveOptions struct {
 	data, addr, config, adminKey  string
+	store, replica                string
 	adminKeyFile                  string
 	leaseTimeout, dispatchTimeout time.Duration
 	approvalTimeout               time.Duration
@@ -144,6 +146,8 @@ func envInt(name string, def int) int {
 func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	d := kernel.DefaultConfig()
 	fs.StringVar(&o.data, "data", envString("WICKET_DATA", "./wicket-data"), "data directory (WICKET_DATA)")
+	fs.StringVar(&o.store, "store", envString("WICKET_STORE", ""), "postgres://… URL of a shared PostgreSQL store; empty: the embedded store under --data (WICKET_STORE)")
+	fs.StringVar(&o.replica, "replica", envString("WICKET_REPLICA", ""), "this kernel's name among the replicas of a shared store, recorded in dispatch.claimed events (default on PostgreSQL: host-pid) (WICKET_REPLICA)")
 	fs.StringVar(&o.addr, "addr", envString("WICKET_ADDR", "127.0.0.1:8080"), "listen address (WICKET_ADDR)")
 	fs.StringVar(&o.config, "config", envString("WICKET_CONFIG", ""), "provisioning manifest (WICKET_CONFIG)")
 	fs.StringVar(&o.adminKey, "admin-key", envString("WICKET_ADMIN_KEY", ""), "admin API key (WICKET_ADMIN_KEY); prefer --admin-key-file, which keeps it out of ps")
@@ -163,7 +167,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.DurationVar(&o.net.idleTmo, "idle-timeout", envDuration("WICKET_IDLE_TIMEOUT", server.DefaultIdleTimeout), "how long a keep-alive connection may idle (WICKET_IDLE_TIMEOUT)")
 	fs.IntVar(&o.net.maxConns, "max-conns", envInt("WICKET_MAX_CONNS", server.DefaultMaxConns), "open connections at most, lowered to fit the file descriptor limit; idle ones are closed for room (WICKET_MAX_CONNS)")
 	fs.IntVar(&o.net.maxStreamsPerTenant, "max-streams-per-tenant", envInt("WICKET_MAX_STREAMS_PER_TENANT", server.DefaultMaxStreamsPerTenant), "open event streams per tenant at most (WICKET_MAX_STREAMS_PER_TENANT)")
-	fs.BoolVar(&o.noSync, "unsafe-no-fsync", os.Getenv("WICKET_UNSAFE_NO_FSYNC") == "1", "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss)")
+	fs.BoolVar(&o.noSync, "unsafe-no-fsync", envBool("WICKET_UNSAFE_NO_FSYNC", false), "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss) (WICKET_UNSAFE_NO_FSYNC)")
 	fs.DurationVar(&o.retention, "retention", envDuration("WICKET_RETENTION", 0), "delete terminal executions (with their events, steps, approvals, counters) this long after they end; 0 keeps them (WICKET_RETENTION; a tenant's retention overrides it)")
 	fs.DurationVar(&o.retentionInterval, "retention-interval", envDuration("WICKET_RETENTION_INTERVAL", d.RetentionInterval), "time between retention passes (WICKET_RETENTION_INTERVAL)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", envString("WICKET_METRICS_ADDR", ""), "serve /metrics on this address instead of the API's (WICKET_METRICS_ADDR)")
@@ -182,7 +186,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.StringVar(&o.llm.addr, "llm-addr", envString("WICKET_LLM_ADDR", ""), "serve the LLM gateway on this address only, instead of under /llm/ of --addr (WICKET_LLM_ADDR)")
 	fs.Int64Var(&o.llm.maxBody, "llm-max-body", int64(envInt("WICKET_LLM_MAX_BODY", int(llmgw.DefaultMaxBodyBytes))), "largest LLM gateway request body in bytes (WICKET_LLM_MAX_BODY)")
 	fs.DurationVar(&o.llm.upstreamTimeout, "llm-upstream-timeout", envDuration("WICKET_LLM_UPSTREAM_TIMEOUT", llmgw.DefaultUpstreamTimeout), "longest provider call, stream included (WICKET_LLM_UPSTREAM_TIMEOUT)")
-	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors)")
+	fs.StringVar(&o.readyFile, "ready-file", envString("WICKET_READY_FILE", ""), "write the bound address to this file once serving (tests, supervisors) (WICKET_READY_FILE)")
 	limitFlags(&o.limits, fs)
 }
 
@@ -271,17 +275,22 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	reg := metrics.New()
 	t0 := time.Now()
-	st, err := bbolt.Open(storePath(o.data), bbolt.Options{NoSync: o.noSync, OnCommit: reg.Commit})
+	st, err := openStore(ctx, o.store, o.data, o.noSync, reg.Commit)
 	if err != nil {
-		return fmt.Errorf("open store: %w", err)
+		return err
 	}
 	defer st.Close()
-	var size int64
-	if fi, err := os.Stat(st.Path()); err == nil {
-		size = fi.Size()
+	if st.bolt != nil {
+		var size int64
+		if fi, err := os.Stat(st.bolt.Path()); err == nil {
+			size = fi.Size()
+		}
+		log.Info("store opened", "path", st.bolt.Path(), "size", bytesString(size), "schema", bbolt.SchemaVersion, "fsync", !o.noSync,
+			"took", time.Since(t0).Round(time.Millisecond).String())
+	} else {
+		log.Info("store opened", "store", st.kind, "at", st.desc, "schema", postgres.SchemaVersion, "synchronous_commit", !o.noSync,
+			"took", time.Since(t0).Round(time.Millisecond).String())
 	}
-	log.Info("store opened", "path", st.Path(), "size", bytesString(size), "schema", bbolt.SchemaVersion, "fsync", !o.noSync,
-		"took", time.Since(t0).Round(time.Millisecond).String())
 
 	// The kernel's own address is a forbidden webhook destination from the
 	// start (the manifest registers agents before the listener opens);
@@ -297,7 +306,11 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	if len(providers) == 0 && o.llm.addr != "" {
 		return usageError{"serve: --llm-addr needs llm_providers in the manifest (--config)"}
 	}
-	cfg := kernel.Config{LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
+	if o.replica == "" && st.kind == "postgres" {
+		host, _ := os.Hostname()
+		o.replica = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	cfg := kernel.Config{Replica: o.replica, LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
 		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: kernel.ApprovalExpiry(o.approvalExpiry), Logger: log, Observer: reg,
 		BundleLoadTimeout: o.limits.bundleLoadTimeout, Retention: o.retention, RetentionInterval: o.retentionInterval,
 		LLMGatewayTokens: len(providers) > 0}
@@ -321,7 +334,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Limits: limits, BundleKeys: kernelKeys},
 		rules.New(), regoEng, wasmEngine)
 	defer host.Close()
-	k, err := kernel.New(st, sender, host, host, cfg)
+	k, err := kernel.New(st.Store, sender, host, host, cfg) // the store itself: kernel.Feed is found on it
 	if err != nil {
 		return usageError{err.Error()}
 	}
@@ -371,8 +384,11 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	scfg := server.Config{AdminKey: o.adminKey, AuthDisabled: !keysConfigured, MaxBodyBytes: o.maxBody, Logger: log,
 		MaxBundleBytes: o.net.maxBundleBody, ReadHeaderTimeout: o.net.readHeaderTimeout, ReadTimeout: o.net.readTimeout,
 		IdleTimeout: o.net.idleTmo, MaxConns: maxConns, MaxStreamsPerTenant: o.net.maxStreamsPerTenant,
-		SignatureTolerance: o.signatureTolerance, Backup: st,
-		Metrics: reg, MetricsKey: o.metricsKey, MetricsElsewhere: o.metricsAddr != ""}
+		SignatureTolerance: o.signatureTolerance,
+		Metrics:            reg, MetricsKey: o.metricsKey, MetricsElsewhere: o.metricsAddr != ""}
+	if st.bolt != nil { // PostgreSQL is backed up with its own tools (docs/operations.md)
+		scfg.Backup = st.bolt
+	}
 	if err := reg.PendingApprovals(k.PendingApprovals); err != nil {
 		return err
 	}
@@ -431,7 +447,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		return err
 	}
 	srv.SetReady(true)
-	log.Info("wicket serving", "version", version, "data", o.data, "auth", keysConfigured)
+	log.Info("wicket serving", "version", version, "data", o.data, "auth", keysConfigured, "store", st.kind, "at", st.desc, "replica", o.replica)
 	if o.readyFile != "" {
 		if err := os.WriteFile(o.readyFile, []byte(ln.Addr().String()), 0o600); err != nil {
 			return fmt.Errorf("write ready file: %w", err)

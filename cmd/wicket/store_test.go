@@ -154,7 +154,10 @@ func TestBundleCommands(t *testing.T) {
 		t.Fatalf("bundle put --name mismatch: %d %s", code, errOut)
 	}
 	out, _, code = cli("bundle", "ls")
-	if code != 0 || !strings.HasPrefix(out, "NAME") || !strings.Contains(out, "\ngate ") || !strings.Contains(out, " rules ") {
+	// The table says who owns each bundle (an admin key stored this one,
+	// so its tenant-admins cannot replace it).
+	if code != 0 || !strings.HasPrefix(out, "NAME") || !strings.Contains(out, "\ngate ") || !strings.Contains(out, " rules ") ||
+		!strings.Contains(out, " OWNER ") || !strings.Contains(out, " admin ") {
 		t.Fatalf("bundle ls: %d %s", code, out)
 	}
 	out, _, code = cli("bundle", "get", "gate")

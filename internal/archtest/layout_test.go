@@ -58,8 +58,10 @@ var layout = []row{
 	{"internal/llmrec", []string{std, "server/wire"}, "the llm_call record (format, refusal, usage, stream recorder) shared by the SDK's Transport and the gateway: standard library only"},
 	{"internal/metrics", []string{std, "kernel", "kernel/policy", "github.com/prometheus/client_golang"}, "Prometheus metrics: the only user of the Prometheus client"},
 
-	{"store/bbolt", []string{std, "kernel", "kernel/policy", "go.etcd.io/bbolt"}, "the embedded store: the only user of bbolt"},
-	{"store/postgres", []string{std, "kernel", "kernel/policy", "github.com/jackc/pgx/v5"}, "the shared-database store: the only user of pgx"},
+	{"store/bbolt", []string{std, "kernel", "kernel/policy", "store/storecopy", "go.etcd.io/bbolt"}, "the embedded store: the only user of bbolt"},
+	{"store/postgres", []string{std, "kernel", "kernel/policy", "store/storecopy", "github.com/jackc/pgx/v5"}, "the shared-database store: the only user of pgx"},
+	{"store/postgres/pgtest", []string{std, testPkg, "store/postgres"}, "a PostgreSQL schema per test, skipping without WICKET_TEST_POSTGRES (test support)"},
+	{"store/storecopy", []string{std, "kernel"}, "wicket store copy: moves every record between two stores, checked and compared by digest"},
 
 	{"plugins", []string{std, "kernel", "kernel/policy", "plugins/bundle"}, "the engine host; engines are passed in"},
 	{"plugins/bundle", []string{std, "kernel/canon", "kernel/policy", "go.yaml.in/yaml/v3", "github.com/open-policy-agent/opa"}, "the bundle format, which is OPA's: its bundle reader, roots, signatures"},
@@ -76,7 +78,7 @@ var layout = []row{
 	{"internal/manifest", []string{std, "kernel", "plugins/bundle", "plugins/pull", "go.yaml.in/yaml/v3"}, "the provisioning manifest"},
 	{"internal/fakellm", []string{std}, "a fake LLM provider for examples and tests"},
 	{"internal/mcpproxy", []string{std, "sdk/agent", "sdk/client", "server/wire", "github.com/modelcontextprotocol/go-sdk"}, "wicket mcp-proxy: the only user of the MCP Go SDK; a client of the kernel like any agent"},
-	{"internal/testkit", []string{std, testPkg, anyPkg}, "the end-to-end harness (test support)"},
+	{"internal/testkit", []string{std, testPkg, anyPkg, "store/postgres/pgtest"}, "the end-to-end harness (test support)"},
 	{"internal/cpubench", []string{std, testPkg}, "a CPU-time metric for benchmarks (test support)"},
 	{"internal/wasmwarm", []string{std}, "fills a wazero disk cache for tests from a non-race build (test support)"},
 
@@ -99,7 +101,7 @@ const testingVia = "github.com/open-policy-agent/opa/v1/tester"
 // testSupport are the packages that import testing; no other package may
 // import them outside its tests.
 var testSupport = []string{"kernel/storetest", "plugins/enginetest", "internal/testkit", "internal/netguard/netguardtest",
-	"internal/cpubench", "internal/wasmwarm"}
+	"internal/cpubench", "internal/wasmwarm", "store/postgres/pgtest"}
 
 // heavy are the large dependencies that each belong to one package; a
 // second row naming one must be justified here.

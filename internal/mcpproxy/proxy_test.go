@@ -125,6 +125,9 @@ type harness struct {
 	web     *webUpstream
 	webURL  string
 	callLog string
+	// approvalWait is the proxies' --approval-wait (a minute unless a
+	// test sets it).
+	approvalWait time.Duration
 }
 
 func newHarness(t *testing.T) *harness {
@@ -142,7 +145,7 @@ func newHarness(t *testing.T) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{t: t, env: env, admin: admin, key: k.Key, callLog: filepath.Join(t.TempDir(), "calls.log")}
+	h := &harness{t: t, env: env, admin: admin, key: k.Key, callLog: filepath.Join(t.TempDir(), "calls.log"), approvalWait: time.Minute}
 	h.web = &webUpstream{}
 	s := mcp.NewServer(&mcp.Implementation{Name: "web", Version: "1"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "fetch", Description: "fetch a URL"},
@@ -178,7 +181,7 @@ func (h *harness) proxy(execID string, hide bool) (*mcpproxy.Proxy, *mcp.ClientS
 	h.t.Setenv(upstreamEnv, h.callLog) // inherited by the stdio upstream
 	cfg := mcpproxy.Config{KernelURL: h.env.URL, APIKey: h.key, ExecutionID: execID, Upstreams: []mcpproxy.Upstream{files, web},
 		HideDenied: hide, Effects: map[string]string{"": "remote_mutation"}, HeartbeatInterval: time.Second,
-		ApprovalWait: time.Minute, Logger: slog.New(slog.NewTextHandler(testWriter{h.t}, nil))}
+		ApprovalWait: h.approvalWait, Logger: slog.New(slog.NewTextHandler(testWriter{h.t}, nil))}
 	if execID == "" {
 		cfg.AgentID = "desktop"
 	}
@@ -438,6 +441,50 @@ func TestProxyHidesDenied(t *testing.T) {
 	}
 	if want := []string{"files_read", "files_write", "web_fetch"}; !slices.Equal(names, want) {
 		t.Fatalf("tools %v, want %v", names, want)
+	}
+}
+
+// TestProxyApprovalWaitBounded: a call waits for its approval at most
+// --approval-wait, then answers a tool error saying it is still pending,
+// and the approval stays pending; once it is denied, the same call again
+// is answered as denied, with the reason. Nothing reaches the upstream.
+func TestProxyApprovalWaitBounded(t *testing.T) {
+	h := newHarness(t)
+	h.approvalWait = 300 * time.Millisecond
+	p, cs, _ := h.proxy("", false)
+	args := map[string]any{"path": "out.txt", "content": "hello"}
+	r := call(t, cs, "files_write", args)
+	if !r.IsError || !strings.Contains(text(r), "still pending after 300ms") {
+		t.Fatalf("write past --approval-wait: %+v %q", r, text(r))
+	}
+	ctx := context.Background()
+	aps, err := h.admin.Approvals(ctx, "pending")
+	if err != nil || len(aps) != 1 || aps[0].Target != "files.write" || aps[0].ExecutionID != p.ExecutionID() {
+		t.Fatalf("pending approvals %+v %v", aps, err)
+	}
+	if !strings.Contains(text(r), aps[0].ID) {
+		t.Fatalf("the tool error does not name the approval %s: %q", aps[0].ID, text(r))
+	}
+	// Calling again waits again (and again gives up): still one approval.
+	if r := call(t, cs, "files_write", args); !r.IsError || !strings.Contains(text(r), "still pending") {
+		t.Fatalf("second write: %q", text(r))
+	}
+	if aps2, err := h.admin.Approvals(ctx, "pending"); err != nil || len(aps2) != 1 || aps2[0].ID != aps[0].ID {
+		t.Fatalf("pending approvals after a second call %+v %v", aps2, err)
+	}
+	if _, err := h.admin.Deny(ctx, aps[0].ID, wire.ResolveApprovalRequest{RequestHash: aps[0].RequestHash, Rationale: "not today"}); err != nil {
+		t.Fatal(err)
+	}
+	r = call(t, cs, "files_write", args)
+	if !r.IsError || !strings.Contains(text(r), "denied") || strings.Contains(text(r), "still pending") {
+		t.Fatalf("write after the denial: %q", text(r))
+	}
+	if got := h.calls(); len(got) != 0 {
+		t.Fatalf("the upstream was called: %v", got)
+	}
+	steps, err := h.admin.Steps(ctx, p.ExecutionID())
+	if err != nil || len(steps) != 1 || steps[0].Target != "files.write" || steps[0].Status != "denied" {
+		t.Fatalf("steps %+v %v", steps, err)
 	}
 }
 

@@ -181,6 +181,12 @@ func (r *Run) Step(ctx context.Context, kind, target string, args any, opts Step
 // terminal decisions and a superseded lease, which just end the attempt.
 type Handler func(ctx context.Context, r *Run) (any, error)
 
+// ErrAbandon, returned by a Handler, ends the attempt without failing or
+// completing the execution, as an agent does when it lost touch with the
+// kernel: its heartbeats stop, the lease runs out and the dispatch is
+// delivered again, where the recorded steps replay.
+var ErrAbandon = errors.New("testkit: attempt abandoned")
+
 // Agent is a real HTTP agent on loopback.
 type Agent struct {
 	ID     string
@@ -338,7 +344,7 @@ func (a *Agent) run(p wire.WebhookPayload) {
 		case errors.As(err, &ae) && ae.Code == kernel.CodeLeaseSuperseded:
 			record(err)
 			return
-		case ctx.Err() != nil:
+		case ctx.Err() != nil, errors.Is(err, ErrAbandon):
 			return
 		}
 		if ferr := a.Client.Do(context.Background(), "POST", "/v0/executions/"+p.ExecutionID+"/fail", &run.Lease, map[string]any{"error": map[string]any{"message": err.Error()}}, nil); ferr != nil {

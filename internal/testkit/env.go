@@ -1,5 +1,6 @@
 // Package testkit is the end-to-end harness: a real kernel on a real bbolt
-// file in t.TempDir(), served over real HTTP on loopback, with real agents
+// file in t.TempDir() (or on a PostgreSQL schema of its own), served over
+// real HTTP on loopback, with real agents
 // (HTTP servers that verify webhook signatures and speak the protocol), and
 // checkers for the event-log invariants of docs/durability.md.
 package testkit
@@ -25,6 +26,8 @@ import (
 	"github.com/wicket-run/wicket/server/llmgw"
 	"github.com/wicket-run/wicket/server/wire"
 	"github.com/wicket-run/wicket/store/bbolt"
+	"github.com/wicket-run/wicket/store/postgres"
+	"github.com/wicket-run/wicket/store/postgres/pgtest"
 )
 
 // AdminKey is the admin key of every test kernel.
@@ -38,11 +41,17 @@ type Options struct {
 	DefaultPolicy string
 	// Dir reuses a data directory (restart tests); default t.TempDir().
 	Dir string
-	// Store are the store's options (default: fsync on, group commit).
+	// Store are the bbolt store's options (default: fsync on, group commit).
 	Store bbolt.Options
 	// BundleKeys verify bundle signatures (as serve --bundle-verification-key);
 	// tenants' own keys are added as in serve.
 	BundleKeys []bundle.Key
+	// Backend is the store: "bbolt" or "postgres" (default DefaultBackend).
+	// On "postgres" the test skips without WICKET_TEST_POSTGRES.
+	Backend string
+	// DSN, on "postgres", is the database to use (a replica of another
+	// Env, or a restart); default a new schema of the test's own.
+	DSN string
 	// LLM, when it has providers, serves the LLM gateway under /llm/ (and
 	// gives every dispatch attempt a gateway token). Its Deltas are the
 	// server's.
@@ -51,18 +60,43 @@ type Options struct {
 	UI func(api http.Handler) http.Handler
 }
 
+// Store backends.
+const (
+	Bolt     = "bbolt"
+	Postgres = "postgres"
+)
+
+// DefaultBackend is the store of an Env whose Options name none. Tests run
+// one at a time in a package (no t.Parallel), so a test may switch it for
+// the tests it runs (UseBackend).
+var DefaultBackend = Bolt
+
+// UseBackend makes backend the default store until t ends.
+func UseBackend(t testing.TB, backend string) {
+	prev := DefaultBackend
+	DefaultBackend = backend
+	t.Cleanup(func() { DefaultBackend = prev })
+}
+
 // Env is a running test kernel.
 type Env struct {
-	T      testing.TB
-	Dir    string
-	Store  *bbolt.Store
-	Kernel *kernel.Kernel
-	Host   *plugins.Host
-	Puller *pull.Puller
-	Server *server.Server
-	HTTP   *httptest.Server
-	URL    string
-	closed bool
+	T   testing.TB
+	Dir string
+	// Store is the kernel's store; Bolt or PG is the same store, typed.
+	Store kernel.Store
+	Bolt  *bbolt.Store
+	PG    *postgres.Store
+	// DSN is the PostgreSQL database of a "postgres" Env.
+	DSN string
+	// Backend is "bbolt" or "postgres".
+	Backend string
+	Kernel  *kernel.Kernel
+	Host    *plugins.Host
+	Puller  *pull.Puller
+	Server  *server.Server
+	HTTP    *httptest.Server
+	URL     string
+	closed  bool
 }
 
 // Start opens a kernel and serves it; everything is closed and the store
@@ -73,10 +107,31 @@ func Start(t testing.TB, o Options) *Env {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), o.Store)
-	if err != nil {
-		t.Fatalf("open store: %v", err)
+	e := &Env{T: t, Dir: dir, Backend: o.Backend}
+	if e.Backend == "" {
+		e.Backend = DefaultBackend
 	}
+	switch e.Backend {
+	case Bolt:
+		st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), o.Store)
+		if err != nil {
+			t.Fatalf("open store: %v", err)
+		}
+		e.Store, e.Bolt = st, st
+	case Postgres:
+		e.DSN = o.DSN
+		if e.DSN == "" {
+			_, e.DSN = pgtest.Schema(t)
+		}
+		st, err := postgres.Open(context.Background(), e.DSN, postgres.Options{})
+		if err != nil {
+			t.Fatalf("open store: %v", err)
+		}
+		e.Store, e.PG = st, st
+	default:
+		t.Fatalf("testkit: unknown store backend %q", e.Backend)
+	}
+	st := e.Store
 	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.DefaultPolicy, BundleKeys: o.BundleKeys}, o.Engines...)
 	cfg := o.Config
 	cfg.LLMGatewayTokens = cfg.LLMGatewayTokens || o.LLM != nil
@@ -109,7 +164,7 @@ func Start(t testing.TB, o Options) *Env {
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatalf("start: %v", err)
 	}
-	e := &Env{T: t, Dir: dir, Store: st, Kernel: k, Host: host, Puller: puller, Server: srv, HTTP: hs, URL: hs.URL}
+	e.Kernel, e.Host, e.Puller, e.Server, e.HTTP, e.URL = k, host, puller, srv, hs, hs.URL
 	t.Cleanup(e.Close)
 	return e
 }
@@ -128,12 +183,22 @@ func (e *Env) Close() {
 		e.T.Errorf("kernel close: %v", err)
 	}
 	e.Host.Close()
-	if err := e.Store.Check(); err != nil {
+	if err := e.Check(); err != nil {
 		e.T.Errorf("store check: %v", err)
 	}
 	if err := e.Store.Close(); err != nil {
 		e.T.Errorf("store close: %v", err)
 	}
+}
+
+// Check runs the store's consistency checker.
+func (e *Env) Check() error {
+	if e.PG != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		return e.PG.Check(ctx)
+	}
+	return e.Bolt.Check()
 }
 
 // Admin sends a bearer request with the admin key; see AdminAs.

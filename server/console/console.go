@@ -290,10 +290,9 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, status, "signin", nil, map[string]any{"Message": msg})
 		return
 	}
-	id, s := c.sess.create(key, c.o.Now())
+	id := c.sess.create(key, c.o.Now())
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: id, Path: "/ui/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
 		Secure: c.secure(r), MaxAge: int(c.o.SessionTTL / time.Second)})
-	_ = s
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
 }
 
@@ -336,7 +335,7 @@ func newSessionStore(max int) *sessionStore {
 }
 
 // create makes a session for key and returns its cookie value.
-func (st *sessionStore) create(key string, now time.Time) (string, *session) {
+func (st *sessionStore) create(key string, now time.Time) string {
 	id := randomToken()
 	s := &session{key: key, csrf: randomToken(), created: now, seen: now}
 	st.mu.Lock()
@@ -352,7 +351,7 @@ func (st *sessionStore) create(key string, now time.Time) (string, *session) {
 		delete(st.m, oldest)
 	}
 	st.m[sha256.Sum256([]byte(id))] = s
-	return id, s
+	return id
 }
 
 // get returns the live session of a cookie value, or nil (ended ones are

@@ -22,12 +22,12 @@ import (
 // browser is an HTTP client with a cookie jar that does not follow
 // redirects (the tests read them).
 type browser struct {
-	t    *testing.T
+	t    testing.TB
 	base string
 	c    *http.Client
 }
 
-func newBrowser(t *testing.T, base string) *browser {
+func newBrowser(t testing.TB, base string) *browser {
 	jar, _ := cookiejar.New(nil)
 	return &browser{t: t, base: base, c: &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error {
 		return http.ErrUseLastResponse

@@ -166,7 +166,7 @@ func (c *Console) executionsPage(q *req) {
 			v.Set(k, x)
 		}
 	}
-	v.Set("limit", "50")
+	v.Set("limit", strconv.Itoa(executionsPageSize))
 	var list wire.ExecutionList
 	if err := c.call(q, "GET", "/v0/executions?"+v.Encode(), nil, &list); err != nil {
 		c.apiFail(q, err)
@@ -224,7 +224,7 @@ func (c *Console) executionPage(q *req) {
 		return
 	}
 	var evs wire.EventList
-	if err := c.call(q, "GET", "/v0/executions/"+url.PathEscape(d.Execution.ID)+"/events?limit=1000", nil, &evs); err != nil {
+	if err := c.call(q, "GET", "/v0/executions/"+url.PathEscape(d.Execution.ID)+"/events?limit="+strconv.Itoa(maxTimelineEvents), nil, &evs); err != nil {
 		c.apiFail(q, err)
 		return
 	}

@@ -815,3 +815,113 @@ func TestStreamRecordedWhenTheCallerLeaves(t *testing.T) {
 		t.Fatalf("provider calls %d", g.prov.Calls())
 	}
 }
+
+// Providers are per tenant: tenant acme's agent reaches only acme's
+// provider (with acme's key, even for a model name the default tenant also
+// configures) and none of the default tenant's models; the default
+// tenant's agent cannot reach acme's models, and the 404 lists only its own.
+func TestProvidersPerTenant(t *testing.T) {
+	const acmeKey = "sk-acme-provider-key-0123456789abcdef"
+	acmeProv := &fakellm.Provider{APIKey: acmeKey}
+	acmeBase, stop, err := fakellm.Listen("127.0.0.1:0", acmeProv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stop() })
+	g := startGW(t, kernel.Config{}, llmgw.Provider{Name: "acme-openai", Tenant: "acme", Dialect: llmgw.DialectOpenAI,
+		BaseURL: acmeBase + "/v1", APIKey: acmeKey, Models: []llmgw.Model{{Name: "gpt-acme"}, {Name: "gpt-fake"}}})
+	if _, err := g.env.Admin("POST", "/v0/tenants", map[string]any{"id": "acme"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var k struct{ Key string }
+	if _, err := g.env.Admin("POST", "/v0/tenants/acme/keys", map[string]any{"role": "tenant-admin", "principal": "acme-ops"}, &k); err != nil {
+		t.Fatal(err)
+	}
+
+	type res struct{ name, out string }
+	var mu sync.Mutex
+	var got []res
+	calls := func(prefix string, list [][3]string) testkit.Handler {
+		return func(ctx context.Context, r *testkit.Run) (any, error) {
+			for _, c := range list { // name, path, model
+				body := `{"model":"` + c[2] + `","messages":[{"role":"user","content":"hi"}]}`
+				if strings.Contains(c[1], "anthropic") {
+					body = `{"model":"` + c[2] + `","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`
+				}
+				st, b := rawCall(t, g.env.URL+c[1], r.LLMGatewayToken, body)
+				mu.Lock()
+				got = append(got, res{prefix + c[0], fmt.Sprintf("%d %s", st, b)})
+				mu.Unlock()
+			}
+			return map[string]any{}, nil
+		}
+	}
+	const chat, messages = "/llm/openai/v1/chat/completions", "/llm/anthropic/v1/messages"
+	acme := testkit.NewAgent("bot", "acme-bot-secret-0123456789", g.env.URL, calls("acme/", [][3]string{
+		{"own", chat, "gpt-acme"}, {"same-name", chat, "gpt-fake"}, {"default-model", chat, "embed-fake"}, {"no-dialect", messages, "claude-fake"},
+	}))
+	t.Cleanup(acme.Close)
+	if _, err := g.env.As(k.Key, "POST", "/v0/agents", map[string]any{"id": "bot", "webhook_url": acme.WebhookURL(), "secret": string(acme.Secret)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var x kernel.Execution
+	if _, err := g.env.As(k.Key, "POST", "/v0/executions", map[string]any{"agent_id": "bot"}, &x); err != nil {
+		t.Fatal(err)
+	}
+	if x.Tenant != "acme" {
+		t.Fatalf("execution tenant %q", x.Tenant)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var cur kernel.Execution
+		if _, err := g.env.As(k.Key, "GET", "/v0/executions/"+x.ID, nil, &cur); err != nil {
+			t.Fatal(err)
+		}
+		if cur.Status.Terminal() {
+			if cur.Status != kernel.ExecCompleted {
+				t.Fatalf("acme's execution %s %s (agent errors %v)", cur.Status, cur.Error, acme.Errors())
+			}
+			if cur.Totals.LLMCalls != 2 {
+				t.Fatalf("acme's totals %+v", cur.Totals)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acme's execution is %s", cur.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	g.setHandler(calls("default/", [][3]string{{"acme-model", chat, "gpt-acme"}, {"own", chat, "gpt-fake"}}))
+	if x := g.env.WaitTerminal(g.env.CreateExecution(g.agent.ID, map[string]any{}), 30*time.Second); x.Status != kernel.ExecCompleted {
+		t.Fatalf("default's execution %s %s", x.Status, x.Error)
+	}
+
+	want := map[string]string{
+		"acme/own":           `200 {`,
+		"acme/same-name":     `200 {`,
+		"acme/default-model": `404 {"error":{"code":"model_not_configured","message":"model \"embed-fake\" is not configured for openai calls of tenant acme (configured: gpt-acme, gpt-fake)"`,
+		"acme/no-dialect":    `404 {"error":{"message":"model \"claude-fake\" is not configured for anthropic calls of tenant acme (it has no anthropic provider)","type":"model_not_configured"}`,
+		"default/acme-model": `404 {"error":{"code":"model_not_configured","message":"model \"gpt-acme\" is not configured for openai calls of tenant default (configured: embed-fake, gpt-denied, gpt-error, gpt-fake, gpt-gated, gpt-limited)"`,
+		"default/own":        `200 {`,
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != len(want) {
+		t.Fatalf("results %+v", got)
+	}
+	for _, r := range got {
+		if !strings.HasPrefix(r.out, want[r.name]) {
+			t.Errorf("%s: %s\nwant prefix %s", r.name, r.out, want[r.name])
+		}
+	}
+	// acme's calls went to acme's provider (which checks acme's key), the
+	// default tenant's to its own.
+	if acmeProv.Calls() != 2 || g.prov.Calls() != 1 {
+		t.Fatalf("provider calls: acme %d, default %d; want 2 and 1", acmeProv.Calls(), g.prov.Calls())
+	}
+	for _, rq := range acmeProv.Requests() {
+		if rq.Header.Get("Authorization") != "Bearer "+acmeKey {
+			t.Fatalf("acme's provider got %q", rq.Header.Get("Authorization"))
+		}
+	}
+}

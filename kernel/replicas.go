@@ -1,0 +1,208 @@
+package kernel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+)
+
+// Replicas: several kernels may share one store (a database); each is a
+// replica. Nothing is owned by a replica but the webhook POSTs it has in
+// flight: every dispatch, lease, approval and timer is a row of the store,
+// and every replica's dispatcher and reapers work on all of them, the
+// store's transactions deciding which one wins. What a replica keeps in
+// memory (event-stream watchers, the agent cache, the live bundles) follows
+// the writes of the others through the store's Feed.
+
+// sharedState is the part of a Kernel that follows the other replicas.
+type sharedState struct {
+	// bundleMu orders bundle activations: each activation reads (or
+	// writes) the store and activates under it, so the last activation is
+	// of the last stored revision, whichever replica stored it.
+	bundleMu sync.Mutex
+	active   map[Ref]string // live bundles → digest
+}
+
+// shared returns the store's Feed when other kernels may share the store.
+func (k *Kernel) shared() (Feed, bool) {
+	f, ok := k.store.(Feed)
+	return f, ok
+}
+
+// follow applies what the other replicas commit until ctx ends.
+func (k *Kernel) follow(ctx context.Context, f Feed) {
+	err := f.Follow(ctx, func(c Change) { k.applyChange(ctx, c) })
+	if err != nil && ctx.Err() == nil {
+		k.log.Error("following the other replicas stopped", "err", err)
+	}
+}
+
+// applyChange brings what this kernel holds in memory up to a change
+// another replica committed.
+func (k *Kernel) applyChange(ctx context.Context, c Change) {
+	if c.All {
+		k.notifyAll()
+		k.agentsMu.Lock()
+		clear(k.agents)
+		k.agentsMu.Unlock()
+		k.poke()
+		if err := k.syncBundles(ctx); err != nil && ctx.Err() == nil {
+			k.log.Error("sync bundles with the store", "err", err)
+		}
+		return
+	}
+	k.notify(c.Executions...)
+	if c.Dispatch {
+		k.poke()
+	}
+	if len(c.Agents) > 0 {
+		k.agentsMu.Lock()
+		for _, a := range c.Agents {
+			delete(k.agents, a.Tenant+"\x00"+a.Name)
+		}
+		k.agentsMu.Unlock()
+	}
+	for _, b := range c.Bundles {
+		if err := k.reloadBundle(ctx, b); err != nil && ctx.Err() == nil {
+			k.log.Error("reload bundle another replica changed", "tenant", b.Tenant, "bundle", b.Name, "err", err)
+		}
+	}
+}
+
+// notifyAll wakes every watcher (changes may have been missed).
+func (k *Kernel) notifyAll() {
+	k.subsMu.Lock()
+	ids := make([]string, 0, len(k.subs))
+	for id := range k.subs {
+		ids = append(ids, id)
+	}
+	k.subsMu.Unlock()
+	k.notify(ids...)
+}
+
+// reloadBundle makes the stored revision of a bundle live (or removes it
+// when it is no longer stored).
+func (k *Kernel) reloadBundle(ctx context.Context, ref Ref) error {
+	if k.bundles == nil {
+		return nil
+	}
+	k.sh.bundleMu.Lock()
+	defer k.sh.bundleMu.Unlock()
+	var rec *BundleRecord
+	err := k.store.View(ctx, func(tx ReadTx) error {
+		var err error
+		rec, err = tx.Bundle(ref.Tenant, ref.Name)
+		return err
+	})
+	switch {
+	case errors.Is(err, ErrNotFound):
+		if _, live := k.sh.active[ref]; live {
+			k.bundles.Remove(ref.Tenant, ref.Name)
+			delete(k.sh.active, ref)
+			k.log.Info("bundle removed by another replica", "tenant", ref.Tenant, "bundle", ref.Name)
+		}
+		return nil
+	case err != nil:
+		return err
+	}
+	return k.activateStored(ctx, rec)
+}
+
+// activateStored makes a stored bundle live unless its digest is live
+// already. A revision that does not load here leaves the running one live
+// (the decision events' digests say which) and is tried again at the next
+// sync. bundleMu must be held.
+func (k *Kernel) activateStored(ctx context.Context, rec *BundleRecord) error {
+	ref := Ref{Tenant: rec.Tenant, Name: rec.Name}
+	if d, live := k.sh.active[ref]; live && d == rec.Digest {
+		return nil
+	}
+	if err := k.loadStored(ctx, rec); err != nil {
+		return err
+	}
+	k.markActive(ref, rec.Digest)
+	return nil
+}
+
+// markActive records the digest of a live bundle. bundleMu must be held.
+func (k *Kernel) markActive(ref Ref, digest string) {
+	if k.sh.active == nil {
+		k.sh.active = map[Ref]string{}
+	}
+	k.sh.active[ref] = digest
+}
+
+// syncBundles makes every stored bundle live at its stored revision and
+// removes the live ones no longer stored: at boot (LoadBundles), and when
+// the feed from the other replicas had a gap. The bundles to load compile
+// a few at a time (GOMAXPROCS), each under Config.BundleLoadTimeout, so
+// that no bundle can hold the boot up: one that fails or does not load in
+// time is skipped with a warning naming it (its late result, if any, is
+// discarded), the loader is told (Failed), and agents bound to it are
+// denied (engine_error) until it is replaced; a replica that had an older
+// revision live keeps it until the new one loads.
+func (k *Kernel) syncBundles(ctx context.Context) error {
+	if k.bundles == nil {
+		return nil
+	}
+	k.sh.bundleMu.Lock()
+	defer k.sh.bundleMu.Unlock()
+	recs, err := k.ListBundles(ctx, "")
+	if err != nil {
+		return fmt.Errorf("list bundles: %w", err)
+	}
+	start := time.Now()
+	stored := map[Ref]bool{}
+	var todo []*BundleRecord
+	for _, rec := range recs {
+		ref := Ref{Tenant: rec.Tenant, Name: rec.Name}
+		stored[ref] = true
+		if d, live := k.sh.active[ref]; !live || d != rec.Digest {
+			todo = append(todo, rec)
+		}
+	}
+	errs := make([]error, len(todo))
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	var wg sync.WaitGroup
+	for i, rec := range todo {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return ctx.Err()
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			errs[i] = k.loadStored(ctx, rec)
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	failed := 0
+	for i, rec := range todo {
+		if errs[i] == nil {
+			k.markActive(Ref{Tenant: rec.Tenant, Name: rec.Name}, rec.Digest)
+			continue
+		}
+		failed++
+		k.log.Warn("stored bundle skipped: it does not load; agents bound to it are denied (engine_error) until it is replaced",
+			"tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "err", errs[i])
+		k.bundles.Failed(rec.Tenant, rec.Name, errs[i])
+	}
+	for ref := range k.sh.active {
+		if !stored[ref] {
+			k.bundles.Remove(ref.Tenant, ref.Name)
+			delete(k.sh.active, ref)
+		}
+	}
+	if len(todo) > 0 {
+		k.log.Info("bundles loaded", "bundles", len(todo)-failed, "failed", failed, "took", time.Since(start).Round(time.Millisecond).String())
+	}
+	return nil
+}

@@ -1,0 +1,4 @@
+package postgres
+
+// OpenVersion opens a store migrated no further than schema version upTo.
+var OpenVersion = openVersion
