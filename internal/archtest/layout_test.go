@@ -70,7 +70,7 @@ var layout = []row{
 	{"plugins/rego", []string{std, "kernel/policy", "plugins/bundle", "github.com/open-policy-agent/opa"}, "Rego: the only user of OPA"},
 	{"plugins/wasm", []string{std, "kernel/policy", "plugins/bundle", "github.com/tetratelabs/wazero"}, "wasm: the only user of wazero"},
 	{"plugins/worker", []string{std, "kernel/policy", "plugins", "plugins/bundle"}, "runs an engine in a child process whose memory the OS caps (the Rego worker)"},
-	{"plugins/policytest", []string{std, "kernel/policy", "plugins", "plugins/bundle", "plugins/rules", "plugins/rego", "plugins/wasm"}, "wicket policy test: discovers bundles, runs their cases and Rego unit tests on each engine, reports (JUnit, JSON)"},
+	{"plugins/policytest", []string{std, "kernel/policy", "plugins", "plugins/bundle", "plugins/rules", "plugins/rego", "plugins/wasm"}, "wicket policy test: finds bundles, runs their cases and Rego tests through the host's own preparation, reports (text, JUnit, JSON)"},
 	{"plugins/enginetest", []string{std, testPkg, "kernel/policy", "plugins", "plugins/bundle"}, "runs bundle tests through an engine (test support)"},
 
 	{"internal/webhook", []string{std, "kernel", "server/wire", "internal/netguard"}, "outbound webhooks"},
