@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 )
 
 // Reconciliation of interrupted side effects (docs/durability.md#orphaned-steps).
@@ -226,13 +225,7 @@ func (k *Kernel) interruptApproval(r *rec, e *Execution, s *Step, base *StepDeci
 		"request_hash": a.RequestHash, "expires_at": a.ExpiresAt, "reason": a.Reason}); err != nil {
 		return nil, err
 	}
-	e.Status = ExecBlocked
-	e.BlockedOn = a.ID
-	if !e.Session() {
-		e.Dispatch.State = DispatchParked
-		e.Dispatch.LeaseUntil = time.Time{}
-	}
-	if err := r.event(e, EvExecutionBlocked, map[string]any{"approval_id": a.ID, "step_id": s.ID}); err != nil {
+	if err := r.blockOn(e, a, s.ID); err != nil {
 		return nil, err
 	}
 	base.Decision = DecisionBlocked

@@ -689,15 +689,7 @@ func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecisi
 		"approvers": a.Approvers, "expires_at": a.ExpiresAt, "message": a.Message}); err != nil {
 		return nil, err
 	}
-	e.Status = ExecBlocked
-	e.BlockedOn = a.ID
-	if !e.Session() {
-		// A session's holder keeps its lease (and heartbeats) while it
-		// waits; an agent's dispatch is parked and a new one comes.
-		e.Dispatch.State = DispatchParked
-		e.Dispatch.LeaseUntil = time.Time{}
-	}
-	if err := r.event(e, EvExecutionBlocked, map[string]any{"approval_id": a.ID, "step_id": s.ID}); err != nil {
+	if err := r.blockOn(e, a, s.ID); err != nil {
 		return nil, err
 	}
 	base.Decision = DecisionBlocked
@@ -912,4 +904,17 @@ func countFailure(tx Tx, e *Execution, failed bool) error {
 		n++
 	}
 	return tx.PutCounter(e.Tenant, failuresKey(e), strconv.AppendInt(nil, n, 10))
+}
+
+// blockOn blocks execution e on approval a for step stepID: an agent's
+// dispatch is parked (a new one comes once it is decided); a session's
+// holder keeps its lease and heartbeats while it waits.
+func (r *rec) blockOn(e *Execution, a *Approval, stepID string) error {
+	e.Status = ExecBlocked
+	e.BlockedOn = a.ID
+	if !e.Session() {
+		e.Dispatch.State = DispatchParked
+		e.Dispatch.LeaseUntil = time.Time{}
+	}
+	return r.event(e, EvExecutionBlocked, map[string]any{"approval_id": a.ID, "step_id": stepID})
 }

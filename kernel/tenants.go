@@ -150,23 +150,6 @@ func (k *Kernel) ListTenants(ctx context.Context) ([]*Tenant, error) {
 	return out, nil
 }
 
-// TenantGuards returns the guard bundles of a tenant.
-func (k *Kernel) TenantGuards(ctx context.Context, tenant string) ([]string, error) {
-	var g []string
-	err := k.store.View(ctx, func(tx ReadTx) error {
-		t, err := tx.Tenant(tenant)
-		if errors.Is(err, ErrNotFound) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		g = t.Guards
-		return nil
-	})
-	return g, err
-}
-
 // SetTenantBundleTrust sets the keys that verify a tenant's bundle
 // signatures and whether its tenant-admins may set bundle sources (an
 // admin's decision: the manifest's bundle_keys and allow_bundle_sources).
