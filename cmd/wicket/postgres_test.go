@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -25,47 +23,21 @@ import (
 func TestServeOnPostgres(t *testing.T) {
 	_, dsn := pgtest.Schema(t)
 	t.Setenv("WICKET_STORE", dsn)
-	dir := t.TempDir()
-	ready := filepath.Join(dir, "ready")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	var out, errb bytes.Buffer
-	go func() {
-		done <- run(ctx, []string{"serve", "--data", filepath.Join(dir, "data"), "--addr", "127.0.0.1:0", "--ready-file", ready}, &out, &errb)
-	}()
-	var addr []byte
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var err error
-		if addr, err = os.ReadFile(ready); err == nil && len(addr) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready: %s", errb.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	srv := startServe(t)
 	body := strings.NewReader(`{"id":"pg-agent","webhook_url":"http://127.0.0.1:1/hook","secret":"0123456789abcdef"}`)
-	resp, err := http.Post("http://"+string(addr)+"/v0/agents", "application/json", body)
+	resp, err := http.Post(srv.url+"/v0/agents", "application/json", body)
 	if err != nil || resp.StatusCode/100 != 2 {
 		t.Fatalf("register agent: %v %v", resp, err)
 	}
 	resp.Body.Close()
-	if !strings.Contains(errb.String(), "store=postgres") {
-		t.Errorf("the log does not say which store serves: %s", errb.String())
+	if !strings.Contains(srv.stderr.String(), "store=postgres") {
+		t.Errorf("the log does not say which store serves: %s", srv.stderr.String())
 	}
-	if _, err := os.Stat(filepath.Join(dir, "data", "wicket.db")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(srv.data, "wicket.db")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("serve on PostgreSQL created a bbolt file (%v)", err)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("serve returned %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not shut down")
+	if err := srv.stop(); err != nil {
+		t.Fatalf("serve returned %v", err)
 	}
 	st, err := postgres.Open(context.Background(), dsn, postgres.Options{})
 	if err != nil {
