@@ -12,7 +12,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
-	"github.com/open-policy-agent/opa/v1/tester"
+	"github.com/open-policy-agent/opa/v1/topdown"
 
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
@@ -53,17 +53,45 @@ func HasRegoTests(b *bundle.Bundle) bool {
 }
 
 // RunTests runs the Rego unit tests of b (every test_ rule of its .rego
-// files, tests/ included) with OPA's own test runner, on b's data and
-// under the same capabilities as the engine, so a test cannot pass on a
-// builtin a policy may not use. Each .rego file is parsed with its Rego
-// version. Results are sorted by file and line.
+// files, tests/ included) on OPA's evaluator, with the rules of `opa test`
+// (see unittest.go), on b's data and under the same capabilities as the
+// engine, so a test cannot pass on a builtin a policy may not use. Each
+// .rego file is parsed with its Rego version. Results are sorted by file
+// and line.
 //
 // The error is for a bundle whose modules do not compile (each problem as
-// file:line: code: message); a failing test is a result, not an error.
+// file:line: code: message), or for ctx ending before every test ran; a
+// failing test is a result, not an error.
 func (e *Engine) RunTests(ctx context.Context, b *bundle.Bundle, timeout time.Duration) ([]TestResult, error) {
-	if timeout <= 0 {
-		timeout = DefaultTestTimeout
+	modules, store, err := e.testInputs(b)
+	if err != nil {
+		return nil, err
 	}
+	u := unitTests{
+		compiler:      e.testCompiler(),
+		modules:       modules,
+		store:         store,
+		timeout:       timeout,
+		builtinErrors: strictBuiltinErrors,
+	}
+	if e.cov != nil {
+		u.tracer = e.cov.c
+	}
+	return u.run(ctx, e.astErrors)
+}
+
+// testCompiler is the compiler the unit tests of a bundle compile with: the
+// engine's capabilities, Rego v1 by default, print statements kept.
+func (e *Engine) testCompiler() *ast.Compiler {
+	return ast.NewCompiler().
+		WithCapabilities(e.caps).
+		WithDefaultRegoVersion(ast.RegoV1).
+		WithEnablePrintStatements(true)
+}
+
+// testInputs parses every .rego file of b (each with its Rego version) and
+// makes a store holding b's data.
+func (e *Engine) testInputs(b *bundle.Bundle) (map[string]*ast.Module, storage.Store, error) {
 	modules := make(map[string]*ast.Module)
 	var errs ast.Errors
 	for name, src := range b.Files {
@@ -78,68 +106,33 @@ func (e *Engine) RunTests(ctx context.Context, b *bundle.Bundle, timeout time.Du
 				errs = append(errs, ae...)
 				continue
 			}
-			return nil, fmt.Errorf("%s: %w", name, err)
+			return nil, nil, fmt.Errorf("%s: %w", name, err)
 		}
 		modules[name] = m
 	}
 	if len(errs) > 0 {
-		return nil, e.astErrors(errs)
+		return nil, nil, e.astErrors(errs)
 	}
 	data, err := loadData(b)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var store storage.Store
 	if data != nil {
-		store = inmem.NewFromASTObject(data)
-	} else {
-		store = inmem.New()
+		return modules, inmem.NewFromASTObject(data), nil
 	}
-	c := ast.NewCompiler().
-		WithCapabilities(e.caps).
-		WithDefaultRegoVersion(ast.RegoV1).
-		WithEnablePrintStatements(true)
-	r := tester.NewRunner().
-		SetCompiler(c).
-		SetStore(store).
-		SetModules(modules).
-		CapturePrintOutput(true).
-		RaiseBuiltinErrors(strictBuiltinErrors).
-		SetTimeout(timeout)
-	if e.cov != nil {
-		r = r.SetCoverageQueryTracer(e.cov.c)
-	}
-	ch, err := r.RunTests(ctx, nil)
-	if err != nil {
-		var ae ast.Errors
-		if errors.As(err, &ae) {
-			return nil, e.astErrors(ae)
-		}
-		return nil, err
-	}
-	var out []TestResult
-	for res := range ch {
-		tr := TestResult{
-			Name:     res.Package + "." + res.Name,
-			Passed:   res.Pass(),
-			Skipped:  res.Skip,
-			Output:   string(res.Output),
-			Duration: res.Duration,
-		}
-		if loc := res.Location; loc != nil {
-			tr.File, tr.Line = loc.File, loc.Row
-		}
-		if res.Error != nil {
-			tr.Error = res.Error.Error()
-			tr.Passed = false
-		}
-		out = append(out, tr)
-	}
-	sort.Slice(out, func(i, j int) bool {
+	return modules, inmem.New(), nil
+}
+
+// sortResults orders results by file, then line.
+func sortResults(out []TestResult) {
+	sort.SliceStable(out, func(i, j int) bool {
 		if out[i].File != out[j].File {
 			return out[i].File < out[j].File
 		}
 		return out[i].Line < out[j].Line
 	})
-	return out, nil
 }
+
+// isCancel reports whether err is OPA's evaluator giving up because its
+// context ended (a test's timeout, or the caller's context).
+func isCancel(err error) bool { return topdown.IsCancel(err) }
