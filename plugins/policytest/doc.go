@@ -24,8 +24,8 @@
 // step of an agent bound to the bundle ([plugins.Prepared.Decide]: engine
 // answer, default_action, rate limits) and compared with its expectation
 // (bundle.TestExpect.Check); an engine error fails the case unless it
-// expects rule_id engine_error. The bundle's Rego unit tests run with OPA's
-// tester (rego.Engine.RunTests).
+// expects rule_id engine_error. The bundle's Rego unit tests run on OPA's
+// evaluator with opa test's rules (rego.Engine.RunTests).
 //
 // A Rego bundle's cases run on OPA's evaluator, on the module OPA's
 // compiler builds from the same Rego (rego.Engine.BuildWasm, run by the

@@ -89,7 +89,7 @@ const (
 // Kinds of test.
 const (
 	KindCase   = "case"   // a tests/*.yaml case
-	KindRego   = "rego"   // a Rego unit test (a test_ rule), run by OPA's tester
+	KindRego   = "rego"   // a Rego unit test (a test_ rule), run by rego.Engine.RunTests
 	KindBundle = "bundle" // a check of the bundle as a whole: [load], [no tests], [coverage], [wasm build]
 )
 
@@ -197,8 +197,9 @@ func (b *BundleResult) Counts() (passed, failed, skipped int) {
 
 // Run runs the tests of the bundle f: it loads and compiles the bundle
 // exactly as the kernel does ([plugins.Host.Prepare]), runs every
-// tests/*.yaml case (on each target), runs the Rego unit tests with OPA's
-// tester, and measures coverage. Every problem is part of the result.
+// tests/*.yaml case (on each target), runs the Rego unit tests
+// ([rego.Engine.RunTests]), and measures coverage. Every problem is part of
+// the result.
 func (r *Runner) Run(ctx context.Context, f Found) *BundleResult {
 	start := time.Now()
 	res := &BundleResult{Name: nameOf(f.Path), Path: f.Path}
