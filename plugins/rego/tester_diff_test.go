@@ -574,6 +574,36 @@ func TestRunnersAgree(t *testing.T) {
 	}
 }
 
+// TestRunnersAgreeOnRepositoryBundles: the Rego unit tests the repository
+// ships (the policy-repo example, the OPA-layout bundle fixture) get the
+// same outcomes from both runners, and pass.
+func TestRunnersAgreeOnRepositoryBundles(t *testing.T) {
+	for _, dir := range []string{
+		"../../examples/policy-repo/policies/team-tools",
+		"../bundle/testdata/opa-authz",
+	} {
+		t.Run(dir, func(t *testing.T) {
+			b, err := bundle.Options{Name: "repo"}.LoadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ours, theirs, oursErr, theirsErr := runners(t, b, time.Minute, strictBuiltinErrors)
+			if oursErr != nil || theirsErr != nil {
+				t.Fatalf("compile: ours %v, OPA's %v", oursErr, theirsErr)
+			}
+			if len(ours) == 0 {
+				t.Fatal("no Rego unit test found")
+			}
+			compareRunners(t, ours, theirs, true)
+			for k, r := range ours {
+				if r.outcome != oPass {
+					t.Errorf("%s (%s): %s %s", k, r.name, r.outcome, r.err)
+				}
+			}
+		})
+	}
+}
+
 // TestRunTestsEngine: Engine.RunTests (the engine's capabilities and
 // builtin-error rule) gives what the corpus expects, sorted by file and
 // line, with print output and a timeout error naming the timeout.

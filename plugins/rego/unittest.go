@@ -117,7 +117,7 @@ feed:
 	close(next)
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("rego unit tests: %w", err)
+		return nil, err
 	}
 	sortResults(out)
 	return out, nil
