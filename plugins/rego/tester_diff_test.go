@@ -687,7 +687,7 @@ test_quick if true
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := New().RunTests(context.Background(), b, 300*time.Millisecond)
+	res, err := New().RunTests(context.Background(), b, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -699,6 +699,12 @@ test_quick if true
 	cancel()
 	if _, err := New().RunTests(ctx, b, time.Minute); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled run: err = %v, want context.Canceled", err)
+	}
+	// The caller's deadline ends the looping test long before its own.
+	ctx, cancel = context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := New().RunTests(ctx, b, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("run past the caller's deadline: err = %v, want context.DeadlineExceeded", err)
 	}
 }
 
