@@ -35,12 +35,13 @@ import (
 //   - A test passes when its value is true. Undefined, false or any other
 //     value (a number, a set, a string) fails it. A test whose value is an
 //     object built case by case (test_x[name] if ...) is a table of cases:
-//     it passes when every case's value is true (or an object of such
-//     cases), and every case the body started on (its key bound) made it
+//     it passes when every case's value is true, null or an object of such
+//     cases, and every case the body started on (its key bound) made it
 //     into the object, so a case that fails after its key is known counts.
 //   - An evaluation error (a conflict, a timeout, a failing builtin when
 //     builtin errors are raised) makes the test an error, not a failure:
-//     Passed is false and Error says why.
+//     Passed is false and Error says why. A function named test_f(x) is an
+//     error too: it cannot be evaluated without arguments.
 //   - Each test has its own deadline; print output is captured per test.
 
 // Test rule name prefixes, OPA's.
