@@ -68,19 +68,30 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	s.writeJSON(w, st, body)
 }
 
-// writeJSON answers v as JSON with status st.
+// writeJSON answers v as JSON with status st. The step answers
+// (appendAnswer) are encoded by hand, into a buffer that holds a typical
+// one; everything else by encoding/json.
 func (s *Server) writeJSON(w http.ResponseWriter, st int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		s.log.Error("encode response", "err", err)
-		st = http.StatusInternalServerError
-		b = []byte(`{"code":"internal","message":"internal error"}`)
+	b, ok := appendAnswer(make([]byte, 0, 512), v)
+	if !ok {
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			s.log.Error("encode response", "err", err)
+			st = http.StatusInternalServerError
+			b = []byte(`{"code":"internal","message":"internal error"}`)
+		}
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	b = append(b, '\n')
+	h := w.Header()
+	h["Content-Type"] = contentTypeJSON
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	w.WriteHeader(st)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(b)
 }
+
+// contentTypeJSON is the Content-Type of every JSON answer, set without
+// Header.Set's canonicalisation and allocation. net/http only reads it.
+var contentTypeJSON = []string{"application/json"}
 
 // errorf is a shorthand for a *kernel.Error with a formatted message.
 func errorf(code, format string, args ...any) error {
