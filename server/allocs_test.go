@@ -3,6 +3,8 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -31,6 +33,9 @@ func TestAllocsStepRequests(t *testing.T) {
 	}
 	e := newEnv(t)
 	r := e.start("bot")
+	// At the level wicket serve logs by default (info): -v's debug request
+	// log is not what a server pays.
+	e.srv.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	h := e.srv.Handler()
 	const runs = 100
 	signed := func(path string, body []byte) *http.Request {
