@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -663,5 +664,17 @@ func TestAgentCacheFollowsTheRecord(t *testing.T) {
 	}
 	if a, err := read(); !errors.Is(err, kernel.ErrNotFound) {
 		t.Fatalf("after the delete: %+v, %v", a, err)
+	}
+}
+
+// TestAgentCacheCopiesShareNothing: the cache hands out shallow copies,
+// which is a fresh record only while kernel.Agent holds strings and times.
+func TestAgentCacheCopiesShareNothing(t *testing.T) {
+	typ := reflect.TypeFor[kernel.Agent]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		if f.Type.Kind() != reflect.String && f.Type != reflect.TypeFor[time.Time]() {
+			t.Errorf("kernel.Agent.%s is a %s: agentCache.get must copy it deeply", f.Name, f.Type)
+		}
 	}
 }
