@@ -100,6 +100,9 @@ func bench(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	if o.url != "" {
 		return benchLoadOnly(ctx, o, stdout)
 	}
+	// The kernel runs in this process: with the GC headroom serve uses
+	// (GOGC in the environment turns it off, as for serve).
+	defer startGCHeadroom(gcHeadroom)()
 	if isPostgres(o.store) {
 		if o.idle > 0 {
 			return usageError{"bench: --idle runs on the embedded store only"}
