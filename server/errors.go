@@ -106,6 +106,15 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	if r.ContentLength > limit {
 		return nil, tooLarge(limit)
 	}
+	if r.ContentLength > 0 {
+		// net/http holds the body to its Content-Length: read it into a
+		// buffer of that size (io.ReadAll would start at 512 bytes).
+		b := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, b); err != nil {
+			return nil, errorf(kernel.CodeValidation, "cannot read request body: %v", err)
+		}
+		return b, nil
+	}
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var mbe *http.MaxBytesError
