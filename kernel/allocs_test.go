@@ -18,8 +18,8 @@ import (
 // little above what the code does today (see the test's log), so that a
 // change of the Go runtime does not trip them.
 const (
-	maxSubmitAllocs   = 300
-	maxCompleteAllocs = 195
+	maxSubmitAllocs   = 280
+	maxCompleteAllocs = 188
 )
 
 // TestAllocsStepPath counts the allocations of SubmitStep (a new step,

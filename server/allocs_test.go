@@ -19,8 +19,8 @@ import (
 // decoding, the kernel and its store, the answer). They sit a little
 // above what the code does today (see the test's log).
 const (
-	maxSubmitRequestAllocs   = 375
-	maxCompleteRequestAllocs = 255
+	maxSubmitRequestAllocs   = 330
+	maxCompleteRequestAllocs = 222
 )
 
 // TestAllocsStepRequests counts the allocations of POST …/steps (a new

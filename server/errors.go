@@ -69,10 +69,9 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // writeJSON answers v as JSON with status st. The step answers
-// (appendAnswer) are encoded by hand, into a buffer that holds a typical
-// one; everything else by encoding/json.
+// (appendAnswer) are encoded by hand, everything else by encoding/json.
 func (s *Server) writeJSON(w http.ResponseWriter, st int, v any) {
-	b, ok := appendAnswer(make([]byte, 0, 512), v)
+	b, ok := appendAnswer(nil, v)
 	if !ok {
 		var err error
 		if b, err = json.Marshal(v); err != nil {
