@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wicket-run/wicket/internal/metrics"
 	"github.com/wicket-run/wicket/server/wire"
 )
 
@@ -31,7 +32,10 @@ func TestAllocsStepRequests(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts under the race detector are not the program's")
 	}
-	e := newEnv(t)
+	// Wired as wicket serve wires them: one metrics registry observes the
+	// kernel and counts the server's requests.
+	reg := metrics.New()
+	e := newEnv(t, func(o *envOpts) { o.kcfg.Observer = reg; o.scfg.Metrics = reg })
 	r := e.start("bot")
 	// At the level wicket serve logs by default (info): -v's debug request
 	// log is not what a server pays.
