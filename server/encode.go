@@ -23,19 +23,12 @@ import (
 // JSON there; the hand encoder would send it as it is.
 
 // appendAnswer appends v's JSON to b when v is one of the hand-encoded
-// answers; ok is false otherwise (v must then go to encoding/json). A nil b
-// gets a buffer of the answer's usual size.
+// answers; ok is false otherwise (v must then go to encoding/json).
 func appendAnswer(b []byte, v any) (_ []byte, ok bool) {
 	switch x := v.(type) {
 	case wire.StepDecision:
-		if b == nil {
-			b = make([]byte, 0, 256)
-		}
 		return appendDecision(b, &x)
 	case wire.Step:
-		if b == nil {
-			b = make([]byte, 0, 1024)
-		}
 		return appendStep(b, &x)
 	}
 	return b, false

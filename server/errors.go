@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/server/wire"
@@ -71,22 +72,39 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // writeJSON answers v as JSON with status st. The step answers
 // (appendAnswer) are encoded by hand, everything else by encoding/json.
 func (s *Server) writeJSON(w http.ResponseWriter, st int, v any) {
-	b, ok := appendAnswer(nil, v)
-	if !ok {
+	buf := answerBufs.Get().(*[]byte)
+	defer func() {
+		if cap(*buf) <= maxPooledAnswer {
+			answerBufs.Put(buf)
+		}
+	}()
+	b, ok := appendAnswer((*buf)[:0], v)
+	if ok {
+		b = append(b, '\n')
+		*buf = b // io.Writer: Write does not keep b
+	} else {
 		var err error
 		if b, err = json.Marshal(v); err != nil {
 			s.log.Error("encode response", "err", err)
 			st = http.StatusInternalServerError
 			b = []byte(`{"code":"internal","message":"internal error"}`)
 		}
+		b = append(b, '\n')
 	}
-	b = append(b, '\n')
 	h := w.Header()
 	h["Content-Type"] = contentTypeJSON
 	h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	w.WriteHeader(st)
 	_, _ = w.Write(b)
 }
+
+// answerBufs holds buffers for hand-encoded answers: net/http copies an
+// answer into the connection's buffer, so the bytes are free again once
+// Write returns.
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// maxPooledAnswer is the largest buffer answerBufs keeps.
+const maxPooledAnswer = 64 << 10
 
 // contentTypeJSON is the Content-Type of every JSON answer, set without
 // Header.Set's canonicalisation and allocation. net/http only reads it.
