@@ -26,18 +26,6 @@ type readTx struct {
 	// agents caches decoded agent records (nil: none, in write
 	// transactions).
 	agents *agentCache
-	// open are the buckets this transaction has opened, each with a cursor
-	// for point reads (see bucket and lookup).
-	open [8]openBucket
-	n    int
-}
-
-// openBucket is a top-level bucket opened in a transaction, and the cursor
-// lookup reuses on it.
-type openBucket struct {
-	name *byte // the first byte of its name variable (bExecutions, …)
-	b    *bolt.Bucket
-	c    *bolt.Cursor
 }
 
 // writeTx implements kernel.Tx. Writes are visible to later reads in the
@@ -49,54 +37,11 @@ var (
 	_ kernel.Tx     = (*writeTx)(nil)
 )
 
-// bucket returns the top-level bucket name (one of the b… variables).
-func (r *readTx) bucket(name []byte) *bolt.Bucket { return r.opened(name).b }
+func (r *readTx) bucket(name []byte) *bolt.Bucket { return r.tx.Bucket(name) }
 
-// opened returns the bucket name with its lookup cursor, opening it on
-// first use. A read-only bbolt transaction does not remember the buckets it
-// opened: each Tx.Bucket seeks the root and allocates a new Bucket, so a
-// transaction that reads several records keeps its own (the hot path's
-// reads touch five buckets).
-func (r *readTx) opened(name []byte) *openBucket {
-	p := &name[0]
-	for i := range r.n {
-		if r.open[i].name == p {
-			return &r.open[i]
-		}
-	}
-	b := r.tx.Bucket(name)
-	if r.n == len(r.open) {
-		return &openBucket{name: p, b: b}
-	}
-	r.open[r.n] = openBucket{name: p, b: b}
-	r.n++
-	return &r.open[r.n-1]
-}
-
-// lookup returns the value stored under k in bucket name, like
-// bolt.Bucket.Get (nil when there is none, or when k names a nested
-// bucket), through the bucket's cursor: Get makes a new cursor per call,
-// whose stack grows by allocation on every lookup, while a cursor's Seek
-// reuses its stack.
-func (r *readTx) lookup(name, k []byte) []byte {
-	o := r.opened(name)
-	if o.b == nil {
-		return nil
-	}
-	if o.c == nil {
-		o.c = o.b.Cursor()
-	}
-	got, v := o.c.Seek(k)
-	if !bytes.Equal(got, k) {
-		return nil
-	}
-	return v
-}
-
-// get decodes the record stored under k in bucket name; ok is false when
-// there is none.
-func get[T any](r *readTx, name, k []byte) (v *T, ok bool, err error) {
-	raw := r.lookup(name, k)
+// get decodes the record stored under k; ok is false when there is none.
+func get[T any](b *bolt.Bucket, k []byte) (v *T, ok bool, err error) {
+	raw := b.Get(k)
 	if raw == nil {
 		return nil, false, nil
 	}
@@ -155,7 +100,7 @@ func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
 	if !readable(tenant, id) {
 		return nil, missing("execution", tenant, id)
 	}
-	e, ok, err := get[kernel.Execution](r, bExecutions, key(tenant, id))
+	e, ok, err := get[kernel.Execution](r.bucket(bExecutions), key(tenant, id))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: execution %s/%s: %w", tenant, id, err)
 	}
@@ -170,7 +115,7 @@ func (r *readTx) ExecutionTenant(id string) (string, error) {
 	if !readable(id) {
 		return "", notFound("execution %s", id)
 	}
-	t := r.lookup(bExecTenant, []byte(id))
+	t := r.bucket(bExecTenant).Get([]byte(id))
 	if t == nil {
 		return "", notFound("execution %s", id)
 	}
@@ -182,7 +127,7 @@ func (r *readTx) ExecutionByIdempotencyKey(tenant, k string) (string, error) {
 	if !readable(tenant) || k == "" {
 		return "", notFound("idempotency key %q in tenant %s", k, tenant)
 	}
-	id := r.lookup(bIdem, key(tenant, k))
+	id := r.bucket(bIdem).Get(key(tenant, k))
 	if id == nil {
 		return "", notFound("idempotency key %q in tenant %s", k, tenant)
 	}
@@ -232,7 +177,7 @@ func (r *readTx) Step(tenant, executionID, stepID string) (*kernel.Step, error) 
 	if !readable(tenant, executionID, stepID) {
 		return nil, missing("step", tenant, executionID, stepID)
 	}
-	s, ok, err := get[kernel.Step](r, bSteps, key(tenant, executionID, stepID))
+	s, ok, err := get[kernel.Step](r.bucket(bSteps), key(tenant, executionID, stepID))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: step %s/%s/%s: %w", tenant, executionID, stepID, err)
 	}
@@ -260,7 +205,7 @@ func (r *readTx) Occurrence(tenant, executionID, k string) (kernel.Occurrence, e
 	if !readable(tenant, executionID) {
 		return kernel.Occurrence{}, nil
 	}
-	raw := r.lookup(bOcc, key(tenant, executionID, k))
+	raw := r.bucket(bOcc).Get(key(tenant, executionID, k))
 	if raw == nil {
 		return kernel.Occurrence{}, nil
 	}
@@ -300,7 +245,7 @@ func (r *readTx) Agent(tenant, id string) (*kernel.Agent, error) {
 		return nil, notFound("agent %s/%s", tenant, id)
 	}
 	k := key(tenant, id)
-	raw := r.lookup(bAgents, k)
+	raw := r.bucket(bAgents).Get(k)
 	if raw == nil {
 		return nil, notFound("agent %s/%s", tenant, id)
 	}
@@ -437,7 +382,7 @@ func (r *readTx) Approval(tenant, id string) (*kernel.Approval, error) {
 	if !readable(tenant, id) {
 		return nil, notFound("approval %s/%s", tenant, id)
 	}
-	a, ok, err := get[kernel.Approval](r, bApprovals, key(tenant, id))
+	a, ok, err := get[kernel.Approval](r.bucket(bApprovals), key(tenant, id))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: approval %s/%s: %w", tenant, id, err)
 	}
@@ -485,7 +430,7 @@ func (r *readTx) Bundle(tenant, name string) (*kernel.BundleRecord, error) {
 	if !readable(tenant, name) {
 		return nil, notFound("bundle %s/%s", tenant, name)
 	}
-	b, ok, err := get[kernel.BundleRecord](r, bBundles, key(tenant, name))
+	b, ok, err := get[kernel.BundleRecord](r.bucket(bBundles), key(tenant, name))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: bundle %s/%s: %w", tenant, name, err)
 	}
@@ -516,7 +461,7 @@ func (r *readTx) Counter(tenant, k string) ([]byte, error) {
 	if !readable(tenant) {
 		return nil, nil
 	}
-	v := r.lookup(bCounters, key(tenant, k))
+	v := r.bucket(bCounters).Get(key(tenant, k))
 	if v == nil {
 		return nil, nil
 	}
@@ -530,7 +475,7 @@ func (r *readTx) Tenant(id string) (*kernel.Tenant, error) {
 	if !readable(id) {
 		return nil, missing("tenant", id)
 	}
-	t, ok, err := get[kernel.Tenant](r, bTenants, []byte(id))
+	t, ok, err := get[kernel.Tenant](r.bucket(bTenants), []byte(id))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: tenant %s: %w", id, err)
 	}
@@ -554,11 +499,11 @@ func (r *readTx) APIKeyByHash(hash string) (*kernel.APIKey, error) {
 	if hash == "" {
 		return nil, notFound("api key by hash")
 	}
-	ref := r.lookup(bAPIKeyHash, []byte(hash))
+	ref := r.bucket(bAPIKeyHash).Get([]byte(hash))
 	if ref == nil {
 		return nil, notFound("api key by hash")
 	}
-	k, ok, err := get[kernel.APIKey](r, bAPIKeys, ref)
+	k, ok, err := get[kernel.APIKey](r.bucket(bAPIKeys), ref)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: api key %q: %w", ref, err)
 	}
@@ -865,7 +810,7 @@ func (w *writeTx) PutAPIKey(ak *kernel.APIKey) error {
 	if cur := hashes.Get([]byte(ak.Hash)); cur != nil && !bytes.Equal(cur, k) {
 		return fmt.Errorf("bbolt: put api key %s/%s: hash already used by another key: %w", ak.Tenant, ak.ID, kernel.ErrConflict)
 	}
-	old, ok, err := get[kernel.APIKey](&w.readTx, bAPIKeys, k)
+	old, ok, err := get[kernel.APIKey](keys, k)
 	if err != nil {
 		return fmt.Errorf("bbolt: put api key %s/%s: read previous: %w", ak.Tenant, ak.ID, err)
 	}
@@ -890,7 +835,7 @@ func (w *writeTx) DeleteAPIKey(tenant, id string) error {
 	}
 	keys := w.bucket(bAPIKeys)
 	k := key(tenant, id)
-	old, ok, err := get[kernel.APIKey](&w.readTx, bAPIKeys, k)
+	old, ok, err := get[kernel.APIKey](keys, k)
 	if err != nil {
 		return fmt.Errorf("bbolt: delete api key %s/%s: %w", tenant, id, err)
 	}
