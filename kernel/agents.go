@@ -99,20 +99,26 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 		return nil, err
 	}
 	k.agentsMu.Lock()
-	k.agents[a.Tenant+"\x00"+a.ID] = out
+	k.agents[agentKey{a.Tenant, a.ID}] = out
 	k.agentsMu.Unlock()
 	return out, nil
 }
 
 // Agent returns an agent, secret included (callers must not expose it).
 func (k *Kernel) Agent(ctx context.Context, tenant, id string) (*Agent, error) {
-	key := tenant + "\x00" + id
 	k.agentsMu.RLock()
-	a, ok := k.agents[key]
+	a, ok := k.agents[agentKey{tenant, id}]
 	k.agentsMu.RUnlock()
 	if ok {
 		return a, nil
 	}
+	return k.loadAgent(ctx, tenant, id)
+}
+
+// loadAgent reads an agent into the cache (Agent's slow path, apart so
+// that the fast path allocates nothing).
+func (k *Kernel) loadAgent(ctx context.Context, tenant, id string) (*Agent, error) {
+	var a *Agent
 	err := k.store.View(ctx, func(tx ReadTx) error {
 		var err error
 		a, err = tx.Agent(tenant, id)
@@ -125,7 +131,7 @@ func (k *Kernel) Agent(ctx context.Context, tenant, id string) (*Agent, error) {
 		return nil, fmt.Errorf("read agent %s: %w", id, err)
 	}
 	k.agentsMu.Lock()
-	k.agents[key] = a
+	k.agents[agentKey{tenant, id}] = a
 	k.agentsMu.Unlock()
 	return a, nil
 }
@@ -154,7 +160,7 @@ func (k *Kernel) DeleteAgent(ctx context.Context, tenant, id string) error {
 		return r.tx.DeleteAgent(tenant, id)
 	})
 	k.agentsMu.Lock()
-	delete(k.agents, tenant+"\x00"+id)
+	delete(k.agents, agentKey{tenant, id})
 	k.agentsMu.Unlock()
 	return err
 }
@@ -168,6 +174,13 @@ func (k *Kernel) ExecutionOwner(ctx context.Context, id string) (tenant, agentID
 	if ok {
 		return o.tenant, o.agentID, nil
 	}
+	return k.loadOwner(ctx, id)
+}
+
+// loadOwner reads an execution's owner into the cache (ExecutionOwner's
+// slow path, apart so that the fast path allocates nothing).
+func (k *Kernel) loadOwner(ctx context.Context, id string) (tenant, agentID string, err error) {
+	var o owner
 	err = k.store.View(ctx, func(tx ReadTx) error {
 		t, err := tx.ExecutionTenant(id)
 		if err != nil {

@@ -210,7 +210,7 @@ type Kernel struct {
 	closed bool
 
 	agentsMu sync.RWMutex
-	agents   map[string]*Agent // tenant\x00id → agent; filled lazily
+	agents   map[agentKey]*Agent // filled lazily
 
 	ownersMu sync.RWMutex
 	owners   map[string]owner // execution id → owner (immutable once created)
@@ -222,6 +222,9 @@ type Kernel struct {
 }
 
 type owner struct{ tenant, agentID string }
+
+// agentKey names an agent in the kernel's cache of agents.
+type agentKey struct{ tenant, id string }
 
 // New builds a kernel from its collaborators, which it uses from then on
 // and never replaces:
@@ -255,7 +258,7 @@ func New(st Store, deliv Deliverer, pol Policy, bundles BundleLoader, cfg Config
 		log:     cfg.Logger,
 		wake:    make(chan struct{}, 1),
 		sem:     make(chan struct{}, cfg.DeliveryConcurrency),
-		agents:  map[string]*Agent{},
+		agents:  map[agentKey]*Agent{},
 		owners:  map[string]owner{},
 		subs:    map[string]map[chan struct{}]struct{}{},
 	}, nil
@@ -383,44 +386,48 @@ func (k *Kernel) notify(ids ...string) {
 
 // update runs fn in a store transaction; fn gets a fresh recorder per run.
 func (k *Kernel) update(ctx context.Context, fn func(r *rec) error) ([]string, error) {
-	var touched []string
-	var queued bool
-	var last *rec // the latest run of fn: the committed one when err is nil
-	var slots int // delivery slots held by runs that did not commit
+	// What the runs of fn leave behind, in one allocation (the closure
+	// below shares it with this function).
+	var u struct {
+		touched []string
+		queued  bool
+		last    *rec // the latest run of fn: the committed one when err is nil
+		slots   int  // delivery slots held by runs that did not commit
+	}
 	err := k.store.Update(ctx, func(tx Tx) error {
-		if last != nil { // fn runs again (another function of the batch failed)
-			slots += last.slots
+		if u.last != nil { // fn runs again (another function of the batch failed)
+			u.slots += u.last.slots
 		}
 		r := &rec{tx: tx, now: k.now()}
 		if k.cfg.Observer != nil {
 			r.obs = &observed{}
 			r.tx = &observedTx{Tx: tx, o: r.obs}
 		}
-		last = r
+		u.last = r
 		if err := fn(r); err != nil {
 			return err
 		}
 		if err := k.claimNow(r); err != nil {
 			return err
 		}
-		touched, queued = r.touched, r.queued
+		u.touched, u.queued = r.touched, r.queued
 		return nil
 	})
-	if last != nil && err != nil {
-		slots += last.slots
+	if u.last != nil && err != nil {
+		u.slots += u.last.slots
 	}
-	k.releaseSlots(slots)
+	k.releaseSlots(u.slots)
 	if err == nil {
-		if last.obs != nil {
-			last.obs.report(k.cfg.Observer, last.now)
+		if u.last.obs != nil {
+			u.last.obs.report(k.cfg.Observer, u.last.now)
 		}
-		k.startClaimed(last)
-		k.notify(touched...)
-		if queued {
+		k.startClaimed(u.last)
+		k.notify(u.touched...)
+		if u.queued {
 			k.poke()
 		}
 	}
-	return touched, err
+	return u.touched, err
 }
 
 // rec records state changes and their events inside one transaction.

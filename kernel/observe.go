@@ -34,13 +34,56 @@ type Observer interface {
 }
 
 // observed collects, for one run of an update function, what the Observer
-// is told once it commits.
+// is told once it commits. A run touches one execution or a few, so the
+// notes are short lists searched in order, the first ones held inline: a
+// step's commit notes without allocating beyond observed itself.
 type observed struct {
-	execFrom  map[string]ExecStatus // status when first read in the transaction
-	execTo    map[string]ExecStatus // status when last written
-	apprFrom  map[string]ApprovalStatus
-	apprTo    map[string]*Approval
+	execs     notes[ExecStatus]     // status when first read, and when last written
+	apprFrom  notes[ApprovalStatus] // status when first read
+	apprTo    notes[*Approval]      // the record last written
 	decisions []verdictPayload
+	decided   [1]verdictPayload // decisions' first backing array
+}
+
+// recordKey names a record of a tenant.
+type recordKey struct{ tenant, id string }
+
+// note is what a run noted about one record: its first-read value, its
+// last-written value, and which of the two it has.
+type note[T any] struct {
+	key            recordKey
+	from, to       T
+	hasFrom, hasTo bool
+}
+
+// notes is a short list of notes, the first two inline.
+type notes[T any] struct {
+	inline [2]note[T]
+	more   []note[T]
+	n      int
+}
+
+// get returns the note of k, adding an empty one when there is none.
+func (ns *notes[T]) get(k recordKey) *note[T] {
+	for i := range ns.n {
+		if n := ns.at(i); n.key == k {
+			return n
+		}
+	}
+	if ns.n < len(ns.inline) {
+		ns.inline[ns.n] = note[T]{key: k}
+	} else {
+		ns.more = append(ns.more, note[T]{key: k})
+	}
+	ns.n++
+	return ns.at(ns.n - 1)
+}
+
+func (ns *notes[T]) at(i int) *note[T] {
+	if i < len(ns.inline) {
+		return &ns.inline[i]
+	}
+	return &ns.more[i-len(ns.inline)]
 }
 
 // observedTx is the Tx an update function sees when the kernel has an
@@ -54,11 +97,8 @@ type observedTx struct {
 func (t *observedTx) Execution(tenant, id string) (*Execution, error) {
 	e, err := t.Tx.Execution(tenant, id)
 	if err == nil {
-		if _, seen := t.o.execFrom[tenant+"\x00"+id]; !seen {
-			if t.o.execFrom == nil {
-				t.o.execFrom = map[string]ExecStatus{}
-			}
-			t.o.execFrom[tenant+"\x00"+id] = e.Status
+		if n := t.o.execs.get(recordKey{tenant, id}); !n.hasFrom {
+			n.from, n.hasFrom = e.Status, true
 		}
 	}
 	return e, err
@@ -68,20 +108,16 @@ func (t *observedTx) PutExecution(e *Execution) error {
 	if err := t.Tx.PutExecution(e); err != nil {
 		return err
 	}
-	if t.o.execTo == nil {
-		t.o.execTo = map[string]ExecStatus{}
-	}
-	t.o.execTo[e.Tenant+"\x00"+e.ID] = e.Status
+	n := t.o.execs.get(recordKey{e.Tenant, e.ID})
+	n.to, n.hasTo = e.Status, true
 	return nil
 }
 
 func (t *observedTx) DeleteExecution(tenant, id string, limit int) (PurgeStats, bool, error) {
 	st, done, err := t.Tx.DeleteExecution(tenant, id, limit)
 	if err == nil && done {
-		if t.o.execTo == nil {
-			t.o.execTo = map[string]ExecStatus{}
-		}
-		t.o.execTo[tenant+"\x00"+id] = "" // deleted
+		n := t.o.execs.get(recordKey{tenant, id})
+		n.to, n.hasTo = "", true // deleted
 	}
 	return st, done, err
 }
@@ -89,11 +125,8 @@ func (t *observedTx) DeleteExecution(tenant, id string, limit int) (PurgeStats, 
 func (t *observedTx) Approval(tenant, id string) (*Approval, error) {
 	a, err := t.Tx.Approval(tenant, id)
 	if err == nil {
-		if _, seen := t.o.apprFrom[tenant+"\x00"+id]; !seen {
-			if t.o.apprFrom == nil {
-				t.o.apprFrom = map[string]ApprovalStatus{}
-			}
-			t.o.apprFrom[tenant+"\x00"+id] = a.Status
+		if n := t.o.apprFrom.get(recordKey{tenant, id}); !n.hasFrom {
+			n.from, n.hasFrom = a.Status, true
 		}
 	}
 	return a, err
@@ -103,29 +136,35 @@ func (t *observedTx) PutApproval(a *Approval) error {
 	if err := t.Tx.PutApproval(a); err != nil {
 		return err
 	}
-	if t.o.apprTo == nil {
-		t.o.apprTo = map[string]*Approval{}
-	}
-	t.o.apprTo[a.Tenant+"\x00"+a.ID] = a
+	n := t.o.apprTo.get(recordKey{a.Tenant, a.ID})
+	n.to, n.hasTo = a, true
 	return nil
 }
 
 // observeEvent notes what an event tells the Observer.
 func (o *observed) observeEvent(payload any) {
 	if d, ok := payload.(verdictPayload); ok {
+		if o.decisions == nil {
+			o.decisions = o.decided[:0]
+		}
 		o.decisions = append(o.decisions, d)
 	}
 }
 
 // report tells obs what a committed run did.
 func (o *observed) report(obs Observer, now time.Time) {
-	for k, to := range o.execTo {
-		if from := o.execFrom[k]; from != to {
-			obs.ExecutionStatus(from, to)
+	for i := range o.execs.n {
+		if n := o.execs.at(i); n.hasTo && n.from != n.to {
+			obs.ExecutionStatus(n.from, n.to)
 		}
 	}
-	for k, a := range o.apprTo {
-		if o.apprFrom[k] == ApprovalPending && a.Status != ApprovalPending {
+	for i := range o.apprTo.n {
+		n := o.apprTo.at(i)
+		if !n.hasTo {
+			continue
+		}
+		a := n.to
+		if from := o.apprFrom.get(n.key); from.from == ApprovalPending && a.Status != ApprovalPending {
 			at := now
 			if a.DecidedAt != nil {
 				at = *a.DecidedAt

@@ -61,7 +61,7 @@ func (k *Kernel) applyChange(ctx context.Context, c Change) {
 	if len(c.Agents) > 0 {
 		k.agentsMu.Lock()
 		for _, a := range c.Agents {
-			delete(k.agents, a.Tenant+"\x00"+a.Name)
+			delete(k.agents, agentKey{a.Tenant, a.Name})
 		}
 		k.agentsMu.Unlock()
 	}

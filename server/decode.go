@@ -44,6 +44,15 @@ func decode(body []byte, v any) error {
 	if !utf8.Valid(body) {
 		return errorf(kernel.CodeValidation, "request body is not valid UTF-8")
 	}
+	if decodeFast(body, v) {
+		return checkKeys(body, schemaOf(reflect.TypeOf(v)))
+	}
+	return decodeFull(body, v)
+}
+
+// decodeFull is decode's path through encoding/json, for a body that is
+// UTF-8 and starts as an object.
+func decodeFull(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	if err := dec.Decode(v); err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -239,4 +240,102 @@ func TestCaseVariantFieldsRefused(t *testing.T) {
 		wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 	// An approval decided_by in another case cannot slip past the decider check.
 	e.admin("POST", "/v0/approvals/nope/grant", rawBody(`{"Decided_By":"alice"}`)).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+}
+
+// checkFast compares decodeFast with encoding/json's path for body: when
+// the fast path takes a body, the full path must give the same error (from
+// checkKeys, which both run) or none and the same value.
+func checkFast[T any](t *testing.T, body []byte) (taken bool) {
+	t.Helper()
+	if !utf8.Valid(body) {
+		return false
+	}
+	var fast T
+	if !decodeFast(body, &fast) {
+		var zero T
+		if !reflect.DeepEqual(fast, zero) {
+			t.Fatalf("decodeFast declined %q but changed the value: %#v", body, fast)
+		}
+		return false
+	}
+	// decode runs checkKeys after the fast path; the full path runs it too.
+	errFast := checkKeys(body, schemaOf(reflect.TypeOf(&fast)))
+	var full T
+	errFull := decodeFull(body, &full)
+	if (errFast == nil) != (errFull == nil) || (errFull != nil && errFast.Error() != errFull.Error()) {
+		t.Fatalf("decodeFast took %q: fast path error %v, full path error %v", body, errFast, errFull)
+	}
+	if errFull == nil && !reflect.DeepEqual(fast, full) {
+		t.Fatalf("decodeFast and encoding/json disagree on %q:\nfast %#v\nfull %#v", body, fast, full)
+	}
+	return true
+}
+
+func TestDecodeFast(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		fast bool
+	}{
+		{`{"kind":"tool_call","target":"search","args":{"n":1,"q":"a b"}}`, true},
+		{` { "kind" : "local" , "target" : "now", "result" : "2026-12-01T00:00:00Z", "reconcile" : true } `, true},
+		{`{"kind":"tool_call","target":"x","args":null,"idempotency":"at_most_once","effect":"read_only","reconcile":false}`, true},
+		{`{"kind":"tool_call","target":"x","args":[1, {"a" : [true,null,-1.5e3]}, "\u00e9\"\\"]}`, true},
+		{`{"kind":"tool_call","target":"x","args":12}`, true},
+		{`{"kind":"tool_call","target":"x","args":"s"}`, true},
+		{`{"target":"café","kind":"llm_call"}`, true},
+		{`{}`, true},
+		{`{"kind":"tool_call","kind":"local"}`, false}, // duplicate: the full path's error
+		{`{"Kind":"tool_call"}`, false},                // case-folded key
+		{`{"kind":"tool\u005fcall"}`, false},           // escape
+		{`{"kind":"tool_call","other":1}`, false},      // unknown key: ignored by the full path
+		{`{"kind":1}`, false},                          // wrong type
+		{`{"kind":null}`, false},                       // null string
+		{`{"kind":"x","args":{"a":1}`, false},          // truncated
+		{`{"kind":"x"} {}`, false},                     // trailing data
+		{`{"kind":"x","args":tru}`, false},             // invalid raw
+		{`{"kind":"x","reconcile":truex}`, false},      // not a literal
+		{`{"kind":"x","reconcile":"true"}`, false},     // a string for a bool
+		{`{"kind":"x","args":{"a":1,"a":2}}`, true},    // inner duplicate: checkKeys refuses it after
+		{`{"kind":"x",}`, false},                       // trailing comma
+	} {
+		var got bool
+		if got = checkFast[wire.StepSubmitRequest](t, []byte(c.body)); got != c.fast {
+			t.Errorf("%s: fast path taken %v, want %v", c.body, got, c.fast)
+		}
+	}
+	for _, c := range []struct {
+		body string
+		fast bool
+	}{
+		{`{"result":{"hits":3}}`, true},
+		{`{"result":null}`, true},
+		{`{}`, true},
+		{`{"result":1,"usage":{"total_tokens":3}}`, false},
+		{`{"error":"x"}`, false},
+	} {
+		if got := checkFast[wire.StepCompleteRequest](t, []byte(c.body)); got != c.fast {
+			t.Errorf("%s: fast path taken %v, want %v", c.body, got, c.fast)
+		}
+	}
+	// Through decode: an inner duplicate key is still refused.
+	var req wire.StepSubmitRequest
+	if err := decode([]byte(`{"kind":"x","args":{"a":1,"a":2}}`), &req); err == nil {
+		t.Error("decode accepted a duplicate key inside args")
+	}
+}
+
+func FuzzDecodeFast(f *testing.F) {
+	for _, s := range []string{
+		`{"kind":"tool_call","target":"search","args":{"n":1,"q":"a b"}}`,
+		`{"kind":"local","target":"now","result":"x","reconcile":true}`,
+		`{"result":{"hits":[1,2]}}`,
+		`{"args":[1,"\u00e9",{"b":null}],"effect":"read_only"}`,
+		` {"kind" : "x" , "args" : -0.5e-3 } `,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		checkFast[wire.StepSubmitRequest](t, body)
+		checkFast[wire.StepCompleteRequest](t, body)
+	})
 }

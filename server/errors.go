@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/server/wire"
@@ -68,19 +69,46 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	s.writeJSON(w, st, body)
 }
 
-// writeJSON answers v as JSON with status st.
+// writeJSON answers v as JSON with status st. The step answers
+// (appendAnswer) are encoded by hand, everything else by encoding/json.
 func (s *Server) writeJSON(w http.ResponseWriter, st int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		s.log.Error("encode response", "err", err)
-		st = http.StatusInternalServerError
-		b = []byte(`{"code":"internal","message":"internal error"}`)
+	buf := answerBufs.Get().(*[]byte)
+	defer func() {
+		if cap(*buf) <= maxPooledAnswer {
+			answerBufs.Put(buf)
+		}
+	}()
+	b, ok := appendAnswer((*buf)[:0], v)
+	if ok {
+		b = append(b, '\n')
+		*buf = b // io.Writer: Write does not keep b
+	} else {
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			s.log.Error("encode response", "err", err)
+			st = http.StatusInternalServerError
+			b = []byte(`{"code":"internal","message":"internal error"}`)
+		}
+		b = append(b, '\n')
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	h := w.Header()
+	h["Content-Type"] = contentTypeJSON
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	w.WriteHeader(st)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(b)
 }
+
+// answerBufs holds buffers for hand-encoded answers: net/http copies an
+// answer into the connection's buffer, so the bytes are free again once
+// Write returns.
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// maxPooledAnswer is the largest buffer answerBufs keeps.
+const maxPooledAnswer = 64 << 10
+
+// contentTypeJSON is the Content-Type of every JSON answer, set without
+// Header.Set's canonicalisation and allocation. net/http only reads it.
+var contentTypeJSON = []string{"application/json"}
 
 // errorf is a shorthand for a *kernel.Error with a formatted message.
 func errorf(code, format string, args ...any) error {
@@ -94,6 +122,15 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	}
 	if r.ContentLength > limit {
 		return nil, tooLarge(limit)
+	}
+	if r.ContentLength > 0 {
+		// net/http holds the body to its Content-Length: read it into a
+		// buffer of that size (io.ReadAll would start at 512 bytes).
+		b := make([]byte, r.ContentLength)
+		if _, err := io.ReadFull(r.Body, b); err != nil {
+			return nil, errorf(kernel.CodeValidation, "cannot read request body: %v", err)
+		}
+		return b, nil
 	}
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {

@@ -522,7 +522,7 @@ func (s *Server) admit(c *call, cl class, o routeOpts) error {
 		return err
 	}
 	if rec, ok := c.w.(*recorder); ok {
-		rec.principal = c.p.String()
+		rec.principal = &c.p
 	}
 	if err := s.authorize(c, cl); err != nil {
 		return err

@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/wicket-run/wicket/internal/metrics"
 	"github.com/wicket-run/wicket/internal/webhook"
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/sdk/agent"
@@ -100,6 +101,9 @@ func bench(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	if o.url != "" {
 		return benchLoadOnly(ctx, o, stdout)
 	}
+	// The kernel runs in this process: with the GC headroom serve uses
+	// (GOGC in the environment turns it off, as for serve).
+	defer startGCHeadroom(gcHeadroom)()
 	if isPostgres(o.store) {
 		if o.idle > 0 {
 			return usageError{"bench: --idle runs on the embedded store only"}
@@ -135,31 +139,19 @@ func benchPostgres(ctx context.Context, o benchOptions, stdout io.Writer) error 
 	var bases []string
 	var stores []*openedStore
 	for range o.replicas {
-		st, err := openStore(ctx, dsn, o.dir, o.noSync, nil)
+		reg := metrics.New()
+		st, err := openStore(ctx, dsn, o.dir, o.noSync, reg.Commit)
 		if err != nil {
 			return err
 		}
 		defer st.Close()
 		stores = append(stores, st)
-		sender := webhook.New()
-		defer sender.Close()
-		k, err := kernel.New(st.Store, sender, nil, nil, kernel.Config{Logger: discardLogger()})
+		base, stop, err := startBenchKernel(ctx, st.Store, reg)
 		if err != nil {
 			return err
 		}
-		srv := server.New(k, server.Config{AuthDisabled: true, Logger: discardLogger()})
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		hs := &http.Server{Handler: srv.Handler()}
-		go func() { _ = hs.Serve(ln) }()
-		defer hs.Close()
-		if err := k.Start(ctx); err != nil {
-			return err
-		}
-		defer k.Close(context.WithoutCancel(ctx))
-		bases = append(bases, "http://"+ln.Addr().String())
+		defer stop()
+		bases = append(bases, base)
 	}
 	counts := func() (commits, updates, conflicts uint64) {
 		for _, st := range stores {
@@ -220,6 +212,39 @@ func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // benchKernel runs the kernel here and the load beside it.
+// startBenchKernel runs a kernel on st and its HTTP server on a loopback
+// port, wired as serve wires them (so that the bench measures what serve
+// pays): reg observes the kernel and counts the server's requests (the
+// caller passed reg.Commit to the store), and the server's own http.Server
+// and listener serve it. Authentication is off, as on a loopback serve
+// without keys; agents still sign.
+func startBenchKernel(ctx context.Context, st kernel.Store, reg *metrics.Metrics) (base string, stop func(), err error) {
+	sender := webhook.New()
+	k, err := kernel.New(st, sender, nil, nil, kernel.Config{Logger: discardLogger(), Observer: reg})
+	if err != nil {
+		sender.Close()
+		return "", nil, err
+	}
+	srv := server.New(k, server.Config{AuthDisabled: true, Logger: discardLogger(), Metrics: reg})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		sender.Close()
+		return "", nil, err
+	}
+	hs := srv.HTTPServer()
+	go func() { _ = hs.Serve(srv.Listener(ln)) }()
+	if err := k.Start(ctx); err != nil {
+		hs.Close()
+		sender.Close()
+		return "", nil, err
+	}
+	return "http://" + ln.Addr().String(), func() {
+		_ = k.Close(context.WithoutCancel(ctx))
+		hs.Close()
+		sender.Close()
+	}, nil
+}
+
 func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	noSync := o.noSync
 	if o.dir == "" {
@@ -238,30 +263,18 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 		noSync = true
 	}
 	dbPath := filepath.Join(o.dir, "wicket.db")
-	st, err := bbolt.Open(dbPath, bbolt.Options{NoSync: noSync, MaxBatch: o.maxBatch, GatherWindow: o.gatherWindow, NoFreelistSync: o.noFreelistSync})
+	reg := metrics.New()
+	st, err := bbolt.Open(dbPath, bbolt.Options{NoSync: noSync, MaxBatch: o.maxBatch, GatherWindow: o.gatherWindow,
+		NoFreelistSync: o.noFreelistSync, OnCommit: reg.Commit})
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	sender := webhook.New()
-	defer sender.Close()
-	k, err := kernel.New(st, sender, nil, nil, kernel.Config{Logger: discardLogger()})
+	base, stop, err := startBenchKernel(ctx, st, reg)
 	if err != nil {
 		return err
 	}
-	srv := server.New(k, server.Config{AuthDisabled: true, Logger: discardLogger()})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	hs := &http.Server{Handler: srv.Handler()}
-	go func() { _ = hs.Serve(ln) }()
-	defer hs.Close()
-	if err := k.Start(ctx); err != nil {
-		return err
-	}
-	defer k.Close(context.WithoutCancel(ctx))
-	base := "http://" + ln.Addr().String()
+	defer stop()
 
 	if o.idle > 0 {
 		return benchIdle(ctx, base, st, o.idle, stdout)

@@ -224,6 +224,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
+	defer startGCHeadroom(gcHeadroom)()
 	var man *manifest.Manifest
 	if o.config != "" {
 		if man, err = manifest.Load(o.config, nil); err != nil {

@@ -48,6 +48,23 @@ type Metrics struct {
 	updatesPerCommit prometheus.Histogram
 
 	engines, decisionsSeen, answers *bounded
+
+	// requests are the request series resolved so far, by route, method
+	// and status: resolving labels (hashing them, a lock, a map) on every
+	// request was a visible share of a request's CPU. Routes are templates
+	// and methods a fixed set, so the map stays small.
+	reqMu    sync.RWMutex
+	requests map[requestKey]requestSeries
+}
+
+type requestKey struct {
+	route, method string
+	status        int
+}
+
+type requestSeries struct {
+	count    prometheus.Counter
+	duration prometheus.Observer
 }
 
 // New builds a registry with the Go and process collectors and every
@@ -132,8 +149,21 @@ func (m *Metrics) ObserveRequest(route, method string, status int, d time.Durati
 	default:
 		method = "OTHER"
 	}
-	m.httpRequests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
-	m.httpDuration.WithLabelValues(route, method).Observe(d.Seconds())
+	k := requestKey{route, method, status}
+	m.reqMu.RLock()
+	rs, ok := m.requests[k]
+	m.reqMu.RUnlock()
+	if !ok {
+		rs = requestSeries{m.httpRequests.WithLabelValues(route, method, strconv.Itoa(status)), m.httpDuration.WithLabelValues(route, method)}
+		m.reqMu.Lock()
+		if m.requests == nil {
+			m.requests = make(map[requestKey]requestSeries)
+		}
+		m.requests[k] = rs
+		m.reqMu.Unlock()
+	}
+	rs.count.Inc()
+	rs.duration.Observe(d.Seconds())
 }
 
 // StepSubmitted counts one step submission by the answer it got.

@@ -117,6 +117,8 @@ type Store struct {
 	commits atomic.Uint64 // committed write transactions
 	updates atomic.Uint64 // Update functions committed
 	retries atomic.Uint64 // batches rolled back because one function failed
+
+	agents agentCache // decoded agent records, for read transactions
 }
 
 var _ kernel.Store = (*Store)(nil)
@@ -240,7 +242,7 @@ func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error
 	if s.closed() {
 		return errClosed("view")
 	}
-	err := s.db.View(func(btx *bolt.Tx) error { return fn(&readTx{tx: btx}) })
+	err := s.db.View(func(btx *bolt.Tx) error { return fn(&readTx{tx: btx, agents: &s.agents}) })
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return errClosed("view")
 	}

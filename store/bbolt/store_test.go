@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -621,5 +622,59 @@ func TestTimeKeyOrder(t *testing.T) {
 	now := time.Now()
 	if got := getTime(putTime(nil, now)); !got.Equal(now) {
 		t.Errorf("%v decodes as %v", now, got)
+	}
+}
+
+// TestAgentCacheFollowsTheRecord: read transactions keep decoded agents,
+// but a read after the record changed (or went) sees the change, and a
+// caller changing what it was handed does not change what the next read
+// gets.
+func TestAgentCacheFollowsTheRecord(t *testing.T) {
+	s := openStore(t, Options{}, true)
+	ctx := context.Background()
+	put := func(a kernel.Agent) {
+		t.Helper()
+		if err := s.Update(ctx, func(tx kernel.Tx) error { return tx.PutAgent(&a) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func() (*kernel.Agent, error) {
+		var a *kernel.Agent
+		err := s.View(ctx, func(tx kernel.ReadTx) error {
+			var err error
+			a, err = tx.Agent("default", "bot")
+			return err
+		})
+		return a, err
+	}
+	put(kernel.Agent{Tenant: "default", ID: "bot", WebhookURL: "http://127.0.0.1:1/a", Bundle: "one"})
+	for i := range 2 { // the second read is the cache's
+		a, err := read()
+		if err != nil || a.Bundle != "one" {
+			t.Fatalf("read %d: %+v, %v", i, a, err)
+		}
+		a.Bundle = "changed by the caller"
+	}
+	put(kernel.Agent{Tenant: "default", ID: "bot", WebhookURL: "http://127.0.0.1:1/a", Bundle: "two"})
+	if a, err := read(); err != nil || a.Bundle != "two" {
+		t.Fatalf("after the update: %+v, %v", a, err)
+	}
+	if err := s.Update(ctx, func(tx kernel.Tx) error { return tx.DeleteAgent("default", "bot") }); err != nil {
+		t.Fatal(err)
+	}
+	if a, err := read(); !errors.Is(err, kernel.ErrNotFound) {
+		t.Fatalf("after the delete: %+v, %v", a, err)
+	}
+}
+
+// TestAgentCacheCopiesShareNothing: the cache hands out shallow copies,
+// which is a fresh record only while kernel.Agent holds strings and times.
+func TestAgentCacheCopiesShareNothing(t *testing.T) {
+	typ := reflect.TypeFor[kernel.Agent]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		if f.Type.Kind() != reflect.String && f.Type != reflect.TypeFor[time.Time]() {
+			t.Errorf("kernel.Agent.%s is a %s: agentCache.get must copy it deeply", f.Name, f.Type)
+		}
 	}
 }

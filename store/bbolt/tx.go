@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -20,7 +21,12 @@ import (
 //
 // A limit <= 0 given to Events, DueDispatches, ExpiredLeases or
 // ExpiredApprovals, and ExecutionFilter.Limit <= 0, mean "no limit".
-type readTx struct{ tx *bolt.Tx }
+type readTx struct {
+	tx *bolt.Tx
+	// agents caches decoded agent records (nil: none, in write
+	// transactions).
+	agents *agentCache
+}
 
 // writeTx implements kernel.Tx. Writes are visible to later reads in the
 // same transaction.
@@ -238,14 +244,66 @@ func (r *readTx) Agent(tenant, id string) (*kernel.Agent, error) {
 	if !readable(tenant, id) {
 		return nil, notFound("agent %s/%s", tenant, id)
 	}
-	a, ok, err := get[kernel.Agent](r.bucket(bAgents), key(tenant, id))
+	k := key(tenant, id)
+	raw := r.bucket(bAgents).Get(k)
+	if raw == nil {
+		return nil, notFound("agent %s/%s", tenant, id)
+	}
+	if a := r.agents.get(k, raw); a != nil {
+		return a, nil
+	}
+	a, err := decode[kernel.Agent](raw)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: agent %s/%s: %w", tenant, id, err)
 	}
-	if !ok {
-		return nil, notFound("agent %s/%s", tenant, id)
-	}
+	r.agents.put(k, raw, a)
 	return a, nil
+}
+
+// agentCache holds decoded agent records with the bytes they were decoded
+// from: every step policy decides reads its agent (for its bundle), and
+// the record is JSON. A cached record is used only when the stored bytes
+// are still the same, so it is never stale, whoever wrote the file. A nil
+// cache caches nothing.
+type agentCache struct {
+	mu sync.RWMutex
+	m  map[string]cachedAgent // by key
+}
+
+type cachedAgent struct {
+	raw []byte
+	a   kernel.Agent
+}
+
+// maxCachedAgents bounds the cache; when full it starts over.
+const maxCachedAgents = 4096
+
+// get returns a copy of the agent decoded from raw under k, or nil.
+func (c *agentCache) get(k, raw []byte) *kernel.Agent {
+	if c == nil {
+		return nil
+	}
+	c.mu.RLock()
+	e, ok := c.m[string(k)]
+	c.mu.RUnlock()
+	if !ok || !bytes.Equal(e.raw, raw) {
+		return nil
+	}
+	a := e.a // strings and times only: a copy shares nothing mutable
+	return &a
+}
+
+// put caches a, decoded from raw under k.
+func (c *agentCache) put(k, raw []byte, a *kernel.Agent) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= maxCachedAgents {
+		c.m = make(map[string]cachedAgent)
+	}
+	c.m[string(k)] = cachedAgent{raw: bytes.Clone(raw), a: *a}
+	c.mu.Unlock()
 }
 
 // ListAgents implements kernel.ReadTx.
@@ -412,15 +470,17 @@ func (r *readTx) Counter(tenant, k string) ([]byte, error) {
 
 // Tenant implements kernel.ReadTx.
 func (r *readTx) Tenant(id string) (*kernel.Tenant, error) {
+	// A tenant without a record is the default tenant's usual state, read
+	// for every step policy decides: missing, not notFound's formatting.
 	if !readable(id) {
-		return nil, notFound("tenant %s", id)
+		return nil, missing("tenant", id)
 	}
 	t, ok, err := get[kernel.Tenant](r.bucket(bTenants), []byte(id))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: tenant %s: %w", id, err)
 	}
 	if !ok {
-		return nil, notFound("tenant %s", id)
+		return nil, missing("tenant", id)
 	}
 	return t, nil
 }
