@@ -36,6 +36,9 @@ func (c *checker) addf(format string, args ...any) {
 //     execution.created, nothing follows a terminal execution event, and
 //     each step_id has at most one terminal step event;
 //   - no event belongs to a missing execution;
+//   - every step record (in its execution's log) names itself and is the
+//     one the step index points at, and every step index entry points at
+//     a record;
 //   - the indexes (exec_tenant, idem, due, leases, approval_exp,
 //     apikey_hash) hold exactly the entries their records imply.
 //
@@ -137,15 +140,55 @@ func checkExecutions(tx *bolt.Tx, c *checker) {
 		}
 		return nil
 	})
-	// Events of missing executions.
+	// Events (and step records) of missing executions.
 	_ = tx.Bucket(bEvents).ForEach(func(k, _ []byte) error {
-		if len(k) < 10 {
+		ek, rest, ok := splitExecKey(k)
+		if !ok || len(rest) < 8 {
 			c.addf("events: malformed key %q", k)
 			return nil
 		}
-		ek := k[:len(k)-9] // drop ␀seq(8)
 		if execs.Get(ek) == nil {
-			c.addf("events: seq %d of %q: no such execution", binary.BigEndian.Uint64(k[len(k)-8:]), ek)
+			c.addf("events: seq %d of %q: no such execution", binary.BigEndian.Uint64(rest), ek)
+		}
+		return nil
+	})
+	checkStepIndex(tx, c)
+}
+
+// splitExecKey splits tenant␀execID␀rest into tenant␀execID and rest.
+func splitExecKey(k []byte) (execKey, rest []byte, ok bool) {
+	i := bytes.IndexByte(k, sep)
+	if i < 0 {
+		return nil, nil, false
+	}
+	j := bytes.IndexByte(k[i+1:], sep)
+	if j < 0 {
+		return nil, nil, false
+	}
+	return k[:i+1+j], k[i+2+j:], true
+}
+
+// checkStepIndex verifies that every entry of the step index names a
+// step record of its execution stored at the seq it gives.
+func checkStepIndex(tx *bolt.Tx, c *checker) {
+	execs, log := tx.Bucket(bExecutions), tx.Bucket(bEvents)
+	_ = tx.Bucket(bSteps).ForEach(func(k, at []byte) error {
+		ek, id, ok := splitExecKey(k)
+		if !ok || len(id) == 0 {
+			c.addf("steps: malformed index key %q", k)
+			return nil
+		}
+		if execs.Get(ek) == nil {
+			c.addf("steps: step %s of %q: no such execution", id, ek)
+			return nil
+		}
+		if len(at) != 8 {
+			c.addf("steps: step %s of %q: malformed index entry (%d bytes)", id, ek, len(at))
+			return nil
+		}
+		lk := binary.BigEndian.AppendUint64(append(bytes.Clone(ek), sep), binary.BigEndian.Uint64(at))
+		if log.Get(append(lk, id...)) == nil {
+			c.addf("steps: step %s of %q: no record at seq %d", id, ek, binary.BigEndian.Uint64(at))
 		}
 		return nil
 	})
@@ -170,11 +213,15 @@ func checkEvents(tx *bolt.Tx, e *kernel.Execution, c *checker) {
 	stepDone := map[string]uint64{}
 	cur := tx.Bucket(bEvents).Cursor()
 	for k, v := cur.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = cur.Next() {
-		if len(k) != len(pfx)+8 {
+		if len(k) < len(pfx)+8 {
 			c.addf("execution %s: malformed event key %q", where, k)
 			continue
 		}
 		seq := binary.BigEndian.Uint64(k[len(pfx):])
+		if len(k) > len(pfx)+8 {
+			checkStepRecord(tx, e, seq, string(k[len(pfx)+8:]), v, c)
+			continue
+		}
 		ev, err := decode[kernel.Event](v)
 		if err != nil {
 			c.addf("execution %s: event %d undecodable: %v", where, seq, err)
@@ -212,6 +259,24 @@ func checkEvents(tx *bolt.Tx, e *kernel.Execution, c *checker) {
 	}
 	if last := next - 1; last != e.LastSeq {
 		c.addf("execution %s: last event seq is %d, LastSeq is %d", where, last, e.LastSeq)
+	}
+}
+
+// checkStepRecord verifies the record of step id stored at seq in e's log:
+// it decodes, names itself, and the step index points at it.
+func checkStepRecord(tx *bolt.Tx, e *kernel.Execution, seq uint64, id string, v []byte, c *checker) {
+	where := e.Tenant + "/" + e.ID
+	s, err := decodeStep(v)
+	if err != nil {
+		c.addf("execution %s: step %s at seq %d undecodable: %v", where, id, seq, err)
+		return
+	}
+	if s.ID != id || s.Seq != seq || s.ExecutionID != e.ID || s.Tenant != e.Tenant {
+		c.addf("execution %s: step stored as %s at seq %d says %s/%s/%s at seq %d", where, id, seq, s.Tenant, s.ExecutionID, s.ID, s.Seq)
+	}
+	at := tx.Bucket(bSteps).Get(key(e.Tenant, e.ID, id))
+	if len(at) != 8 || binary.BigEndian.Uint64(at) != seq {
+		c.addf("execution %s: step %s at seq %d: the step index does not point at it", where, id, seq)
 	}
 }
 

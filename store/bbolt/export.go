@@ -93,6 +93,9 @@ func exportExecution(tx *bolt.Tx, e *kernel.Execution, emit func(storecopy.Recor
 	pfx := prefix(e.Tenant, e.ID)
 	c := tx.Bucket(bEvents).Cursor()
 	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+		if len(k) != len(pfx)+8 {
+			continue // a step's record: exported below
+		}
 		ev := storecopy.Event{Tenant: e.Tenant}
 		if err := decodeEvent(v, &ev.Event); err != nil {
 			return fmt.Errorf("event %d of %s: %w", binary.BigEndian.Uint64(k[len(k)-8:]), e.ID, err)
@@ -101,15 +104,15 @@ func exportExecution(tx *bolt.Tx, e *kernel.Execution, emit func(storecopy.Recor
 			return err
 		}
 	}
-	c = tx.Bucket(bSteps).Cursor()
-	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
-		st, err := decode[kernel.Step](v)
+	err := forEachStep(tx, e.Tenant, e.ID, func(_, _, raw []byte) error {
+		st, err := decodeStep(raw)
 		if err != nil {
-			return fmt.Errorf("step %q: %w", k, err)
-		}
-		if err := emit(storecopy.Record{Step: st}); err != nil {
 			return err
 		}
+		return emit(storecopy.Record{Step: st})
+	})
+	if err != nil {
+		return err
 	}
 	c = tx.Bucket(bOcc).Cursor()
 	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {

@@ -161,6 +161,17 @@ func eventKey(tenant, execID string, seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(b, seq)
 }
 
+// stepLogKey is the key of a step's record in the events bucket: the key
+// of the step's first event (seq, step.proposed) followed by the step id,
+// so that it sorts right after that event and before the next. Event keys
+// are exactly 8 bytes longer than their execution's prefix; step keys are
+// longer still.
+func stepLogKey(tenant, execID string, seq uint64, stepID string) []byte {
+	b := append(appendKey(9+len(stepID), tenant, execID), sep)
+	b = binary.BigEndian.AppendUint64(b, seq)
+	return append(b, stepID...)
+}
+
 // dueKey returns the due-index key of e, or nil when e is not queued.
 func dueKey(e *kernel.Execution) []byte {
 	if e.Dispatch.State != kernel.DispatchQueued {

@@ -38,8 +38,8 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 	pfx := prefix(tenant, id)
 	var err error
 	var approvals []string
-	if st.Steps, err = deleteForward(w.bucket(bSteps), pfx, budget, func(v []byte) error {
-		s, err := decode[kernel.Step](v)
+	if st.Steps, err = deleteSteps(w.tx, tenant, id, budget, func(raw []byte) error {
+		s, err := decodeStep(raw)
 		if err == nil && s.ApprovalID != "" {
 			approvals = append(approvals, s.ApprovalID)
 		}
@@ -142,14 +142,55 @@ func deleteForward(b *bolt.Bucket, pfx []byte, limit int, seen func(v []byte) er
 	return len(keys), nil
 }
 
+// deleteSteps deletes up to limit steps of an execution (their index
+// entries and records), in step id order, calling seen with each record
+// first, and returns how many it deleted. An index entry whose record is
+// missing is deleted all the same.
+func deleteSteps(tx *bolt.Tx, tenant, id string, limit int, seen func(raw []byte) error) (int, error) {
+	pfx := prefix(tenant, id)
+	idx, log := tx.Bucket(bSteps), tx.Bucket(bEvents)
+	var keys, logKeys [][]byte
+	c := idx.Cursor()
+	for k, at := c.Seek(pfx); len(keys) < limit && k != nil && bytes.HasPrefix(k, pfx); k, at = c.Next() {
+		keys = append(keys, bytes.Clone(k))
+		if len(at) != 8 {
+			continue
+		}
+		lk := stepLogKey(tenant, id, binary.BigEndian.Uint64(at), string(k[len(pfx):]))
+		if raw := log.Get(lk); raw != nil {
+			if err := seen(raw); err != nil {
+				return 0, fmt.Errorf("step %q: %w", k[len(pfx):], err)
+			}
+			logKeys = append(logKeys, lk)
+		}
+	}
+	for _, k := range logKeys {
+		if err := log.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	for _, k := range keys {
+		if err := idx.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	return len(keys), nil
+}
+
 // deleteEventsBackward deletes up to limit events under pfx (keys
 // pfx+seq(8)), newest first. It returns the seq of the newest event left
-// (0: none) and how many it deleted. It walks the events forward (bbolt's
+// (0: none) and how many it deleted. Step records (longer keys under pfx)
+// are deleted with their steps (deleteSteps); one left without its index
+// entry goes with the last event. It walks the events forward (bbolt's
 // Prev does not step over the pages this transaction's deletes emptied).
 func deleteEventsBackward(b *bolt.Bucket, pfx []byte, limit int) (uint64, int, error) {
-	var keys [][]byte
+	var keys, strays [][]byte
 	c := b.Cursor()
 	for k, _ := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Next() {
+		if len(k) != len(pfx)+8 {
+			strays = append(strays, bytes.Clone(k))
+			continue
+		}
 		keys = append(keys, bytes.Clone(k))
 	}
 	var left uint64
@@ -158,10 +199,14 @@ func deleteEventsBackward(b *bolt.Bucket, pfx []byte, limit int) (uint64, int, e
 		left = binary.BigEndian.Uint64(keep[len(pfx):])
 		keys = keys[len(keys)-limit:]
 	}
+	n := len(keys)
+	if left == 0 {
+		keys = append(keys, strays...)
+	}
 	for _, k := range keys {
 		if err := b.Delete(k); err != nil {
 			return 0, 0, err
 		}
 	}
-	return left, len(keys), nil
+	return left, n, nil
 }

@@ -13,7 +13,7 @@ import (
 
 // SchemaVersion is the schema version this binary writes: the number of
 // migrations it knows.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // ErrNewerSchema is returned by Open for a file written by a newer binary.
 var ErrNewerSchema = errors.New("store schema is newer than this binary supports")
@@ -27,6 +27,38 @@ var migrations = []func(tx *bolt.Tx) error{
 	2: migrateAgentSigning,  // migrate_signing.go
 	3: migrateBundleOwners,
 	4: migrateSessions,
+	5: migrateStepLog,
+}
+
+// migrateStepLog (schema 6) moves every step record from the steps bucket
+// into its execution's log, the events bucket, under stepLogKey (right
+// after the step's first event), and leaves in the steps bucket the index
+// from the step id to that seq. The records themselves are unchanged.
+func migrateStepLog(tx *bolt.Tx) error {
+	idx, log := tx.Bucket(bSteps), tx.Bucket(bEvents)
+	log.FillPercent = eventsFill
+	var keys [][]byte
+	var seqs []uint64
+	c := idx.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		s, err := decodeStep(v)
+		if err != nil {
+			return fmt.Errorf("step %q: %w", k, err)
+		}
+		if !bytes.Equal(k, key(s.Tenant, s.ExecutionID, s.ID)) {
+			return fmt.Errorf("step %q: the record names %s/%s/%s", k, s.Tenant, s.ExecutionID, s.ID)
+		}
+		if err := log.Put(stepLogKey(s.Tenant, s.ExecutionID, s.Seq, s.ID), bytes.Clone(v)); err != nil {
+			return fmt.Errorf("step %q: %w", k, err)
+		}
+		keys, seqs = append(keys, bytes.Clone(k)), append(seqs, s.Seq)
+	}
+	for i, k := range keys {
+		if err := idx.Put(k, binary.BigEndian.AppendUint64(nil, seqs[i])); err != nil {
+			return fmt.Errorf("step %q: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // migrateSessions (schema 5) changes nothing stored: executions and steps

@@ -166,19 +166,41 @@ func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*ker
 	return out, nil
 }
 
-// Step implements kernel.ReadTx.
+// Step implements kernel.ReadTx: the steps bucket names the step's seq,
+// its record is in the events bucket (stepLogKey).
 func (r *readTx) Step(tenant, executionID, stepID string) (*kernel.Step, error) {
 	if !readable(tenant, executionID, stepID) {
 		return nil, missing("step", tenant, executionID, stepID)
 	}
-	s, ok, err := get[kernel.Step](r.bucket(bSteps), key(tenant, executionID, stepID))
+	raw, err := r.stepRecord(tenant, executionID, stepID)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: step %s/%s/%s: %w", tenant, executionID, stepID, err)
 	}
-	if !ok {
+	if raw == nil {
 		return nil, missing("step", tenant, executionID, stepID)
 	}
+	s, err := decodeStep(raw)
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: step %s/%s/%s: %w", tenant, executionID, stepID, err)
+	}
 	return s, nil
+}
+
+// stepRecord returns the stored record of a step (nil when there is no
+// such step), found through the step index.
+func (r *readTx) stepRecord(tenant, executionID, stepID string) ([]byte, error) {
+	at := r.bucket(bSteps).Get(key(tenant, executionID, stepID))
+	if at == nil {
+		return nil, nil
+	}
+	if len(at) != 8 {
+		return nil, fmt.Errorf("malformed step index entry (%d bytes)", len(at))
+	}
+	raw := r.bucket(bEvents).Get(stepLogKey(tenant, executionID, binary.BigEndian.Uint64(at), stepID))
+	if raw == nil {
+		return nil, fmt.Errorf("the step index names seq %d, where no record is", binary.BigEndian.Uint64(at))
+	}
+	return raw, nil
 }
 
 // ListSteps implements kernel.ReadTx.
@@ -186,12 +208,43 @@ func (r *readTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) {
 	if !readable(tenant, executionID) {
 		return nil, nil
 	}
-	steps, err := scan[kernel.Step](r.bucket(bSteps), prefix(tenant, executionID), nil)
+	var steps []*kernel.Step
+	err := forEachStep(r.tx, tenant, executionID, func(_, _ []byte, raw []byte) error {
+		s, err := decodeStep(raw)
+		if err != nil {
+			return err
+		}
+		steps = append(steps, s)
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: list steps of %s/%s: %w", tenant, executionID, err)
 	}
 	slices.SortStableFunc(steps, func(a, b *kernel.Step) int { return cmp.Compare(a.Seq, b.Seq) })
 	return steps, nil
+}
+
+// forEachStep calls fn with the index key, the record's key in the events
+// bucket and the record of every step of an execution, in step id order.
+// The slices are valid only during the call.
+func forEachStep(tx *bolt.Tx, tenant, executionID string, fn func(ik, lk, raw []byte) error) error {
+	pfx := prefix(tenant, executionID)
+	log := tx.Bucket(bEvents)
+	c := tx.Bucket(bSteps).Cursor()
+	for k, at := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, at = c.Next() {
+		if len(at) != 8 {
+			return fmt.Errorf("step index entry %q: malformed (%d bytes)", k, len(at))
+		}
+		lk := stepLogKey(tenant, executionID, binary.BigEndian.Uint64(at), string(k[len(pfx):]))
+		raw := log.Get(lk)
+		if raw == nil {
+			return fmt.Errorf("step index entry %q names seq %d, where no record is", k, binary.BigEndian.Uint64(at))
+		}
+		if err := fn(k, lk, raw); err != nil {
+			return fmt.Errorf("step %q: %w", k[len(pfx):], err)
+		}
+	}
+	return nil
 }
 
 // Occurrence implements kernel.ReadTx.
@@ -571,7 +624,11 @@ func (w *writeTx) unindexExecution(old *execIndex, oldDK, oldLK, dk, lk, ik []by
 	return nil
 }
 
-// PutStep implements kernel.Tx.
+// PutStep implements kernel.Tx. The record goes to the events bucket
+// beside the step's first event (stepLogKey), where the execution's events
+// are being appended, so that a commit writes one leaf per execution for
+// both; the steps bucket maps the step id to that seq and is written only
+// when the step is new (or its seq changed).
 func (w *writeTx) PutStep(s *kernel.Step) error {
 	if s == nil {
 		return fmt.Errorf("bbolt: put step: nil: %w", kernel.ErrValidation)
@@ -579,7 +636,21 @@ func (w *writeTx) PutStep(s *kernel.Step) error {
 	if err := checkIDs("put step", s.Tenant, s.ExecutionID, s.ID); err != nil {
 		return err
 	}
-	if err := w.bucket(bSteps).Put(key(s.Tenant, s.ExecutionID, s.ID), encodeStep(s)); err != nil {
+	idx, log := w.bucket(bSteps), w.bucket(bEvents)
+	log.FillPercent = eventsFill
+	ik := key(s.Tenant, s.ExecutionID, s.ID)
+	at := idx.Get(ik)
+	if at == nil || len(at) != 8 || binary.BigEndian.Uint64(at) != s.Seq {
+		if len(at) == 8 {
+			if err := log.Delete(stepLogKey(s.Tenant, s.ExecutionID, binary.BigEndian.Uint64(at), s.ID)); err != nil {
+				return fmt.Errorf("bbolt: put step %s/%s/%s: move: %w", s.Tenant, s.ExecutionID, s.ID, err)
+			}
+		}
+		if err := idx.Put(ik, binary.BigEndian.AppendUint64(make([]byte, 0, 8), s.Seq)); err != nil {
+			return fmt.Errorf("bbolt: put step %s/%s/%s: index: %w", s.Tenant, s.ExecutionID, s.ID, err)
+		}
+	}
+	if err := log.Put(stepLogKey(s.Tenant, s.ExecutionID, s.Seq, s.ID), encodeStep(s)); err != nil {
 		return fmt.Errorf("bbolt: put step %s/%s/%s: %w", s.Tenant, s.ExecutionID, s.ID, err)
 	}
 	return nil
@@ -597,7 +668,7 @@ func (w *writeTx) PutOccurrence(tenant, executionID, k string, o kernel.Occurren
 }
 
 // eventsFill is how full the events bucket's pages are left when one
-// splits. Events are appended at the end of each execution's key range, so
+// splits. Events (and the records of new steps) are appended at the end of each execution's key range, so
 // the left half of a split page is never written again: bbolt's default
 // (half full) leaves half of every such page empty.
 const eventsFill = 0.9
