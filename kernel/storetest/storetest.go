@@ -59,6 +59,7 @@ var suite = []struct {
 	{"ListExecutions", testListExecutions},
 	{"Steps", testSteps},
 	{"Occurrence", testOccurrence},
+	{"StepsBesideEvents", testStepsBesideEvents},
 	{"Events", testEvents},
 	{"EventConflict", testEventConflict},
 	{"Agents", testAgents},

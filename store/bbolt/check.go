@@ -168,27 +168,31 @@ func splitExecKey(k []byte) (execKey, rest []byte, ok bool) {
 	return k[:i+1+j], k[i+2+j:], true
 }
 
-// checkStepIndex verifies that every entry of the step index names a
-// step record of its execution stored at the seq it gives.
+// checkStepIndex verifies that every slot of the steps bucket decodes and
+// that the step it names (if any) has its record at the seq it gives (a
+// step record of a missing execution is found by the events check).
 func checkStepIndex(tx *bolt.Tx, c *checker) {
-	execs, log := tx.Bucket(bExecutions), tx.Bucket(bEvents)
-	_ = tx.Bucket(bSteps).ForEach(func(k, at []byte) error {
+	log := tx.Bucket(bEvents)
+	_ = tx.Bucket(bSteps).ForEach(func(k, v []byte) error {
 		ek, id, ok := splitExecKey(k)
-		if !ok || len(id) == 0 {
+		if !ok {
 			c.addf("steps: malformed index key %q", k)
 			return nil
 		}
-		if execs.Get(ek) == nil {
-			c.addf("steps: step %s of %q: no such execution", id, ek)
+		sl, err := decodeSlot(v)
+		if err == nil && sl.occ != nil {
+			_, err = decodeOccurrence(sl.occ)
+		}
+		if err != nil {
+			c.addf("steps: entry %q of %q: %v", id, ek, err)
 			return nil
 		}
-		if len(at) != 8 {
-			c.addf("steps: step %s of %q: malformed index entry (%d bytes)", id, ek, len(at))
+		if !sl.hasSeq {
 			return nil
 		}
-		lk := binary.BigEndian.AppendUint64(append(bytes.Clone(ek), sep), binary.BigEndian.Uint64(at))
+		lk := binary.BigEndian.AppendUint64(append(bytes.Clone(ek), sep), sl.seq)
 		if log.Get(append(lk, id...)) == nil {
-			c.addf("steps: step %s of %q: no record at seq %d", id, ek, binary.BigEndian.Uint64(at))
+			c.addf("steps: step %s of %q: no record at seq %d", id, ek, sl.seq)
 		}
 		return nil
 	})
@@ -274,8 +278,8 @@ func checkStepRecord(tx *bolt.Tx, e *kernel.Execution, seq uint64, id string, v 
 	if s.ID != id || s.Seq != seq || s.ExecutionID != e.ID || s.Tenant != e.Tenant {
 		c.addf("execution %s: step stored as %s at seq %d says %s/%s/%s at seq %d", where, id, seq, s.Tenant, s.ExecutionID, s.ID, s.Seq)
 	}
-	at := tx.Bucket(bSteps).Get(key(e.Tenant, e.ID, id))
-	if len(at) != 8 || binary.BigEndian.Uint64(at) != seq {
+	sl, err := decodeSlot(tx.Bucket(bSteps).Get(key(e.Tenant, e.ID, id)))
+	if err != nil || !sl.hasSeq || sl.seq != seq {
 		c.addf("execution %s: step %s at seq %d: the step index does not point at it", where, id, seq)
 	}
 }

@@ -114,9 +114,16 @@ func exportExecution(tx *bolt.Tx, e *kernel.Execution, emit func(storecopy.Recor
 	if err != nil {
 		return err
 	}
-	c = tx.Bucket(bOcc).Cursor()
+	c = tx.Bucket(bSteps).Cursor()
 	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
-		o, err := decodeOccurrence(v)
+		sl, err := decodeSlot(v)
+		if err != nil {
+			return fmt.Errorf("step index entry %q: %w", k, err)
+		}
+		if sl.occ == nil {
+			continue
+		}
+		o, err := decodeOccurrence(sl.occ)
 		if err != nil {
 			return fmt.Errorf("occurrence %q: %w", k, err)
 		}

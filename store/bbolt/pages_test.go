@@ -225,6 +225,9 @@ func (d *auditDeliverer) Deliver(_ context.Context, dl kernel.Delivery) error {
 func BenchmarkCommitPages(b *testing.B) {
 	const conc = 10
 	path := filepath.Join(b.TempDir(), "wicket.db")
+	if p := os.Getenv("PAGES_DB"); p != "" {
+		path = p
+	}
 	var audit *pageAudit
 	var mu sync.Mutex
 	st, err := bbolt.Open(path, bbolt.Options{OnCommit: func(_ time.Duration, updates int) {
@@ -261,13 +264,13 @@ func BenchmarkCommitPages(b *testing.B) {
 		calls[i] = kernel.AgentCall{Tenant: d.Tenant, ExecutionID: d.ExecutionID, AgentID: d.AgentID,
 			Lease: kernel.Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}}
 	}
-	steps := func(n int) {
+	steps := func(from, n int) { // steps from..n-1, each with its own args
 		var wg sync.WaitGroup
 		for i := range conc {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for j := i; j < n; j += conc {
+				for j := from + i; j < n; j += conc {
 					d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: calls[i], Kind: "tool_call", Target: "search",
 						Args: json.RawMessage(`{"n":` + strconv.Itoa(j) + `,"q":"bench"}`)})
 					if err != nil || d.Decision != kernel.DecisionProceed {
@@ -284,7 +287,7 @@ func BenchmarkCommitPages(b *testing.B) {
 		}
 		wg.Wait()
 	}
-	steps(b.N / 2)
+	steps(0, b.N/2)
 	a, err := newPageAudit(path)
 	if err != nil {
 		b.Fatal(err)
@@ -297,7 +300,7 @@ func BenchmarkCommitPages(b *testing.B) {
 	mu.Unlock()
 	b.ResetTimer()
 	s0 := st.Stats()
-	steps(b.N - b.N/2)
+	steps(b.N/2, b.N)
 	b.StopTimer()
 	s1 := st.Stats()
 	mu.Lock()

@@ -38,7 +38,8 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 	pfx := prefix(tenant, id)
 	var err error
 	var approvals []string
-	if st.Steps, err = deleteSteps(w.tx, tenant, id, budget, func(raw []byte) error {
+	var occ int
+	if st.Steps, occ, err = deleteSteps(w.tx, tenant, id, budget, func(raw []byte) error {
 		s, err := decodeStep(raw)
 		if err == nil && s.ApprovalID != "" {
 			approvals = append(approvals, s.ApprovalID)
@@ -47,7 +48,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 	}); err != nil {
 		return fail("steps", err)
 	}
-	budget -= st.Steps
+	budget = max(budget-st.Steps-occ, 0) // a slot holds up to two records
 	for _, aid := range approvals {
 		ak := key(tenant, aid)
 		araw := w.bucket(bApprovals).Get(ak)
@@ -69,11 +70,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 		st.Approvals++
 		budget--
 	}
-	occ, err := deleteForward(w.bucket(bOcc), pfx, budget, nil)
-	if err != nil {
-		return fail("occurrence counters", err)
-	}
-	budget -= occ
+	budget = max(budget, 0) // the approvals of the steps deleted go with them
 	ctr, err := deleteForward(w.bucket(bCounters), key(tenant, kernel.ExecCounterPrefix(id)), budget, nil)
 	if err != nil {
 		return fail("counters", err)
@@ -142,39 +139,48 @@ func deleteForward(b *bolt.Bucket, pfx []byte, limit int, seen func(v []byte) er
 	return len(keys), nil
 }
 
-// deleteSteps deletes up to limit steps of an execution (their index
-// entries and records), in step id order, calling seen with each record
-// first, and returns how many it deleted. An index entry whose record is
-// missing is deleted all the same.
-func deleteSteps(tx *bolt.Tx, tenant, id string, limit int, seen func(raw []byte) error) (int, error) {
+// deleteSteps deletes up to limit slots of an execution's steps bucket
+// (the steps, with their records, and the occurrence counters), in key
+// order, calling seen with each step record first. It returns how many
+// steps and counters it deleted.
+func deleteSteps(tx *bolt.Tx, tenant, id string, limit int, seen func(raw []byte) error) (steps, occ int, err error) {
 	pfx := prefix(tenant, id)
 	idx, log := tx.Bucket(bSteps), tx.Bucket(bEvents)
 	var keys, logKeys [][]byte
 	c := idx.Cursor()
-	for k, at := c.Seek(pfx); len(keys) < limit && k != nil && bytes.HasPrefix(k, pfx); k, at = c.Next() {
+	for k, v := c.Seek(pfx); steps+occ < limit && k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
 		keys = append(keys, bytes.Clone(k))
-		if len(at) != 8 {
+		sl, err := decodeSlot(v)
+		if err != nil {
+			steps++ // deleted all the same
 			continue
 		}
-		lk := stepLogKey(tenant, id, binary.BigEndian.Uint64(at), string(k[len(pfx):]))
+		if sl.occ != nil {
+			occ++
+		}
+		if !sl.hasSeq {
+			continue
+		}
+		steps++
+		lk := stepLogKey(tenant, id, sl.seq, string(k[len(pfx):]))
 		if raw := log.Get(lk); raw != nil {
 			if err := seen(raw); err != nil {
-				return 0, fmt.Errorf("step %q: %w", k[len(pfx):], err)
+				return 0, 0, fmt.Errorf("step %q: %w", k[len(pfx):], err)
 			}
 			logKeys = append(logKeys, lk)
 		}
 	}
 	for _, k := range logKeys {
 		if err := log.Delete(k); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
 	for _, k := range keys {
 		if err := idx.Delete(k); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 	}
-	return len(keys), nil
+	return steps, occ, nil
 }
 
 // deleteEventsBackward deletes up to limit events under pfx (keys

@@ -32,13 +32,15 @@ var migrations = []func(tx *bolt.Tx) error{
 
 // migrateStepLog (schema 6) moves every step record from the steps bucket
 // into its execution's log, the events bucket, under stepLogKey (right
-// after the step's first event), and leaves in the steps bucket the index
-// from the step id to that seq. The records themselves are unchanged.
+// after the step's first event), and turns the steps bucket into slots
+// (slot.go): the step's seq there, and the occurrence counters of the occ
+// bucket, which it deletes, under the same keys as before. The records
+// themselves are unchanged.
 func migrateStepLog(tx *bolt.Tx) error {
 	idx, log := tx.Bucket(bSteps), tx.Bucket(bEvents)
 	log.FillPercent = eventsFill
-	var keys [][]byte
-	var seqs []uint64
+	slots := map[string]slot{}
+	var keys []string // in key order
 	c := idx.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		s, err := decodeStep(v)
@@ -51,11 +53,32 @@ func migrateStepLog(tx *bolt.Tx) error {
 		if err := log.Put(stepLogKey(s.Tenant, s.ExecutionID, s.Seq, s.ID), bytes.Clone(v)); err != nil {
 			return fmt.Errorf("step %q: %w", k, err)
 		}
-		keys, seqs = append(keys, bytes.Clone(k)), append(seqs, s.Seq)
+		keys = append(keys, string(k))
+		slots[string(k)] = slot{seq: s.Seq, hasSeq: true}
 	}
-	for i, k := range keys {
-		if err := idx.Put(k, binary.BigEndian.AppendUint64(nil, seqs[i])); err != nil {
-			return fmt.Errorf("step %q: %w", k, err)
+	if occ := tx.Bucket(bOcc); occ != nil {
+		err := occ.ForEach(func(k, v []byte) error {
+			if _, err := decodeOccurrence(v); err != nil {
+				return fmt.Errorf("occurrence %q: %w", k, err)
+			}
+			sl, ok := slots[string(k)]
+			if !ok {
+				keys = append(keys, string(k))
+			}
+			sl.occ = bytes.Clone(v)
+			slots[string(k)] = sl
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if err := tx.DeleteBucket(bOcc); err != nil {
+			return fmt.Errorf("delete bucket occ: %w", err)
+		}
+	}
+	for _, k := range keys {
+		if err := idx.Put([]byte(k), slots[k].encode()); err != nil {
+			return fmt.Errorf("step index %q: %w", k, err)
 		}
 	}
 	return nil

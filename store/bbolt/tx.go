@@ -187,20 +187,21 @@ func (r *readTx) Step(tenant, executionID, stepID string) (*kernel.Step, error) 
 }
 
 // stepRecord returns the stored record of a step (nil when there is no
-// such step), found through the step index.
+// such step), found through its slot in the steps bucket.
 func (r *readTx) stepRecord(tenant, executionID, stepID string) ([]byte, error) {
-	at := r.bucket(bSteps).Get(key(tenant, executionID, stepID))
-	if at == nil {
+	raw := r.bucket(bSteps).Get(key(tenant, executionID, stepID))
+	if raw == nil {
 		return nil, nil
 	}
-	if len(at) != 8 {
-		return nil, fmt.Errorf("malformed step index entry (%d bytes)", len(at))
+	sl, err := decodeSlot(raw)
+	if err != nil || !sl.hasSeq {
+		return nil, err
 	}
-	raw := r.bucket(bEvents).Get(stepLogKey(tenant, executionID, binary.BigEndian.Uint64(at), stepID))
-	if raw == nil {
-		return nil, fmt.Errorf("the step index names seq %d, where no record is", binary.BigEndian.Uint64(at))
+	rec := r.bucket(bEvents).Get(stepLogKey(tenant, executionID, sl.seq, stepID))
+	if rec == nil {
+		return nil, fmt.Errorf("the step index names seq %d, where no record is", sl.seq)
 	}
-	return raw, nil
+	return rec, nil
 }
 
 // ListSteps implements kernel.ReadTx.
@@ -224,21 +225,25 @@ func (r *readTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) {
 	return steps, nil
 }
 
-// forEachStep calls fn with the index key, the record's key in the events
+// forEachStep calls fn with the slot key, the record's key in the events
 // bucket and the record of every step of an execution, in step id order.
 // The slices are valid only during the call.
 func forEachStep(tx *bolt.Tx, tenant, executionID string, fn func(ik, lk, raw []byte) error) error {
 	pfx := prefix(tenant, executionID)
 	log := tx.Bucket(bEvents)
 	c := tx.Bucket(bSteps).Cursor()
-	for k, at := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, at = c.Next() {
-		if len(at) != 8 {
-			return fmt.Errorf("step index entry %q: malformed (%d bytes)", k, len(at))
+	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+		sl, err := decodeSlot(v)
+		if err != nil {
+			return fmt.Errorf("step index entry %q: %w", k, err)
 		}
-		lk := stepLogKey(tenant, executionID, binary.BigEndian.Uint64(at), string(k[len(pfx):]))
+		if !sl.hasSeq {
+			continue // an occurrence counter alone
+		}
+		lk := stepLogKey(tenant, executionID, sl.seq, string(k[len(pfx):]))
 		raw := log.Get(lk)
 		if raw == nil {
-			return fmt.Errorf("step index entry %q names seq %d, where no record is", k, binary.BigEndian.Uint64(at))
+			return fmt.Errorf("step index entry %q names seq %d, where no record is", k, sl.seq)
 		}
 		if err := fn(k, lk, raw); err != nil {
 			return fmt.Errorf("step %q: %w", k[len(pfx):], err)
@@ -247,16 +252,24 @@ func forEachStep(tx *bolt.Tx, tenant, executionID string, fn func(ik, lk, raw []
 	return nil
 }
 
-// Occurrence implements kernel.ReadTx.
+// Occurrence implements kernel.ReadTx: the counter is in the slot of the
+// steps bucket named by its key.
 func (r *readTx) Occurrence(tenant, executionID, k string) (kernel.Occurrence, error) {
 	if !readable(tenant, executionID) {
 		return kernel.Occurrence{}, nil
 	}
-	raw := r.bucket(bOcc).Get(key(tenant, executionID, k))
+	raw := r.bucket(bSteps).Get(key(tenant, executionID, k))
 	if raw == nil {
 		return kernel.Occurrence{}, nil
 	}
-	o, err := decodeOccurrence(raw)
+	sl, err := decodeSlot(raw)
+	if err == nil && sl.occ == nil {
+		return kernel.Occurrence{}, nil
+	}
+	var o kernel.Occurrence
+	if err == nil {
+		o, err = decodeOccurrence(sl.occ)
+	}
 	if err != nil {
 		return kernel.Occurrence{}, fmt.Errorf("bbolt: occurrence %s/%s/%q: %w", tenant, executionID, k, err)
 	}
@@ -639,14 +652,21 @@ func (w *writeTx) PutStep(s *kernel.Step) error {
 	idx, log := w.bucket(bSteps), w.bucket(bEvents)
 	log.FillPercent = eventsFill
 	ik := key(s.Tenant, s.ExecutionID, s.ID)
-	at := idx.Get(ik)
-	if at == nil || len(at) != 8 || binary.BigEndian.Uint64(at) != s.Seq {
-		if len(at) == 8 {
-			if err := log.Delete(stepLogKey(s.Tenant, s.ExecutionID, binary.BigEndian.Uint64(at), s.ID)); err != nil {
+	var sl slot
+	if raw := idx.Get(ik); raw != nil {
+		var err error
+		if sl, err = decodeSlot(raw); err != nil {
+			return fmt.Errorf("bbolt: put step %s/%s/%s: %w", s.Tenant, s.ExecutionID, s.ID, err)
+		}
+	}
+	if !sl.hasSeq || sl.seq != s.Seq {
+		if sl.hasSeq {
+			if err := log.Delete(stepLogKey(s.Tenant, s.ExecutionID, sl.seq, s.ID)); err != nil {
 				return fmt.Errorf("bbolt: put step %s/%s/%s: move: %w", s.Tenant, s.ExecutionID, s.ID, err)
 			}
 		}
-		if err := idx.Put(ik, binary.BigEndian.AppendUint64(make([]byte, 0, 8), s.Seq)); err != nil {
+		sl.seq, sl.hasSeq = s.Seq, true
+		if err := idx.Put(ik, sl.encode()); err != nil {
 			return fmt.Errorf("bbolt: put step %s/%s/%s: index: %w", s.Tenant, s.ExecutionID, s.ID, err)
 		}
 	}
@@ -656,21 +676,34 @@ func (w *writeTx) PutStep(s *kernel.Step) error {
 	return nil
 }
 
-// PutOccurrence implements kernel.Tx.
+// PutOccurrence implements kernel.Tx: the counter goes to the slot of
+// the steps bucket named by its key, beside the index entry of the step
+// of the same name (see slot).
 func (w *writeTx) PutOccurrence(tenant, executionID, k string, o kernel.Occurrence) error {
 	if err := checkIDs("put occurrence", tenant, executionID); err != nil {
 		return err
 	}
-	if err := w.bucket(bOcc).Put(key(tenant, executionID, k), encodeOccurrence(o)); err != nil {
+	idx := w.bucket(bSteps)
+	sk := key(tenant, executionID, k)
+	var sl slot
+	if raw := idx.Get(sk); raw != nil {
+		var err error
+		if sl, err = decodeSlot(raw); err != nil {
+			return fmt.Errorf("bbolt: put occurrence %s/%s/%q: %w", tenant, executionID, k, err)
+		}
+	}
+	sl.occ = encodeOccurrence(o)
+	if err := idx.Put(sk, sl.encode()); err != nil {
 		return fmt.Errorf("bbolt: put occurrence %s/%s/%q: %w", tenant, executionID, k, err)
 	}
 	return nil
 }
 
 // eventsFill is how full the events bucket's pages are left when one
-// splits. Events (and the records of new steps) are appended at the end of each execution's key range, so
-// the left half of a split page is never written again: bbolt's default
-// (half full) leaves half of every such page empty.
+// splits. Events (and the records of new steps) are appended at the end
+// of each execution's key range, so the left half of a split page is never
+// written again: bbolt's default (half full) leaves half of every such
+// page empty.
 const eventsFill = 0.9
 
 // AppendEvent implements kernel.Tx. Seq 0 is refused (seqs start at 1).
