@@ -35,7 +35,7 @@ func (c *checker) addf(format string, args ...any) {
 //   - per execution, events have seq 1..LastSeq without gaps, the first is
 //     execution.created, nothing follows a terminal execution event, and
 //     each step_id has at most one terminal step event;
-//   - no event belongs to a missing execution;
+//   - no event (or input) belongs to a missing execution;
 //   - every step record (in its execution's log) names itself and is the
 //     one the step index points at, and every step index entry points at
 //     a record;
@@ -153,6 +153,12 @@ func checkExecutions(tx *bolt.Tx, c *checker) {
 		return nil
 	})
 	checkStepIndex(tx, c)
+	_ = tx.Bucket(bInputs).ForEach(func(k, _ []byte) error {
+		if execs.Get(k) == nil {
+			c.addf("inputs: %q: no such execution", k)
+		}
+		return nil
+	})
 }
 
 // splitExecKey splits tenant␀execID␀rest into tenant␀execID and rest.

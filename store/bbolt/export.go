@@ -61,7 +61,7 @@ func (s *Store) Export(ctx context.Context, fn func(storecopy.Record) error) err
 			return err
 		}
 		return tx.Bucket(bExecutions).ForEach(func(k, v []byte) error {
-			e, err := decode[kernel.Execution](v)
+			e, err := decodeExecutionIn(tx, k, v)
 			if err != nil {
 				return fmt.Errorf("execution %q: %w", k, err)
 			}

@@ -30,6 +30,7 @@ var (
 	bDue         = []byte("due")
 	bLeases      = []byte("leases")
 	bApprovalExp = []byte("approval_exp")
+	bInputs      = []byte("inputs")
 )
 
 // keySchemaVersion is the meta key holding the schema version.

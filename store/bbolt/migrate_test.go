@@ -559,6 +559,18 @@ func TestMigrateStepLog(t *testing.T) {
 		if tx.Bucket(bOcc) != nil {
 			return fmt.Errorf("bucket %s left", bOcc)
 		}
+		// The input moved out of the record, into the inputs bucket; an
+		// input of null has no entry.
+		rec, err := decodeExecution(tx.Bucket(bExecutions).Get(key("t", "e1")))
+		if err != nil || string(rec.Input) != "null" {
+			return fmt.Errorf("execution record after migration: input %q (%v), want null", rec.Input, err)
+		}
+		if in := tx.Bucket(bInputs).Get(key("t", "e1")); string(in) != `{"x":1}` {
+			return fmt.Errorf("inputs: %q, want the execution's", in)
+		}
+		if in := tx.Bucket(bInputs).Get(key("t", "e2")); string(in) != `{}` {
+			return fmt.Errorf("inputs: %q, want {}", in)
+		}
 		return nil
 	})
 	if err != nil {
@@ -578,6 +590,16 @@ func TestMigrateStepLog(t *testing.T) {
 			if got, err := tx.Occurrence("t", "e1", k); err != nil || got != want {
 				return fmt.Errorf("occurrence %q: %+v %v, want %+v", k, got, err, want)
 			}
+		}
+		for _, x := range []*kernel.Execution{e, other} {
+			got, err := tx.Execution("t", x.ID)
+			if err != nil || string(got.Input) != string(x.Input) || got.LastSeq != x.LastSeq {
+				return fmt.Errorf("execution %s: %+v %v, want input %s", x.ID, got, err, x.Input)
+			}
+		}
+		all, err := tx.ListExecutions("t", kernel.ExecutionFilter{})
+		if err != nil || len(all) != 2 || string(all[0].Input) != `{}` || string(all[1].Input) != `{"x":1}` {
+			return fmt.Errorf("ListExecutions: %+v %v", all, err)
 		}
 		list, err := tx.ListSteps("t", "e1")
 		if err != nil || len(list) != n {
@@ -639,6 +661,9 @@ func TestMigrateStepLog(t *testing.T) {
 			if k, _ := c.Seek(prefix("t", "e1")); k != nil && bytes.HasPrefix(k, prefix("t", "e1")) {
 				return fmt.Errorf("bucket %s: %q left after the purge", b, k)
 			}
+		}
+		if tx.Bucket(bInputs).Get(key("t", "e1")) != nil {
+			return fmt.Errorf("the input of e1 left after the purge")
 		}
 		return nil
 	})

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -221,8 +222,17 @@ func (d *auditDeliverer) Deliver(_ context.Context, dl kernel.Delivery) error {
 // is one step; the first half of the steps are not audited (the trees
 // grow to their working size first).
 //
+// The executions' input is a small number (as in `wicket bench`) or a
+// 2 KiB document.
+//
 //	go test -run '^$' -bench CommitPages -benchtime 10000x -v ./store/bbolt/
 func BenchmarkCommitPages(b *testing.B) {
+	b.Run("input=small", func(b *testing.B) { benchCommitPages(b, nil) })
+	doc := json.RawMessage(`{"task":"` + strings.Repeat("x", 2048-11) + `"}`)
+	b.Run("input=2KiB", func(b *testing.B) { benchCommitPages(b, doc) })
+}
+
+func benchCommitPages(b *testing.B, input json.RawMessage) {
 	const conc = 10
 	path := filepath.Join(b.TempDir(), "wicket.db")
 	if p := os.Getenv("PAGES_DB"); p != "" {
@@ -255,7 +265,11 @@ func BenchmarkCommitPages(b *testing.B) {
 	}
 	calls := make([]kernel.AgentCall, conc)
 	for i := range conc {
-		if _, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: "bench", Input: json.RawMessage(strconv.Itoa(i))}); err != nil {
+		in := input
+		if in == nil {
+			in = json.RawMessage(strconv.Itoa(i))
+		}
+		if _, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: "bench", Input: in}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -90,7 +90,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 			if err != nil {
 				return fail("read", err)
 			}
-			e.LastSeq = left
+			e.LastSeq = left // e.Input is null: the input stays in its bucket
 			if err := execs.Put(k, encodeExecution(e)); err != nil {
 				return fail("record", err)
 			}
@@ -106,6 +106,9 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 	}
 	if err := execs.Delete(k); err != nil {
 		return fail("record", err)
+	}
+	if err := w.bucket(bInputs).Delete(k); err != nil {
+		return fail("input", err)
 	}
 	if owner := w.bucket(bExecTenant).Get([]byte(id)); string(owner) == tenant {
 		if err := w.bucket(bExecTenant).Delete([]byte(id)); err != nil {

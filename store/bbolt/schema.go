@@ -27,7 +27,43 @@ var migrations = []func(tx *bolt.Tx) error{
 	2: migrateAgentSigning,  // migrate_signing.go
 	3: migrateBundleOwners,
 	4: migrateSessions,
-	5: migrateStepLog,
+	5: migrateStepLog, // and migrateInputs
+}
+
+// migrateInputs (schema 6, with migrateStepLog) creates the inputs bucket
+// and moves every execution's input there; the record keeps null.
+func migrateInputs(tx *bolt.Tx) error {
+	inputs, err := tx.CreateBucketIfNotExists(bInputs)
+	if err != nil {
+		return fmt.Errorf("create bucket %s: %w", bInputs, err)
+	}
+	execs := tx.Bucket(bExecutions)
+	type kv struct{ k, v []byte }
+	var out []kv
+	err = execs.ForEach(func(k, v []byte) error {
+		e, err := decodeExecution(v)
+		if err != nil {
+			return fmt.Errorf("execution %q: %w", k, err)
+		}
+		if len(e.Input) == 0 || string(e.Input) == "null" {
+			return nil
+		}
+		if err := inputs.Put(bytes.Clone(k), e.Input); err != nil {
+			return fmt.Errorf("execution %q: input: %w", k, err)
+		}
+		e.Input = nil
+		out = append(out, kv{bytes.Clone(k), encodeExecution(e)})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, x := range out {
+		if err := execs.Put(x.k, x.v); err != nil {
+			return fmt.Errorf("execution %q: %w", x.k, err)
+		}
+	}
+	return nil
 }
 
 // migrateStepLog (schema 6) moves every step record from the steps bucket
@@ -35,8 +71,11 @@ var migrations = []func(tx *bolt.Tx) error{
 // after the step's first event), and turns the steps bucket into slots
 // (slot.go): the step's seq there, and the occurrence counters of the occ
 // bucket, which it deletes, under the same keys as before. The records
-// themselves are unchanged.
+// themselves are unchanged. Then migrateInputs.
 func migrateStepLog(tx *bolt.Tx) error {
+	if err := migrateInputs(tx); err != nil {
+		return err
+	}
 	idx, log := tx.Bucket(bSteps), tx.Bucket(bEvents)
 	log.FillPercent = eventsFill
 	slots := map[string]slot{}

@@ -94,12 +94,27 @@ func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
 	if !readable(tenant, id) {
 		return nil, missing("execution", tenant, id)
 	}
-	e, ok, err := get[kernel.Execution](r.bucket(bExecutions), key(tenant, id))
+	k := key(tenant, id)
+	raw := r.bucket(bExecutions).Get(k)
+	if raw == nil {
+		return nil, missing("execution", tenant, id)
+	}
+	e, err := decodeExecutionIn(r.tx, k, raw)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: execution %s/%s: %w", tenant, id, err)
 	}
-	if !ok {
-		return nil, missing("execution", tenant, id)
+	return e, nil
+}
+
+// decodeExecutionIn decodes the execution stored under k as raw, with its
+// input, which is kept in the inputs bucket (see PutExecution).
+func decodeExecutionIn(tx *bolt.Tx, k, raw []byte) (*kernel.Execution, error) {
+	e, err := decodeExecution(raw)
+	if err != nil {
+		return nil, err
+	}
+	if in := tx.Bucket(bInputs).Get(k); in != nil {
+		e.Input = bytes.Clone(in)
 	}
 	return e, nil
 }
@@ -151,7 +166,7 @@ func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*ker
 	}
 	var out []*kernel.Execution
 	for ; k != nil && bytes.HasPrefix(k, pfx); k, v = c.Prev() {
-		e, err := decode[kernel.Execution](v)
+		e, err := decodeExecutionIn(r.tx, k, v)
 		if err != nil {
 			return nil, fmt.Errorf("bbolt: list executions of %s: key %q: %w", tenant, k, err)
 		}
@@ -580,7 +595,7 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 			return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
 		}
 	}
-	if err := execs.Put(k, encodeExecution(e)); err != nil {
+	if err := w.putExecution(k, e); err != nil {
 		return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
 	}
 	// Entries that are already right are not written again: a Put dirties
@@ -606,6 +621,30 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 		}
 	}
 	return nil
+}
+
+// putExecution writes e under k: its input in the inputs bucket, when
+// it changed (an input is written once, when the execution is created,
+// instead of with the record at every commit), and the rest of the record
+// in the executions bucket.
+func (w *writeTx) putExecution(k []byte, e *kernel.Execution) error {
+	inputs := w.bucket(bInputs)
+	cur := inputs.Get(k)
+	switch in := e.Input; {
+	case len(in) == 0 || string(in) == "null":
+		if cur != nil {
+			if err := inputs.Delete(k); err != nil {
+				return fmt.Errorf("input: %w", err)
+			}
+		}
+	case !bytes.Equal(cur, in):
+		if err := inputs.Put(k, bytes.Clone(in)); err != nil {
+			return fmt.Errorf("input: %w", err)
+		}
+	}
+	rec := *e
+	rec.Input = nil // stored as null
+	return w.bucket(bExecutions).Put(k, encodeExecution(&rec))
 }
 
 // unindexExecution removes the index entries of the previous version old
