@@ -79,4 +79,5 @@ var suite = []struct {
 	{"SnapshotReads", testSnapshotReads},
 	{"DeleteExecution", testDeleteExecution},
 	{"DeleteExecutionInChunks", testDeleteExecutionInChunks},
+	{"DeleteExecutionApprovalsOverLimit", testDeleteExecutionApprovalsOverLimit},
 }
