@@ -97,6 +97,12 @@ func checkExecutions(tx *bolt.Tx, c *checker) {
 	due, leases := expected{}, expected{}
 	owned, idemWant := expected{}, expected{}
 	_ = execs.ForEach(func(k, v []byte) error {
+		if isInputKey(k) {
+			if execs.Get(k[1:]) == nil {
+				c.addf("executions: the input %q names no execution", k[1:])
+			}
+			return nil
+		}
 		e, err := decode[kernel.Execution](v)
 		if err != nil {
 			c.addf("execution %q: undecodable: %v", k, err)
@@ -153,12 +159,6 @@ func checkExecutions(tx *bolt.Tx, c *checker) {
 		return nil
 	})
 	checkStepIndex(tx, c)
-	_ = tx.Bucket(bInputs).ForEach(func(k, _ []byte) error {
-		if execs.Get(k) == nil {
-			c.addf("inputs: %q: no such execution", k)
-		}
-		return nil
-	})
 }
 
 // splitExecKey splits tenant␀execID␀rest into tenant␀execID and rest.

@@ -16,7 +16,8 @@
 // the only place that knows the encodings). The buckets are:
 //
 //	meta          schema_version → 8-byte big-endian version
-//	executions    tenant␀execID → Execution
+//	executions    tenant␀execID → Execution (its input: null)
+//	              ␀tenant␀execID → the execution's input (when not null)
 //	exec_tenant   execID → tenant (global: agent routes name only the id)
 //	idem          tenant␀idempotencyKey → execID
 //	steps         tenant␀execID␀name → slot: the seq of step name and/or
@@ -33,7 +34,6 @@
 //	due           time(8) tenant␀execID → ∅   (Dispatch.State queued, by DueAt)
 //	leases        time(8) tenant␀execID → ∅   (delivering or acked, by LeaseUntil)
 //	approval_exp  time(8) tenant␀approvalID → ∅ (pending approvals, by ExpiresAt)
-//	inputs        tenant␀execID → the execution's input (not null)
 //
 // An execution's log, the events bucket, holds its events and, since
 // schema 6, the records of its steps, each right after the step's first
@@ -42,8 +42,9 @@
 // kernel keys a call's occurrence counter by the id of the call's first
 // step, and the steps bucket keeps the counter and that step's index entry
 // in one slot: a new step costs one write there. An execution's input,
-// which never changes, is in the inputs bucket, written once, and not in
-// the record written at every commit. A step's event keys are
+// which never changes, is stored apart from its record (before every
+// record: no tenant id is empty), written once, not with the record at
+// every commit. A step's event keys are
 // exactly 8 bytes longer than its execution's prefix, its record's key
 // longer still. BenchmarkCommitPages measures the pages a commit writes,
 // by bucket.
@@ -65,7 +66,7 @@
 // bundles a tenant names as guards, else the tenant), 5 changes nothing
 // stored (binary format 2 for executions and steps), 6 moves the step
 // records into the events bucket, the occ bucket's counters into the
-// steps bucket's slots and the executions' inputs into the inputs bucket.
+// steps bucket's slots and the executions' inputs apart from their records.
 //
 // # Group commit
 //

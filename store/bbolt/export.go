@@ -60,8 +60,12 @@ func (s *Store) Export(ctx context.Context, fn func(storecopy.Record) error) err
 		if err != nil {
 			return err
 		}
+		r := &readTx{tx: tx}
 		return tx.Bucket(bExecutions).ForEach(func(k, v []byte) error {
-			e, err := decodeExecutionIn(tx, k, v)
+			if isInputKey(k) {
+				return nil // with its execution
+			}
+			e, err := r.decodeExecutionIn(k, v)
 			if err != nil {
 				return fmt.Errorf("execution %q: %w", k, err)
 			}

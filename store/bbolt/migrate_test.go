@@ -101,6 +101,9 @@ func TestMigrateV1File(t *testing.T) {
 			n := 0
 			err := tx.Bucket(b).ForEach(func(k, v []byte) error {
 				n++
+				if bytes.Equal(b, bExecutions) && isInputKey(k) {
+					return nil // an input (JSON)
+				}
 				if bytes.Equal(b, bSteps) {
 					sl, err := decodeSlot(v)
 					if err != nil {
@@ -565,10 +568,10 @@ func TestMigrateStepLog(t *testing.T) {
 		if err != nil || string(rec.Input) != "null" {
 			return fmt.Errorf("execution record after migration: input %q (%v), want null", rec.Input, err)
 		}
-		if in := tx.Bucket(bInputs).Get(key("t", "e1")); string(in) != `{"x":1}` {
+		if in := tx.Bucket(bExecutions).Get(inputKey(key("t", "e1"))); string(in) != `{"x":1}` {
 			return fmt.Errorf("inputs: %q, want the execution's", in)
 		}
-		if in := tx.Bucket(bInputs).Get(key("t", "e2")); string(in) != `{}` {
+		if in := tx.Bucket(bExecutions).Get(inputKey(key("t", "e2"))); string(in) != `{}` {
 			return fmt.Errorf("inputs: %q, want {}", in)
 		}
 		return nil
@@ -662,7 +665,7 @@ func TestMigrateStepLog(t *testing.T) {
 				return fmt.Errorf("bucket %s: %q left after the purge", b, k)
 			}
 		}
-		if tx.Bucket(bInputs).Get(key("t", "e1")) != nil {
+		if tx.Bucket(bExecutions).Get(inputKey(key("t", "e1"))) != nil {
 			return fmt.Errorf("the input of e1 left after the purge")
 		}
 		return nil

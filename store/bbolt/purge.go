@@ -107,7 +107,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 	if err := execs.Delete(k); err != nil {
 		return fail("record", err)
 	}
-	if err := w.bucket(bInputs).Delete(k); err != nil {
+	if err := execs.Delete(inputKey(k)); err != nil {
 		return fail("input", err)
 	}
 	if owner := w.bucket(bExecTenant).Get([]byte(id)); string(owner) == tenant {

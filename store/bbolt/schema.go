@@ -30,17 +30,13 @@ var migrations = []func(tx *bolt.Tx) error{
 	5: migrateStepLog, // and migrateInputs
 }
 
-// migrateInputs (schema 6, with migrateStepLog) creates the inputs bucket
-// and moves every execution's input there; the record keeps null.
+// migrateInputs (schema 6, with migrateStepLog) moves every execution's
+// input out of its record, to inputKey; the record keeps null.
 func migrateInputs(tx *bolt.Tx) error {
-	inputs, err := tx.CreateBucketIfNotExists(bInputs)
-	if err != nil {
-		return fmt.Errorf("create bucket %s: %w", bInputs, err)
-	}
 	execs := tx.Bucket(bExecutions)
 	type kv struct{ k, v []byte }
 	var out []kv
-	err = execs.ForEach(func(k, v []byte) error {
+	err := execs.ForEach(func(k, v []byte) error {
 		e, err := decodeExecution(v)
 		if err != nil {
 			return fmt.Errorf("execution %q: %w", k, err)
@@ -48,9 +44,7 @@ func migrateInputs(tx *bolt.Tx) error {
 		if len(e.Input) == 0 || string(e.Input) == "null" {
 			return nil
 		}
-		if err := inputs.Put(bytes.Clone(k), e.Input); err != nil {
-			return fmt.Errorf("execution %q: input: %w", k, err)
-		}
+		out = append(out, kv{inputKey(k), e.Input})
 		e.Input = nil
 		out = append(out, kv{bytes.Clone(k), encodeExecution(e)})
 		return nil

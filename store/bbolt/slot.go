@@ -3,6 +3,8 @@ package bbolt
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/wicket-run/wicket/kernel"
 )
 
 // A slot is a value of the steps bucket (schema 6), under
@@ -64,5 +66,14 @@ func (s slot) encode() []byte {
 	return b
 }
 
-// empty reports whether s holds nothing (its key can be deleted).
-func (s slot) empty() bool { return !s.hasSeq && s.occ == nil }
+// encodeWith returns the stored form of s with the occurrence counter o
+// (a new slice).
+func (s slot) encodeWith(o kernel.Occurrence) []byte {
+	b := make([]byte, 1, 9+occurrenceSize(o))
+	b[0] = slotOcc
+	if s.hasSeq {
+		b[0] |= slotStep
+		b = binary.BigEndian.AppendUint64(b, s.seq)
+	}
+	return appendOccurrence(b, o)
+}

@@ -20,7 +20,40 @@ import (
 //
 // A limit <= 0 given to Events, DueDispatches, ExpiredLeases or
 // ExpiredApprovals, and ExecutionFilter.Limit <= 0, mean "no limit".
-type readTx struct{ tx *bolt.Tx }
+type readTx struct {
+	tx *bolt.Tx
+	// cur are the cursors lookup keeps for the transaction, by hot bucket.
+	cur [nHot]*bolt.Cursor
+}
+
+// The buckets of the step path, whose point lookups go through lookup.
+const (
+	hotExecutions = iota
+	hotExecTenant
+	hotSteps
+	hotEvents
+	nHot
+)
+
+var hotBuckets = [nHot][]byte{bExecutions, bExecTenant, bSteps, bEvents}
+
+// lookup returns the value stored under k in hot bucket i, or nil. It is
+// bbolt's Bucket.Get through a cursor kept for the transaction: Get makes
+// a new cursor, and grows its stack, on every call, which is most of a
+// lookup's allocations. A cursor moved by Seek is valid after writes (Seek
+// starts from the root). The value is valid until the next write.
+func (r *readTx) lookup(i int, k []byte) []byte {
+	c := r.cur[i]
+	if c == nil {
+		c = r.tx.Bucket(hotBuckets[i]).Cursor()
+		r.cur[i] = c
+	}
+	kk, v := c.Seek(k)
+	if v == nil || !bytes.Equal(kk, k) {
+		return nil
+	}
+	return v
+}
 
 // writeTx implements kernel.Tx. Writes are visible to later reads in the
 // same transaction.
@@ -95,11 +128,11 @@ func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
 		return nil, missing("execution", tenant, id)
 	}
 	k := key(tenant, id)
-	raw := r.bucket(bExecutions).Get(k)
+	raw := r.lookup(hotExecutions, k)
 	if raw == nil {
 		return nil, missing("execution", tenant, id)
 	}
-	e, err := decodeExecutionIn(r.tx, k, raw)
+	e, err := r.decodeExecutionIn(k, raw)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: execution %s/%s: %w", tenant, id, err)
 	}
@@ -107,13 +140,13 @@ func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
 }
 
 // decodeExecutionIn decodes the execution stored under k as raw, with its
-// input, which is kept in the inputs bucket (see PutExecution).
-func decodeExecutionIn(tx *bolt.Tx, k, raw []byte) (*kernel.Execution, error) {
+// input, which is kept under inputKey(k) (see putExecution).
+func (r *readTx) decodeExecutionIn(k, raw []byte) (*kernel.Execution, error) {
 	e, err := decodeExecution(raw)
 	if err != nil {
 		return nil, err
 	}
-	if in := tx.Bucket(bInputs).Get(k); in != nil {
+	if in := r.lookup(hotExecutions, inputKey(k)); in != nil {
 		e.Input = bytes.Clone(in)
 	}
 	return e, nil
@@ -124,7 +157,7 @@ func (r *readTx) ExecutionTenant(id string) (string, error) {
 	if !readable(id) {
 		return "", notFound("execution %s", id)
 	}
-	t := r.bucket(bExecTenant).Get([]byte(id))
+	t := r.lookup(hotExecTenant, []byte(id))
 	if t == nil {
 		return "", notFound("execution %s", id)
 	}
@@ -166,7 +199,7 @@ func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*ker
 	}
 	var out []*kernel.Execution
 	for ; k != nil && bytes.HasPrefix(k, pfx); k, v = c.Prev() {
-		e, err := decodeExecutionIn(r.tx, k, v)
+		e, err := r.decodeExecutionIn(k, v)
 		if err != nil {
 			return nil, fmt.Errorf("bbolt: list executions of %s: key %q: %w", tenant, k, err)
 		}
@@ -204,7 +237,8 @@ func (r *readTx) Step(tenant, executionID, stepID string) (*kernel.Step, error) 
 // stepRecord returns the stored record of a step (nil when there is no
 // such step), found through its slot in the steps bucket.
 func (r *readTx) stepRecord(tenant, executionID, stepID string) ([]byte, error) {
-	raw := r.bucket(bSteps).Get(key(tenant, executionID, stepID))
+	sk, lk := stepKeys(tenant, executionID, stepID, 0)
+	raw := r.lookup(hotSteps, sk)
 	if raw == nil {
 		return nil, nil
 	}
@@ -212,7 +246,8 @@ func (r *readTx) stepRecord(tenant, executionID, stepID string) ([]byte, error) 
 	if err != nil || !sl.hasSeq {
 		return nil, err
 	}
-	rec := r.bucket(bEvents).Get(stepLogKey(tenant, executionID, sl.seq, stepID))
+	binary.BigEndian.PutUint64(lk[len(tenant)+len(executionID)+2:], sl.seq)
+	rec := r.lookup(hotEvents, lk)
 	if rec == nil {
 		return nil, fmt.Errorf("the step index names seq %d, where no record is", sl.seq)
 	}
@@ -273,7 +308,7 @@ func (r *readTx) Occurrence(tenant, executionID, k string) (kernel.Occurrence, e
 	if !readable(tenant, executionID) {
 		return kernel.Occurrence{}, nil
 	}
-	raw := r.bucket(bSteps).Get(key(tenant, executionID, k))
+	raw := r.lookup(hotSteps, key(tenant, executionID, k))
 	if raw == nil {
 		return kernel.Occurrence{}, nil
 	}
@@ -565,8 +600,8 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 	if err := checkIDs("put execution", e.Tenant, e.ID); err != nil {
 		return err
 	}
-	execs, owners, idem := w.bucket(bExecutions), w.bucket(bExecTenant), w.bucket(bIdem)
-	owner := owners.Get([]byte(e.ID))
+	owners, idem := w.bucket(bExecTenant), w.bucket(bIdem)
+	owner := w.lookup(hotExecTenant, []byte(e.ID))
 	if owner != nil && string(owner) != e.Tenant {
 		return fmt.Errorf("bbolt: put execution %s/%s: id belongs to another tenant: %w", e.Tenant, e.ID, kernel.ErrConflict)
 	}
@@ -584,7 +619,7 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 	k := key(e.Tenant, e.ID)
 	dk, lk := dueKey(e), leaseKey(e)
 	var oldDK, oldLK []byte
-	if raw := execs.Get(k); raw != nil {
+	if raw := w.lookup(hotExecutions, k); raw != nil {
 		// Only the index fields of the previous version are read.
 		old, err := decodeExecIndex(raw)
 		if err != nil {
@@ -623,28 +658,26 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 	return nil
 }
 
-// putExecution writes e under k: its input in the inputs bucket, when
-// it changed (an input is written once, when the execution is created,
+// putExecution writes e under k: its input under inputKey(k), when it
+// changed (an input is written once, when the execution is created,
 // instead of with the record at every commit), and the rest of the record
-// in the executions bucket.
+// under k.
 func (w *writeTx) putExecution(k []byte, e *kernel.Execution) error {
-	inputs := w.bucket(bInputs)
-	cur := inputs.Get(k)
+	execs, ik := w.bucket(bExecutions), inputKey(k)
+	cur := w.lookup(hotExecutions, ik)
 	switch in := e.Input; {
 	case len(in) == 0 || string(in) == "null":
 		if cur != nil {
-			if err := inputs.Delete(k); err != nil {
+			if err := execs.Delete(ik); err != nil {
 				return fmt.Errorf("input: %w", err)
 			}
 		}
 	case !bytes.Equal(cur, in):
-		if err := inputs.Put(k, bytes.Clone(in)); err != nil {
+		if err := execs.Put(ik, bytes.Clone(in)); err != nil {
 			return fmt.Errorf("input: %w", err)
 		}
 	}
-	rec := *e
-	rec.Input = nil // stored as null
-	return w.bucket(bExecutions).Put(k, encodeExecution(&rec))
+	return execs.Put(k, encodeExecutionWith(e, nil)) // input: null
 }
 
 // unindexExecution removes the index entries of the previous version old
@@ -690,9 +723,9 @@ func (w *writeTx) PutStep(s *kernel.Step) error {
 	}
 	idx, log := w.bucket(bSteps), w.bucket(bEvents)
 	log.FillPercent = eventsFill
-	ik := key(s.Tenant, s.ExecutionID, s.ID)
+	ik, lk := stepKeys(s.Tenant, s.ExecutionID, s.ID, s.Seq)
 	var sl slot
-	if raw := idx.Get(ik); raw != nil {
+	if raw := w.lookup(hotSteps, ik); raw != nil {
 		var err error
 		if sl, err = decodeSlot(raw); err != nil {
 			return fmt.Errorf("bbolt: put step %s/%s/%s: %w", s.Tenant, s.ExecutionID, s.ID, err)
@@ -709,7 +742,7 @@ func (w *writeTx) PutStep(s *kernel.Step) error {
 			return fmt.Errorf("bbolt: put step %s/%s/%s: index: %w", s.Tenant, s.ExecutionID, s.ID, err)
 		}
 	}
-	if err := log.Put(stepLogKey(s.Tenant, s.ExecutionID, s.Seq, s.ID), encodeStep(s)); err != nil {
+	if err := log.Put(lk, encodeStep(s)); err != nil {
 		return fmt.Errorf("bbolt: put step %s/%s/%s: %w", s.Tenant, s.ExecutionID, s.ID, err)
 	}
 	return nil
@@ -725,14 +758,13 @@ func (w *writeTx) PutOccurrence(tenant, executionID, k string, o kernel.Occurren
 	idx := w.bucket(bSteps)
 	sk := key(tenant, executionID, k)
 	var sl slot
-	if raw := idx.Get(sk); raw != nil {
+	if raw := w.lookup(hotSteps, sk); raw != nil {
 		var err error
 		if sl, err = decodeSlot(raw); err != nil {
 			return fmt.Errorf("bbolt: put occurrence %s/%s/%q: %w", tenant, executionID, k, err)
 		}
 	}
-	sl.occ = encodeOccurrence(o)
-	if err := idx.Put(sk, sl.encode()); err != nil {
+	if err := idx.Put(sk, sl.encodeWith(o)); err != nil {
 		return fmt.Errorf("bbolt: put occurrence %s/%s/%q: %w", tenant, executionID, k, err)
 	}
 	return nil
@@ -756,7 +788,7 @@ func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
 	b := w.bucket(bEvents)
 	b.FillPercent = eventsFill
 	k := eventKey(tenant, ev.ExecutionID, ev.Seq)
-	if b.Get(k) != nil {
+	if w.lookup(hotEvents, k) != nil {
 		return fmt.Errorf("bbolt: append event %s/%s seq %d (%s): already recorded: %w",
 			tenant, ev.ExecutionID, ev.Seq, ev.Type, kernel.ErrConflict)
 	}
