@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/kernel/canon"
 	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/store/bbolt"
 )
@@ -75,6 +76,7 @@ func (s *script) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.
 type harness struct {
 	t     *testing.T
 	k     *kernel.Kernel
+	st    kernel.Store
 	clock *clock
 	deliv *deliverer
 	pol   *script
@@ -99,7 +101,7 @@ func newHarness(t *testing.T, cfg kernel.Config, verdicts map[string]kernel.Verd
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.k = k
+	h.k, h.st = k, st
 	if err := k.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -865,5 +867,42 @@ func TestLocalStepWithValue(t *testing.T) {
 		if _, err := submit(tc.kind, "x", tc.value); kernel.CodeOf(err) != kernel.CodeValidation {
 			t.Errorf("%s with value %s: %v, want a validation error", tc.kind, tc.value, err)
 		}
+	}
+}
+
+// TestOccurrenceCounterOfBefore: an attempt in flight across the upgrade
+// that keyed occurrence counters by the id of a triple's first step keeps
+// counting from the counter stored under the key of before
+// (kind␀args_hash␀target); a counter of another attempt is ignored.
+func TestOccurrenceCounterOfBefore(t *testing.T) {
+	h := newHarness(t, kernel.Config{}, nil)
+	r := h.start(kernel.Limits{}, nil)
+	ctx := context.Background()
+	_, hash, err := canon.ArgsHash(json.RawMessage(`{"q":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy := func(kind, target string, lease kernel.Lease, n int) {
+		err := h.st.Update(ctx, func(tx kernel.Tx) error {
+			return tx.PutOccurrence(kernel.DefaultTenant, r.id, kind+"\x00"+hash+"\x00"+target, kernel.Occurrence{Lease: lease, Count: n})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	legacy(policy.KindToolCall, "seen", r.call.Lease, 2)
+	legacy(policy.KindToolCall, "stale", kernel.Lease{DispatchID: "older", Attempt: 1}, 5)
+	for i, c := range []struct {
+		target string
+		want   int
+	}{{"seen", 2}, {"seen", 3}, {"stale", 0}, {"stale", 1}, {"new", 0}, {"new", 1}} {
+		d := r.mustSubmit(step{target: c.target})
+		if d.Decision != kernel.DecisionProceed || d.Occurrence != c.want {
+			t.Fatalf("submission %d (%s): %+v, want proceed at occurrence %d", i, c.target, d, c.want)
+		}
+		if id := canon.StepID(r.id, policy.KindToolCall, c.target, hash, c.want); d.StepID != id {
+			t.Fatalf("submission %d (%s): step id %s, want %s", i, c.target, d.StepID, id)
+		}
+		r.complete(d.StepID, nil)
 	}
 }

@@ -153,12 +153,28 @@ func newSubmission(req StepRequest) (*submission, error) {
 			return nil, err
 		}
 	}
-	return &submission{StepRequest: req, argsHash: argsHash, occKey: occKey(req.Kind, req.Target, argsHash)}, nil
+	return &submission{StepRequest: req, argsHash: argsHash,
+		occKey: canon.StepID(req.ExecutionID, req.Kind, req.Target, argsHash, 0)}, nil
 }
 
-// occKey is the occurrence-counter key of a (kind, target, args_hash) triple.
-func occKey(kind, target, argsHash string) string {
+// The occurrence counter of a (kind, target, args_hash) triple in an
+// execution is keyed by the id of the triple's first step (occurrence 0):
+// a store may keep a new step and its counter in one record.
+
+// legacyOccKey is the key a counter had before (kind␀args_hash␀target).
+// It is still read when the counter is missing under its key, so that an
+// attempt in flight across the upgrade keeps counting.
+func legacyOccKey(kind, target, argsHash string) string {
 	return kind + "\x00" + argsHash + "\x00" + target
+}
+
+// occurrence returns the counter of sub's triple in e (see legacyOccKey).
+func (sub *submission) occurrence(tx ReadTx, e *Execution) (Occurrence, error) {
+	oc, err := tx.Occurrence(e.Tenant, e.ID, sub.occKey)
+	if err != nil || oc != (Occurrence{}) {
+		return oc, err
+	}
+	return tx.Occurrence(e.Tenant, e.ID, legacyOccKey(sub.Kind, sub.Target, sub.argsHash))
 }
 
 // newStep is the record of a step submitted for the first time.
@@ -250,14 +266,17 @@ func (k *Kernel) preread(tx ReadTx, sub *submission, pre *preread) error {
 		pre.decision = &StepDecision{Decision: DecisionExecutionBlocked, ApprovalID: e.BlockedOn, Reason: "the execution waits on an approval"}
 		return nil
 	}
-	oc, err := tx.Occurrence(e.Tenant, e.ID, sub.occKey)
+	oc, err := sub.occurrence(tx, e)
 	if err != nil {
 		return fmt.Errorf("read occurrence: %w", err)
 	}
 	if oc.Lease == e.Lease {
 		pre.occ = oc.Count
 	}
-	pre.stepID = canon.StepID(e.ID, sub.Kind, sub.Target, sub.argsHash, pre.occ)
+	pre.stepID = sub.occKey // the step id of occurrence 0
+	if pre.occ != 0 {
+		pre.stepID = canon.StepID(e.ID, sub.Kind, sub.Target, sub.argsHash, pre.occ)
+	}
 	if sub.ClaimedStepID != "" && sub.ClaimedStepID != pre.stepID {
 		return (&Error{Code: CodeStepIDDivergence, Message: fmt.Sprintf(
 			"the agent's step id %.16s… is not the kernel's %.16s… (occurrence %d, args_hash %.16s…): the agent computes step ids differently; nothing was recorded",
@@ -404,7 +423,7 @@ func (k *Kernel) writeStep(r *rec, sub *submission, pre *preread, v *Verdict) (*
 	if e.Status.Terminal() || !leaseLive(e) || e.LastSeq != pre.exec.LastSeq && !sameStepState(e, pre) {
 		return nil, errRetry
 	}
-	oc, err := r.tx.Occurrence(e.Tenant, e.ID, sub.occKey)
+	oc, err := sub.occurrence(r.tx, e)
 	if err != nil {
 		return nil, err
 	}

@@ -282,8 +282,12 @@ func TestServeRetention(t *testing.T) {
 	if _, err := c.GetExecution(t.Context(), ids[2]); err != nil {
 		t.Errorf("the blocked one: %v", err)
 	}
-	if !strings.Contains(s.stderr.String(), "retention deleted executions") {
-		t.Errorf("no retention log line")
+	// The line is logged after the purge that counted the metric returns.
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(s.stderr.String(), "retention deleted executions"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no retention log line")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	if _, _, code := runExit(t, "serve", "--data", t.TempDir(), "--retention", "10s"); code != 2 {
 		t.Errorf("--retention 10s: exit %d, want 2", code)

@@ -129,6 +129,59 @@ func testDeleteExecution(t *testing.T, s kernel.Store) {
 	mustCreate(t, s, again)
 }
 
+// testDeleteExecutionApprovalsOverLimit: a limit that the steps use up
+// while their approvals still go with them (more records than the limit)
+// leaves the execution for the next call, which finishes it.
+func testDeleteExecutionApprovalsOverLimit(t *testing.T, s kernel.Store) {
+	e := newExecution("t", execID(1))
+	e.Status = kernel.ExecCompleted
+	mustCreate(t, s, e)
+	update(t, s, func(tx kernel.Tx) error {
+		for i := range 4 {
+			id := fmt.Sprintf("s%d", i)
+			if err := appendEvents(tx, "t", e.ID, id, kernel.EvStepProposed, kernel.EvStepSucceeded); err != nil {
+				return err
+			}
+			a := approval("t", "ap-"+id, 0, kernel.ApprovalGranted, time.Hour)
+			a.ExecutionID, a.StepID = e.ID, id
+			if err := tx.PutApproval(a); err != nil {
+				return err
+			}
+			if err := tx.PutStep(&kernel.Step{ID: id, ExecutionID: e.ID, Tenant: "t", Kind: "tool_call", Target: "x", Args: json.RawMessage(`{}`),
+				ArgsHash: strings.Repeat("a", 64), Idempotency: kernel.SafeToRetry, Status: kernel.StepSucceeded, ApprovalID: a.ID,
+				Seq: uint64(2 + 2*i), CreatedAt: at(0)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	var total kernel.PurgeStats
+	for done, round := false, 0; !done; round++ {
+		if round > 20 {
+			t.Fatal("DeleteExecution with limit 2 never finished")
+		}
+		update(t, s, func(tx kernel.Tx) error {
+			st, d, err := tx.DeleteExecution("t", e.ID, 2)
+			if err == nil {
+				total.Add(st)
+				done = d
+			}
+			return err
+		})
+	}
+	if want := (kernel.PurgeStats{Executions: 1, Events: 9, Steps: 4, Approvals: 4}); total != want {
+		t.Errorf("deleted %+v in all, want %+v", total, want)
+	}
+	view(t, s, func(tx kernel.ReadTx) error {
+		_, err := tx.Execution("t", e.ID)
+		wantNotFound(t, "the execution", err)
+		if list, err := tx.ListApprovals("t", ""); err != nil || len(list) != 0 {
+			t.Errorf("%d approvals left: %v", len(list), err)
+		}
+		return nil
+	})
+}
+
 // testDeleteExecutionInChunks: with a limit, DeleteExecution deletes large
 // executions over several transactions, several in each (as retention
 // does); between them each execution is still a valid one (its log is

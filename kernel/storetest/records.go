@@ -456,6 +456,101 @@ func testOccurrence(t *testing.T, s kernel.Store) {
 	})
 }
 
+// testStepsBesideEvents: steps, occurrence counters and events of one
+// execution are independent records, whatever a store keeps together: a
+// counter stored under a step's id (the kernel keys the counter of a call
+// by its first step's id) and the step change independently, a step put
+// again with another Seq is found once, with the new one, and no step is
+// listed as an event.
+func testStepsBesideEvents(t *testing.T, s kernel.Store) {
+	e := newExecution("t", execID(1))
+	mustCreate(t, s, e)
+	mk := func(id string, seq uint64, st kernel.StepStatus) *kernel.Step {
+		return &kernel.Step{ID: id, ExecutionID: e.ID, Tenant: "t", Kind: "tool_call", Target: "x",
+			Args: json.RawMessage(`{}`), ArgsHash: strings.Repeat("b", 64), Idempotency: kernel.SafeToRetry,
+			Status: st, Seq: seq, CreatedAt: at(time.Second)}
+	}
+	o1 := kernel.Occurrence{Lease: kernel.Lease{DispatchID: "d", Attempt: 1}, Count: 1}
+	update(t, s, func(tx kernel.Tx) error {
+		if err := appendEvents(tx, "t", e.ID, "s-x", kernel.EvStepProposed, kernel.EvStepAllowed, kernel.EvStepExecuting); err != nil {
+			return err
+		}
+		for _, err := range []error{
+			tx.PutStep(mk("s-x", 2, kernel.StepExecuting)),
+			tx.PutOccurrence("t", e.ID, "s-x", o1),
+			tx.PutStep(mk("s-y", 3, kernel.StepExecuting)),
+		} {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	update(t, s, func(tx kernel.Tx) error {
+		for _, err := range []error{
+			tx.PutStep(mk("s-x", 2, kernel.StepSucceeded)),
+			tx.PutOccurrence("t", e.ID, "s-y", kernel.Occurrence{Count: 7}),
+			tx.PutStep(mk("s-y", 4, kernel.StepFailed)), // another Seq
+		} {
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		if o, err := tx.Occurrence("t", e.ID, "s-x"); err != nil || o != o1 {
+			t.Errorf("counter s-x after its step changed: %+v %v, want %+v", o, err, o1)
+		}
+		if o, err := tx.Occurrence("t", e.ID, "s-y"); err != nil || o.Count != 7 {
+			t.Errorf("counter s-y: %+v %v, want count 7", o, err)
+		}
+		if st, err := tx.Step("t", e.ID, "s-x"); err != nil || st.Status != kernel.StepSucceeded || st.Seq != 2 {
+			t.Errorf("step s-x: %+v %v, want succeeded at seq 2", st, err)
+		}
+		if st, err := tx.Step("t", e.ID, "s-y"); err != nil || st.Status != kernel.StepFailed || st.Seq != 4 {
+			t.Errorf("step s-y: %+v %v, want failed at seq 4", st, err)
+		}
+		list, err := tx.ListSteps("t", e.ID)
+		if err != nil {
+			return fmt.Errorf("ListSteps: %w", err)
+		}
+		var ids []string
+		for _, st := range list {
+			ids = append(ids, fmt.Sprintf("%s@%d", st.ID, st.Seq))
+		}
+		sameStrings(t, "ListSteps", ids, []string{"s-x@2", "s-y@4"})
+		evs, err := tx.Events("t", e.ID, 0, 0)
+		if err != nil {
+			return fmt.Errorf("Events: %w", err)
+		}
+		if len(evs) != 4 || evs[3].Seq != 4 {
+			t.Errorf("Events: %d events, want 4 (seq 1..4)", len(evs))
+		}
+		if evs, err := tx.Events("t", e.ID, 1, 2); err != nil || len(evs) != 2 || evs[0].Seq != 2 || evs[1].Seq != 3 {
+			t.Errorf("Events after 1, limit 2: %+v %v, want seq 2 and 3", evs, err)
+		}
+		return nil
+	})
+	update(t, s, func(tx kernel.Tx) error {
+		_, done, err := tx.DeleteExecution("t", e.ID, 0)
+		if err == nil && !done {
+			t.Error("DeleteExecution without a limit left the execution")
+		}
+		return err
+	})
+	view(t, s, func(tx kernel.ReadTx) error {
+		for _, id := range []string{"s-x", "s-y"} {
+			_, err := tx.Step("t", e.ID, id)
+			wantNotFound(t, "a deleted execution's step", err)
+			if o, err := tx.Occurrence("t", e.ID, id); err != nil || o != (kernel.Occurrence{}) {
+				t.Errorf("a deleted execution's counter %s: %+v %v", id, o, err)
+			}
+		}
+		return nil
+	})
+}
+
 func testEvents(t *testing.T, s kernel.Store) {
 	const n = 300 // past 255, so that seq order is not byte order of a decimal
 	e := newExecution("t", execID(1))

@@ -59,6 +59,7 @@ var suite = []struct {
 	{"ListExecutions", testListExecutions},
 	{"Steps", testSteps},
 	{"Occurrence", testOccurrence},
+	{"StepsBesideEvents", testStepsBesideEvents},
 	{"Events", testEvents},
 	{"EventConflict", testEventConflict},
 	{"Agents", testAgents},
@@ -78,4 +79,5 @@ var suite = []struct {
 	{"SnapshotReads", testSnapshotReads},
 	{"DeleteExecution", testDeleteExecution},
 	{"DeleteExecutionInChunks", testDeleteExecutionInChunks},
+	{"DeleteExecutionApprovalsOverLimit", testDeleteExecutionApprovalsOverLimit},
 }

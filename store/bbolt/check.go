@@ -35,7 +35,10 @@ func (c *checker) addf(format string, args ...any) {
 //   - per execution, events have seq 1..LastSeq without gaps, the first is
 //     execution.created, nothing follows a terminal execution event, and
 //     each step_id has at most one terminal step event;
-//   - no event belongs to a missing execution;
+//   - no event (or input) belongs to a missing execution;
+//   - every step record (in its execution's log) names itself and is the
+//     one the step index points at, and every step index entry points at
+//     a record;
 //   - the indexes (exec_tenant, idem, due, leases, approval_exp,
 //     apikey_hash) hold exactly the entries their records imply.
 //
@@ -94,6 +97,12 @@ func checkExecutions(tx *bolt.Tx, c *checker) {
 	due, leases := expected{}, expected{}
 	owned, idemWant := expected{}, expected{}
 	_ = execs.ForEach(func(k, v []byte) error {
+		if isInputKey(k) {
+			if execs.Get(k[1:]) == nil {
+				c.addf("executions: the input %q names no execution", k[1:])
+			}
+			return nil
+		}
 		e, err := decode[kernel.Execution](v)
 		if err != nil {
 			c.addf("execution %q: undecodable: %v", k, err)
@@ -137,15 +146,59 @@ func checkExecutions(tx *bolt.Tx, c *checker) {
 		}
 		return nil
 	})
-	// Events of missing executions.
+	// Events (and step records) of missing executions.
 	_ = tx.Bucket(bEvents).ForEach(func(k, _ []byte) error {
-		if len(k) < 10 {
+		ek, rest, ok := splitExecKey(k)
+		if !ok || len(rest) < 8 {
 			c.addf("events: malformed key %q", k)
 			return nil
 		}
-		ek := k[:len(k)-9] // drop ␀seq(8)
 		if execs.Get(ek) == nil {
-			c.addf("events: seq %d of %q: no such execution", binary.BigEndian.Uint64(k[len(k)-8:]), ek)
+			c.addf("events: seq %d of %q: no such execution", binary.BigEndian.Uint64(rest), ek)
+		}
+		return nil
+	})
+	checkStepIndex(tx, c)
+}
+
+// splitExecKey splits tenant␀execID␀rest into tenant␀execID and rest.
+func splitExecKey(k []byte) (execKey, rest []byte, ok bool) {
+	i := bytes.IndexByte(k, sep)
+	if i < 0 {
+		return nil, nil, false
+	}
+	j := bytes.IndexByte(k[i+1:], sep)
+	if j < 0 {
+		return nil, nil, false
+	}
+	return k[:i+1+j], k[i+2+j:], true
+}
+
+// checkStepIndex verifies that every slot of the steps bucket decodes and
+// that the step it names (if any) has its record at the seq it gives (a
+// step record of a missing execution is found by the events check).
+func checkStepIndex(tx *bolt.Tx, c *checker) {
+	log := tx.Bucket(bEvents)
+	_ = tx.Bucket(bSteps).ForEach(func(k, v []byte) error {
+		ek, id, ok := splitExecKey(k)
+		if !ok {
+			c.addf("steps: malformed index key %q", k)
+			return nil
+		}
+		sl, err := decodeSlot(v)
+		if err == nil && sl.occ != nil {
+			_, err = decodeOccurrence(sl.occ)
+		}
+		if err != nil {
+			c.addf("steps: entry %q of %q: %v", id, ek, err)
+			return nil
+		}
+		if !sl.hasSeq {
+			return nil
+		}
+		lk := binary.BigEndian.AppendUint64(append(bytes.Clone(ek), sep), sl.seq)
+		if log.Get(append(lk, id...)) == nil {
+			c.addf("steps: step %s of %q: no record at seq %d", id, ek, sl.seq)
 		}
 		return nil
 	})
@@ -170,11 +223,15 @@ func checkEvents(tx *bolt.Tx, e *kernel.Execution, c *checker) {
 	stepDone := map[string]uint64{}
 	cur := tx.Bucket(bEvents).Cursor()
 	for k, v := cur.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = cur.Next() {
-		if len(k) != len(pfx)+8 {
+		if len(k) < len(pfx)+8 {
 			c.addf("execution %s: malformed event key %q", where, k)
 			continue
 		}
 		seq := binary.BigEndian.Uint64(k[len(pfx):])
+		if len(k) > len(pfx)+8 {
+			checkStepRecord(tx, e, seq, string(k[len(pfx)+8:]), v, c)
+			continue
+		}
 		ev, err := decode[kernel.Event](v)
 		if err != nil {
 			c.addf("execution %s: event %d undecodable: %v", where, seq, err)
@@ -212,6 +269,24 @@ func checkEvents(tx *bolt.Tx, e *kernel.Execution, c *checker) {
 	}
 	if last := next - 1; last != e.LastSeq {
 		c.addf("execution %s: last event seq is %d, LastSeq is %d", where, last, e.LastSeq)
+	}
+}
+
+// checkStepRecord verifies the record of step id stored at seq in e's log:
+// it decodes, names itself, and the step index points at it.
+func checkStepRecord(tx *bolt.Tx, e *kernel.Execution, seq uint64, id string, v []byte, c *checker) {
+	where := e.Tenant + "/" + e.ID
+	s, err := decodeStep(v)
+	if err != nil {
+		c.addf("execution %s: step %s at seq %d undecodable: %v", where, id, seq, err)
+		return
+	}
+	if s.ID != id || s.Seq != seq || s.ExecutionID != e.ID || s.Tenant != e.Tenant {
+		c.addf("execution %s: step stored as %s at seq %d says %s/%s/%s at seq %d", where, id, seq, s.Tenant, s.ExecutionID, s.ID, s.Seq)
+	}
+	sl, err := decodeSlot(tx.Bucket(bSteps).Get(key(e.Tenant, e.ID, id)))
+	if err != nil || !sl.hasSeq || sl.seq != seq {
+		c.addf("execution %s: step %s at seq %d: the step index does not point at it", where, id, seq)
 	}
 }
 

@@ -239,8 +239,11 @@ func header(format, kind byte, size int, blobs ...[]byte) []byte {
 // encodeExecution returns the stored form of e. The fields the indexes
 // derive from come first, so that PutExecution can read them alone (see
 // decodeExecIndex).
-func encodeExecution(e *kernel.Execution) []byte {
-	input := orNull(e.Input)
+func encodeExecution(e *kernel.Execution) []byte { return encodeExecutionWith(e, e.Input) }
+
+// encodeExecutionWith is encodeExecution with input in place of e.Input.
+func encodeExecutionWith(e *kernel.Execution, input json.RawMessage) []byte {
+	input = orNull(input)
 	size := 160 + len(e.ID) + len(e.Tenant) + len(e.IdempotencyKey) + len(e.Dispatch.State) +
 		len(e.AgentID) + len(e.AgentVersion) + len(e.Status) + len(e.Reason) + len(e.Limits.MaxDuration) +
 		len(e.Lease.DispatchID) + len(e.Dispatch.ID) + len(e.BlockedOn)
@@ -363,7 +366,17 @@ func encodeEvent(ev *kernel.Event) []byte {
 
 // encodeOccurrence returns the stored form of o.
 func encodeOccurrence(o kernel.Occurrence) []byte {
-	b := header(formatBinary1, kindOccurrence, 16+len(o.Lease.DispatchID))
+	return appendOccurrence(make([]byte, 0, occurrenceSize(o)), o)
+}
+
+// occurrenceSize bounds the length of o's stored form.
+func occurrenceSize(o kernel.Occurrence) int {
+	return 2 + 3*binary.MaxVarintLen64 + len(o.Lease.DispatchID)
+}
+
+// appendOccurrence appends the stored form of o (a record without blobs).
+func appendOccurrence(b []byte, o kernel.Occurrence) []byte {
+	b = append(b, formatBinary1, kindOccurrence)
 	b = appendStr(b, o.Lease.DispatchID)
 	b = appendInt(b, int64(o.Lease.Attempt))
 	return appendInt(b, int64(o.Count))

@@ -16,12 +16,14 @@
 // the only place that knows the encodings). The buckets are:
 //
 //	meta          schema_version → 8-byte big-endian version
-//	executions    tenant␀execID → Execution
+//	executions    tenant␀execID → Execution (its input: null)
+//	              ␀tenant␀execID → the execution's input (when not null)
 //	exec_tenant   execID → tenant (global: agent routes name only the id)
 //	idem          tenant␀idempotencyKey → execID
-//	steps         tenant␀execID␀stepID → Step
-//	occ           tenant␀execID␀key → Occurrence
+//	steps         tenant␀execID␀name → slot: the seq of step name and/or
+//	              the occurrence counter stored under key name (slot.go)
 //	events        tenant␀execID␀seq(8-byte BE) → Event
+//	              tenant␀execID␀seq(8)stepID → Step (seq: its first event's)
 //	agents        tenant␀agentID → Agent
 //	approvals     tenant␀approvalID → Approval
 //	bundles       tenant␀name → BundleRecord
@@ -32,6 +34,20 @@
 //	due           time(8) tenant␀execID → ∅   (Dispatch.State queued, by DueAt)
 //	leases        time(8) tenant␀execID → ∅   (delivering or acked, by LeaseUntil)
 //	approval_exp  time(8) tenant␀approvalID → ∅ (pending approvals, by ExpiresAt)
+//
+// An execution's log, the events bucket, holds its events and, since
+// schema 6, the records of its steps, each right after the step's first
+// event: a step's records and events are appended at the same place, so a
+// commit writes one leaf (and its parent) per execution for both. The
+// kernel keys a call's occurrence counter by the id of the call's first
+// step, and the steps bucket keeps the counter and that step's index entry
+// in one slot: a new step costs one write there. An execution's input,
+// which never changes, is stored apart from its record (before every
+// record: no tenant id is empty), written once, not with the record at
+// every commit. A step's event keys are
+// exactly 8 bytes longer than its execution's prefix, its record's key
+// longer still. BenchmarkCommitPages measures the pages a commit writes,
+// by bucket.
 //
 // time(8) is the Unix time in nanoseconds as a big-endian integer with its
 // sign bit flipped, so that byte order is time order (the zero time sorts
@@ -47,7 +63,10 @@
 // (codec_v1.go keeps the schema 1 decoder for it), 3 marks the agents
 // stored before signing schemes existed "signing": "body"
 // (migrate_signing.go), 4 gives every bundle an owner (the admin for the
-// bundles a tenant names as guards, else the tenant).
+// bundles a tenant names as guards, else the tenant), 5 changes nothing
+// stored (binary format 2 for executions and steps), 6 moves the step
+// records into the events bucket, the occ bucket's counters into the
+// steps bucket's slots and the executions' inputs apart from their records.
 //
 // # Group commit
 //

@@ -60,8 +60,12 @@ func (s *Store) Export(ctx context.Context, fn func(storecopy.Record) error) err
 		if err != nil {
 			return err
 		}
+		r := &readTx{tx: tx}
 		return tx.Bucket(bExecutions).ForEach(func(k, v []byte) error {
-			e, err := decode[kernel.Execution](v)
+			if isInputKey(k) {
+				return nil // with its execution
+			}
+			e, err := r.decodeExecutionIn(k, v)
 			if err != nil {
 				return fmt.Errorf("execution %q: %w", k, err)
 			}
@@ -93,6 +97,9 @@ func exportExecution(tx *bolt.Tx, e *kernel.Execution, emit func(storecopy.Recor
 	pfx := prefix(e.Tenant, e.ID)
 	c := tx.Bucket(bEvents).Cursor()
 	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+		if len(k) != len(pfx)+8 {
+			continue // a step's record: exported below
+		}
 		ev := storecopy.Event{Tenant: e.Tenant}
 		if err := decodeEvent(v, &ev.Event); err != nil {
 			return fmt.Errorf("event %d of %s: %w", binary.BigEndian.Uint64(k[len(k)-8:]), e.ID, err)
@@ -101,19 +108,26 @@ func exportExecution(tx *bolt.Tx, e *kernel.Execution, emit func(storecopy.Recor
 			return err
 		}
 	}
-	c = tx.Bucket(bSteps).Cursor()
-	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
-		st, err := decode[kernel.Step](v)
+	err := forEachStep(tx, e.Tenant, e.ID, func(_, _, raw []byte) error {
+		st, err := decodeStep(raw)
 		if err != nil {
-			return fmt.Errorf("step %q: %w", k, err)
-		}
-		if err := emit(storecopy.Record{Step: st}); err != nil {
 			return err
 		}
+		return emit(storecopy.Record{Step: st})
+	})
+	if err != nil {
+		return err
 	}
-	c = tx.Bucket(bOcc).Cursor()
+	c = tx.Bucket(bSteps).Cursor()
 	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
-		o, err := decodeOccurrence(v)
+		sl, err := decodeSlot(v)
+		if err != nil {
+			return fmt.Errorf("step index entry %q: %w", k, err)
+		}
+		if sl.occ == nil {
+			continue
+		}
+		o, err := decodeOccurrence(sl.occ)
 		if err != nil {
 			return fmt.Errorf("occurrence %q: %w", k, err)
 		}

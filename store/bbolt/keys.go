@@ -161,6 +161,44 @@ func eventKey(tenant, execID string, seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(b, seq)
 }
 
+// stepLogKey is the key of a step's record in the events bucket: the key
+// of the step's first event (seq, step.proposed) followed by the step id,
+// so that it sorts right after that event and before the next. Event keys
+// are exactly 8 bytes longer than their execution's prefix; step keys are
+// longer still.
+func stepLogKey(tenant, execID string, seq uint64, stepID string) []byte {
+	b := append(appendKey(9+len(stepID), tenant, execID), sep)
+	b = binary.BigEndian.AppendUint64(b, seq)
+	return append(b, stepID...)
+}
+
+// inputKey is the key of the input of the execution stored under k
+// (tenant␀execID) in the executions bucket: NUL then k. No record key
+// starts with NUL (a tenant id is never empty), so the inputs sort before
+// every record, on pages of their own.
+func inputKey(k []byte) []byte {
+	b := make([]byte, 1, 1+len(k))
+	return append(b, k...)
+}
+
+// isInputKey reports whether k, a key of the executions bucket, is an
+// input's (inputKey).
+func isInputKey(k []byte) bool { return len(k) > 0 && k[0] == sep }
+
+// stepKeys returns a step's slot key (tenant␀execID␀stepID) and its
+// record's key at seq (stepLogKey), in one allocation.
+func stepKeys(tenant, execID, stepID string, seq uint64) (slotKey, logKey []byte) {
+	n := len(tenant) + 1 + len(execID) + 1
+	b := make([]byte, 0, 2*(n+len(stepID))+8)
+	b = append(append(append(append(b, tenant...), sep), execID...), sep)
+	b = append(b, stepID...)
+	slotKey = b[:len(b):len(b)]
+	b = append(b, b[:n]...)
+	b = binary.BigEndian.AppendUint64(b, seq)
+	b = append(b, stepID...)
+	return slotKey, b[len(slotKey):]
+}
+
 // dueKey returns the due-index key of e, or nil when e is not queued.
 func dueKey(e *kernel.Execution) []byte {
 	if e.Dispatch.State != kernel.DispatchQueued {

@@ -90,12 +90,30 @@ func TestMigrateV1File(t *testing.T) {
 	if err := s.Check(); err != nil {
 		t.Fatal(err)
 	}
-	// Every hot record is binary now.
+	// Every hot record is binary now; the steps bucket (schema 6) holds
+	// slots (step seqs, occurrence counters), the step records are in the
+	// events bucket.
 	err = s.db.View(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bExecutions, bSteps, bOcc, bEvents} {
+		if tx.Bucket(bOcc) != nil {
+			return fmt.Errorf("bucket %s left after migration 6", bOcc)
+		}
+		for _, b := range [][]byte{bExecutions, bSteps, bEvents} {
 			n := 0
 			err := tx.Bucket(b).ForEach(func(k, v []byte) error {
 				n++
+				if bytes.Equal(b, bExecutions) && isInputKey(k) {
+					return nil // an input (JSON)
+				}
+				if bytes.Equal(b, bSteps) {
+					sl, err := decodeSlot(v)
+					if err != nil {
+						return fmt.Errorf("bucket %s: key %q: %w", b, k, err)
+					}
+					if sl.occ == nil {
+						return nil
+					}
+					v = sl.occ
+				}
 				if len(v) < 2 || (v[0] != formatBinary1 && v[0] != formatBinary2) {
 					return fmt.Errorf("bucket %s: key %q not binary: %q", b, k, v)
 				}
@@ -452,4 +470,228 @@ func TestMigrateBundleOwners(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestMigrateStepLog migrates a schema 5 file (step records in the steps
+// bucket, counters in the occ bucket): the step records move beside their
+// first events, the counters into the steps bucket's slots, one of them
+// under a step's id, and everything reads back as before, passes Check,
+// is written to and is purged whole.
+func TestMigrateStepLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "wicket.db")
+	db, err := bolt.Open(path, FileMode, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 6, time.UTC)
+	const n = 300
+	e := &kernel.Execution{ID: "e1", Tenant: "t", AgentID: "a", Status: kernel.ExecCompleted, Input: json.RawMessage(`{"x":1}`),
+		CreatedAt: t0, UpdatedAt: t0, LastSeq: 1 + 2*n}
+	other := &kernel.Execution{ID: "e2", Tenant: "t", AgentID: "a", Status: kernel.ExecRunning, Input: json.RawMessage(`{}`),
+		CreatedAt: t0, UpdatedAt: t0, LastSeq: 1}
+	steps := map[string]*kernel.Step{}
+	occ := map[string]kernel.Occurrence{}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := migrateCreateBuckets(tx); err != nil {
+			return err
+		}
+		meta, err := tx.CreateBucketIfNotExists(bMeta)
+		if err != nil {
+			return err
+		}
+		if err := meta.Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 5}); err != nil {
+			return err
+		}
+		for _, x := range []*kernel.Execution{e, other} {
+			if err := tx.Bucket(bExecutions).Put(key(x.Tenant, x.ID), encodeExecution(x)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bExecTenant).Put([]byte(x.ID), []byte(x.Tenant)); err != nil {
+				return err
+			}
+			ev := kernel.Event{ExecutionID: x.ID, Seq: 1, Type: kernel.EvExecutionCreated, Time: t0, Payload: json.RawMessage(`{}`)}
+			if err := tx.Bucket(bEvents).Put(eventKey(x.Tenant, x.ID, 1), encodeEvent(&ev)); err != nil {
+				return err
+			}
+		}
+		for i := range n {
+			seq := uint64(2 + 2*i)
+			st := &kernel.Step{ID: fmt.Sprintf("%064x", i), ExecutionID: "e1", Tenant: "t", Kind: "tool_call", Target: "x",
+				Args: json.RawMessage(fmt.Sprintf(`{"i":%d}`, i)), Status: kernel.StepSucceeded, Result: json.RawMessage(`1`),
+				Seq: seq, CreatedAt: t0}
+			steps[st.ID] = st
+			for j, typ := range []kernel.EventType{kernel.EvStepProposed, kernel.EvStepSucceeded} {
+				ev := kernel.Event{ExecutionID: "e1", Seq: seq + uint64(j), Type: typ, Time: t0,
+					Payload: json.RawMessage(`{"step_id":"` + st.ID + `"}`)}
+				if err := tx.Bucket(bEvents).Put(eventKey("t", "e1", ev.Seq), encodeEvent(&ev)); err != nil {
+					return err
+				}
+			}
+			if err := tx.Bucket(bSteps).Put(key("t", "e1", st.ID), encodeStep(st)); err != nil {
+				return err
+			}
+			// A counter under the first step's id (as the kernel keys
+			// them now) and one under a key of before.
+			k := st.ID
+			if i%2 == 1 {
+				k = "tool_call\x00" + st.ID + "\x00x"
+			}
+			occ[k] = kernel.Occurrence{Lease: kernel.Lease{DispatchID: "d", Attempt: 1}, Count: i + 1}
+			if err := tx.Bucket(bOcc).Put(key("t", "e1", k), encodeOccurrence(occ[k])); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path, Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if v := fileSchema(t, s); v != SchemaVersion {
+		t.Fatalf("schema %d after Open, want %d", v, SchemaVersion)
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bOcc) != nil {
+			return fmt.Errorf("bucket %s left", bOcc)
+		}
+		// The input moved out of the record, into the inputs bucket; an
+		// input of null has no entry.
+		rec, err := decodeExecution(tx.Bucket(bExecutions).Get(key("t", "e1")))
+		if err != nil || string(rec.Input) != "null" {
+			return fmt.Errorf("execution record after migration: input %q (%v), want null", rec.Input, err)
+		}
+		if in := tx.Bucket(bExecutions).Get(inputKey(key("t", "e1"))); string(in) != `{"x":1}` {
+			return fmt.Errorf("inputs: %q, want the execution's", in)
+		}
+		if in := tx.Bucket(bExecutions).Get(inputKey(key("t", "e2"))); string(in) != `{}` {
+			return fmt.Errorf("inputs: %q, want {}", in)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.View(t.Context(), func(tx kernel.ReadTx) error {
+		for id, want := range steps {
+			got, err := tx.Step("t", "e1", id)
+			if err != nil {
+				return err
+			}
+			if g, w := mustJSON(t, got), mustJSON(t, want); g != w {
+				return fmt.Errorf("step %s:\n got  %s\n want %s", id, g, w)
+			}
+		}
+		for k, want := range occ {
+			if got, err := tx.Occurrence("t", "e1", k); err != nil || got != want {
+				return fmt.Errorf("occurrence %q: %+v %v, want %+v", k, got, err, want)
+			}
+		}
+		for _, x := range []*kernel.Execution{e, other} {
+			got, err := tx.Execution("t", x.ID)
+			if err != nil || string(got.Input) != string(x.Input) || got.LastSeq != x.LastSeq {
+				return fmt.Errorf("execution %s: %+v %v, want input %s", x.ID, got, err, x.Input)
+			}
+		}
+		all, err := tx.ListExecutions("t", kernel.ExecutionFilter{})
+		if err != nil || len(all) != 2 || string(all[0].Input) != `{}` || string(all[1].Input) != `{"x":1}` {
+			return fmt.Errorf("ListExecutions: %+v %v", all, err)
+		}
+		list, err := tx.ListSteps("t", "e1")
+		if err != nil || len(list) != n {
+			return fmt.Errorf("ListSteps: %d %v, want %d", len(list), err, n)
+		}
+		for i := 1; i < n; i++ {
+			if list[i].Seq <= list[i-1].Seq {
+				return fmt.Errorf("ListSteps out of order at %d", i)
+			}
+		}
+		evs, err := tx.Events("t", "e1", 0, 0)
+		if err != nil || len(evs) != 1+2*n {
+			return fmt.Errorf("Events: %d %v, want %d", len(evs), err, 1+2*n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A write after the migration: a step of the other execution, its
+	// counter under its id.
+	err = s.Update(t.Context(), func(tx kernel.Tx) error {
+		st := &kernel.Step{ID: "s", ExecutionID: "e2", Tenant: "t", Kind: "local", Target: "y", Status: kernel.StepExecuting, Seq: 2, CreatedAt: t0}
+		if err := tx.AppendEvent("t", kernel.Event{ExecutionID: "e2", Seq: 2, Type: kernel.EvStepProposed, Time: t0, Payload: json.RawMessage(`{"step_id":"s"}`)}); err != nil {
+			return err
+		}
+		if err := tx.PutStep(st); err != nil {
+			return err
+		}
+		if err := tx.PutOccurrence("t", "e2", "s", kernel.Occurrence{Count: 1}); err != nil {
+			return err
+		}
+		other.LastSeq = 2
+		return tx.PutExecution(other)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(); err != nil {
+		t.Fatal(err)
+	}
+	// Purged in small batches, everything of e1 goes, nothing of e2.
+	for done := false; !done; {
+		err := s.Update(t.Context(), func(tx kernel.Tx) error {
+			var err error
+			_, done, err = tx.DeleteExecution("t", "e1", 64)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bSteps, bEvents} {
+			c := tx.Bucket(b).Cursor()
+			if k, _ := c.Seek(prefix("t", "e1")); k != nil && bytes.HasPrefix(k, prefix("t", "e1")) {
+				return fmt.Errorf("bucket %s: %q left after the purge", b, k)
+			}
+		}
+		if tx.Bucket(bExecutions).Get(inputKey(key("t", "e1"))) != nil {
+			return fmt.Errorf("the input of e1 left after the purge")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.View(t.Context(), func(tx kernel.ReadTx) error {
+		if st, err := tx.Step("t", "e2", "s"); err != nil || st.Status != kernel.StepExecuting {
+			return fmt.Errorf("step of e2: %+v %v", st, err)
+		}
+		if o, err := tx.Occurrence("t", "e2", "s"); err != nil || o.Count != 1 {
+			return fmt.Errorf("counter of e2: %+v %v", o, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustJSON(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -38,8 +38,9 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 	pfx := prefix(tenant, id)
 	var err error
 	var approvals []string
-	if st.Steps, err = deleteForward(w.bucket(bSteps), pfx, budget, func(v []byte) error {
-		s, err := decode[kernel.Step](v)
+	var occ int
+	if st.Steps, occ, err = deleteSteps(w.tx, tenant, id, budget, func(raw []byte) error {
+		s, err := decodeStep(raw)
 		if err == nil && s.ApprovalID != "" {
 			approvals = append(approvals, s.ApprovalID)
 		}
@@ -47,7 +48,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 	}); err != nil {
 		return fail("steps", err)
 	}
-	budget -= st.Steps
+	budget = max(budget-st.Steps-occ, 0) // a slot holds up to two records
 	for _, aid := range approvals {
 		ak := key(tenant, aid)
 		araw := w.bucket(bApprovals).Get(ak)
@@ -69,11 +70,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 		st.Approvals++
 		budget--
 	}
-	occ, err := deleteForward(w.bucket(bOcc), pfx, budget, nil)
-	if err != nil {
-		return fail("occurrence counters", err)
-	}
-	budget -= occ
+	budget = max(budget, 0) // the approvals of the steps deleted go with them
 	ctr, err := deleteForward(w.bucket(bCounters), key(tenant, kernel.ExecCounterPrefix(id)), budget, nil)
 	if err != nil {
 		return fail("counters", err)
@@ -93,7 +90,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 			if err != nil {
 				return fail("read", err)
 			}
-			e.LastSeq = left
+			e.LastSeq = left // e.Input is null: the input stays in its bucket
 			if err := execs.Put(k, encodeExecution(e)); err != nil {
 				return fail("record", err)
 			}
@@ -109,6 +106,9 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 	}
 	if err := execs.Delete(k); err != nil {
 		return fail("record", err)
+	}
+	if err := execs.Delete(inputKey(k)); err != nil {
+		return fail("input", err)
 	}
 	if owner := w.bucket(bExecTenant).Get([]byte(id)); string(owner) == tenant {
 		if err := w.bucket(bExecTenant).Delete([]byte(id)); err != nil {
@@ -142,14 +142,64 @@ func deleteForward(b *bolt.Bucket, pfx []byte, limit int, seen func(v []byte) er
 	return len(keys), nil
 }
 
+// deleteSteps deletes up to limit slots of an execution's steps bucket
+// (the steps, with their records, and the occurrence counters), in key
+// order, calling seen with each step record first. It returns how many
+// steps and counters it deleted.
+func deleteSteps(tx *bolt.Tx, tenant, id string, limit int, seen func(raw []byte) error) (steps, occ int, err error) {
+	pfx := prefix(tenant, id)
+	idx, log := tx.Bucket(bSteps), tx.Bucket(bEvents)
+	var keys, logKeys [][]byte
+	c := idx.Cursor()
+	for k, v := c.Seek(pfx); steps+occ < limit && k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+		keys = append(keys, bytes.Clone(k))
+		sl, err := decodeSlot(v)
+		if err != nil {
+			steps++ // deleted all the same
+			continue
+		}
+		if sl.occ != nil {
+			occ++
+		}
+		if !sl.hasSeq {
+			continue
+		}
+		steps++
+		lk := stepLogKey(tenant, id, sl.seq, string(k[len(pfx):]))
+		if raw := log.Get(lk); raw != nil {
+			if err := seen(raw); err != nil {
+				return 0, 0, fmt.Errorf("step %q: %w", k[len(pfx):], err)
+			}
+			logKeys = append(logKeys, lk)
+		}
+	}
+	for _, k := range logKeys {
+		if err := log.Delete(k); err != nil {
+			return 0, 0, err
+		}
+	}
+	for _, k := range keys {
+		if err := idx.Delete(k); err != nil {
+			return 0, 0, err
+		}
+	}
+	return steps, occ, nil
+}
+
 // deleteEventsBackward deletes up to limit events under pfx (keys
 // pfx+seq(8)), newest first. It returns the seq of the newest event left
-// (0: none) and how many it deleted. It walks the events forward (bbolt's
+// (0: none) and how many it deleted. Step records (longer keys under pfx)
+// are deleted with their steps (deleteSteps); one left without its index
+// entry goes with the last event. It walks the events forward (bbolt's
 // Prev does not step over the pages this transaction's deletes emptied).
 func deleteEventsBackward(b *bolt.Bucket, pfx []byte, limit int) (uint64, int, error) {
-	var keys [][]byte
+	var keys, strays [][]byte
 	c := b.Cursor()
 	for k, _ := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Next() {
+		if len(k) != len(pfx)+8 {
+			strays = append(strays, bytes.Clone(k))
+			continue
+		}
 		keys = append(keys, bytes.Clone(k))
 	}
 	var left uint64
@@ -158,10 +208,14 @@ func deleteEventsBackward(b *bolt.Bucket, pfx []byte, limit int) (uint64, int, e
 		left = binary.BigEndian.Uint64(keep[len(pfx):])
 		keys = keys[len(keys)-limit:]
 	}
+	n := len(keys)
+	if left == 0 {
+		keys = append(keys, strays...)
+	}
 	for _, k := range keys {
 		if err := b.Delete(k); err != nil {
 			return 0, 0, err
 		}
 	}
-	return left, len(keys), nil
+	return left, n, nil
 }

@@ -13,7 +13,7 @@ import (
 
 // SchemaVersion is the schema version this binary writes: the number of
 // migrations it knows.
-const SchemaVersion = 5
+const SchemaVersion = 6
 
 // ErrNewerSchema is returned by Open for a file written by a newer binary.
 var ErrNewerSchema = errors.New("store schema is newer than this binary supports")
@@ -27,6 +27,94 @@ var migrations = []func(tx *bolt.Tx) error{
 	2: migrateAgentSigning,  // migrate_signing.go
 	3: migrateBundleOwners,
 	4: migrateSessions,
+	5: migrateStepLog, // and migrateInputs
+}
+
+// migrateInputs (schema 6, with migrateStepLog) moves every execution's
+// input out of its record, to inputKey; the record keeps null.
+func migrateInputs(tx *bolt.Tx) error {
+	execs := tx.Bucket(bExecutions)
+	type kv struct{ k, v []byte }
+	var out []kv
+	err := execs.ForEach(func(k, v []byte) error {
+		e, err := decodeExecution(v)
+		if err != nil {
+			return fmt.Errorf("execution %q: %w", k, err)
+		}
+		if len(e.Input) == 0 || string(e.Input) == "null" {
+			return nil
+		}
+		out = append(out, kv{inputKey(k), e.Input})
+		e.Input = nil
+		out = append(out, kv{bytes.Clone(k), encodeExecution(e)})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, x := range out {
+		if err := execs.Put(x.k, x.v); err != nil {
+			return fmt.Errorf("execution %q: %w", x.k, err)
+		}
+	}
+	return nil
+}
+
+// migrateStepLog (schema 6) moves every step record from the steps bucket
+// into its execution's log, the events bucket, under stepLogKey (right
+// after the step's first event), and turns the steps bucket into slots
+// (slot.go): the step's seq there, and the occurrence counters of the occ
+// bucket, which it deletes, under the same keys as before. The records
+// themselves are unchanged. Then migrateInputs.
+func migrateStepLog(tx *bolt.Tx) error {
+	if err := migrateInputs(tx); err != nil {
+		return err
+	}
+	idx, log := tx.Bucket(bSteps), tx.Bucket(bEvents)
+	log.FillPercent = eventsFill
+	slots := map[string]slot{}
+	var keys []string // in key order
+	c := idx.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		s, err := decodeStep(v)
+		if err != nil {
+			return fmt.Errorf("step %q: %w", k, err)
+		}
+		if !bytes.Equal(k, key(s.Tenant, s.ExecutionID, s.ID)) {
+			return fmt.Errorf("step %q: the record names %s/%s/%s", k, s.Tenant, s.ExecutionID, s.ID)
+		}
+		if err := log.Put(stepLogKey(s.Tenant, s.ExecutionID, s.Seq, s.ID), bytes.Clone(v)); err != nil {
+			return fmt.Errorf("step %q: %w", k, err)
+		}
+		keys = append(keys, string(k))
+		slots[string(k)] = slot{seq: s.Seq, hasSeq: true}
+	}
+	if occ := tx.Bucket(bOcc); occ != nil {
+		err := occ.ForEach(func(k, v []byte) error {
+			if _, err := decodeOccurrence(v); err != nil {
+				return fmt.Errorf("occurrence %q: %w", k, err)
+			}
+			sl, ok := slots[string(k)]
+			if !ok {
+				keys = append(keys, string(k))
+			}
+			sl.occ = bytes.Clone(v)
+			slots[string(k)] = sl
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if err := tx.DeleteBucket(bOcc); err != nil {
+			return fmt.Errorf("delete bucket occ: %w", err)
+		}
+	}
+	for _, k := range keys {
+		if err := idx.Put([]byte(k), slots[k].encode()); err != nil {
+			return fmt.Errorf("step index %q: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // migrateSessions (schema 5) changes nothing stored: executions and steps
