@@ -522,7 +522,7 @@ func testStepsBesideEvents(t *testing.T, s kernel.Store) {
 		sameStrings(t, "ListSteps", ids, []string{"s-x@2", "s-y@4"})
 		evs, err := tx.Events("t", e.ID, 0, 0)
 		if err != nil {
-			return fmt.Errorf("Events: %w", err)
+			return fmt.Errorf("events: %w", err)
 		}
 		if len(evs) != 4 || evs[3].Seq != 4 {
 			t.Errorf("Events: %d events, want 4 (seq 1..4)", len(evs))
