@@ -345,6 +345,22 @@ func TestLayoutCatchesForbiddenImports(t *testing.T) {
 			t.Errorf("the binary check did not report %q; it reported %q", want, bin)
 		}
 	}
+	// With test support gone, the binary check still sees testing brought
+	// by a dependency alone: a cmd/wicket linking only plugins/rego (and
+	// through it OPA's test runner).
+	rg := g[module+"/plugins/rego"]
+	only := graph{}
+	for k, v := range g {
+		only[k] = v
+	}
+	only[module+"/cmd/wicket"] = pkg{
+		ImportPath: module + "/cmd/wicket",
+		Imports:    []string{rg.ImportPath},
+		Deps:       append([]string{rg.ImportPath}, rg.Deps...),
+	}
+	if bin := binaryLinks(only); !slices.Equal(bin, []string{"the wicket binary links testing"}) {
+		t.Errorf("the binary check on a binary linking OPA's test runner reported %q, want only that it links testing", bin)
+	}
 	// The fixture's well-behaved packages pass, and plugins/rego's direct
 	// import of OPA is allowed (only what it links is not).
 	for _, v := range got {
