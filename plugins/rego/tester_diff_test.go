@@ -769,3 +769,40 @@ func FuzzRunnersAgree(f *testing.F) {
 		compareRunners(t, ours, theirs, true)
 	})
 }
+
+// TestRunTestsDuplicatesAcrossFiles: a test defined in two files of one
+// package is numbered in the order of the files' names (OPA's runner
+// numbers in map order, so the corpus cannot check this), and the same
+// name in another package is a test of its own, not a duplicate.
+func TestRunTestsDuplicatesAcrossFiles(t *testing.T) {
+	b, err := bundle.Options{Name: "dup"}.LoadFiles(map[string][]byte{
+		"b_test.rego":       []byte("package dup\n\ntest_x if true\n"),
+		"a_test.rego":       []byte("package dup\n\ntest_x if false\n"),
+		"c/other_test.rego": []byte("package other\n\ntest_x if true\n"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 { // module order must not depend on map iteration
+		res, err := New().RunTests(context.Background(), b, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]TestResult{}
+		for _, r := range res {
+			got[r.Name] = r
+		}
+		if len(res) != 3 || len(got) != 3 {
+			t.Fatalf("results = %+v, want three distinct tests", res)
+		}
+		if r := got["data.dup.test_x"]; r.File != "a_test.rego" || r.Passed {
+			t.Errorf("data.dup.test_x = %+v, want a_test.rego's, failing", r)
+		}
+		if r := got["data.dup.test_x#01"]; r.File != "b_test.rego" || !r.Passed {
+			t.Errorf("data.dup.test_x#01 = %+v, want b_test.rego's, passing", r)
+		}
+		if r := got["data.other.test_x"]; r.File != "c/other_test.rego" || !r.Passed {
+			t.Errorf("data.other.test_x = %+v, want c/other_test.rego's, passing", r)
+		}
+	}
+}
