@@ -12,7 +12,6 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
-	"github.com/open-policy-agent/opa/v1/topdown"
 
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
@@ -132,7 +131,3 @@ func sortResults(out []TestResult) {
 		return out[i].Line < out[j].Line
 	})
 }
-
-// isCancel reports whether err is OPA's evaluator giving up because its
-// context ended (a test's timeout, or the caller's context).
-func isCancel(err error) bool { return topdown.IsCancel(err) }

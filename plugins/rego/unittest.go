@@ -412,7 +412,7 @@ func (u *unitTests) runOne(ctx context.Context, c *ast.Compiler, t unitTest) Tes
 	switch {
 	case err != nil:
 		res.Error = err.Error()
-		if isCancel(err) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		if topdown.IsCancel(err) && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			res.Error = fmt.Sprintf("%s (the test ran over its %s timeout)", res.Error, u.timeout)
 		}
 	case len(builtinErrs) == 1:
