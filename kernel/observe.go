@@ -56,19 +56,40 @@ type note[T any] struct {
 	hasFrom, hasTo bool
 }
 
-// notes is a short list of notes, the first two inline.
+// notes is a short list of notes, the first two inline. Past
+// notesScanned of them (a retention batch, an expiry sweep) an index
+// finds a key, so that such a run does not search its list per record.
 type notes[T any] struct {
 	inline [2]note[T]
 	more   []note[T]
 	n      int
+	index  map[recordKey]int
 }
+
+// notesScanned is how many notes get searches in order before indexing.
+const notesScanned = 8
 
 // get returns the note of k, adding an empty one when there is none.
 func (ns *notes[T]) get(k recordKey) *note[T] {
-	for i := range ns.n {
-		if n := ns.at(i); n.key == k {
-			return n
+	if ns.index != nil {
+		if i, ok := ns.index[k]; ok {
+			return ns.at(i)
 		}
+	} else {
+		for i := range ns.n {
+			if n := ns.at(i); n.key == k {
+				return n
+			}
+		}
+		if ns.n == notesScanned {
+			ns.index = make(map[recordKey]int, 2*notesScanned)
+			for i := range ns.n {
+				ns.index[ns.at(i).key] = i
+			}
+		}
+	}
+	if ns.index != nil {
+		ns.index[k] = ns.n
 	}
 	if ns.n < len(ns.inline) {
 		ns.inline[ns.n] = note[T]{key: k}

@@ -123,9 +123,11 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	if r.ContentLength > limit {
 		return nil, tooLarge(limit)
 	}
-	if r.ContentLength > 0 {
+	if r.ContentLength > 0 && r.ContentLength <= presizeBody {
 		// net/http holds the body to its Content-Length: read it into a
-		// buffer of that size (io.ReadAll would start at 512 bytes).
+		// buffer of that size (io.ReadAll would start at 512 bytes). Only
+		// for a small one: the header is the caller's word, and a buffer
+		// of a claimed limit would be held before a byte of it arrived.
 		b := make([]byte, r.ContentLength)
 		if _, err := io.ReadFull(r.Body, b); err != nil {
 			return nil, errorf(kernel.CodeValidation, "cannot read request body: %v", err)
@@ -142,6 +144,10 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, erro
 	}
 	return b, nil
 }
+
+// presizeBody is the largest Content-Length readBody allocates for up
+// front; a larger body grows as it arrives.
+const presizeBody = 64 << 10
 
 func tooLarge(limit int64) error {
 	return (&kernel.Error{Code: kernel.CodeTooLarge, Message: fmt.Sprintf("request body is larger than %d bytes", limit)}).

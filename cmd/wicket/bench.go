@@ -211,7 +211,6 @@ func (rr *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 	return rr.base.RoundTrip(req)
 }
 
-// benchKernel runs the kernel here and the load beside it.
 // startBenchKernel runs a kernel on st and its HTTP server on a loopback
 // port, wired as serve wires them (so that the bench measures what serve
 // pays): reg observes the kernel and counts the server's requests (the
@@ -245,6 +244,7 @@ func startBenchKernel(ctx context.Context, st kernel.Store, reg *metrics.Metrics
 	}, nil
 }
 
+// benchKernel runs the kernel here and the load beside it.
 func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	noSync := o.noSync
 	if o.dir == "" {

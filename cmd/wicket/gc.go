@@ -5,7 +5,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"sync/atomic"
+	"sync"
 )
 
 // gcHeadroom is the least room the kernel's heap is given to grow between
@@ -30,7 +30,10 @@ func startGCHeadroom(headroom uint64) (stop func()) {
 	t := &gcTuner{headroom: headroom, sample: []metrics.Sample{{Name: "/gc/heap/live:bytes"}}, last: 100}
 	t.arm()
 	return func() {
-		if t.stopped.CompareAndSwap(false, true) {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if !t.stopped {
+			t.stopped = true
 			debug.SetGCPercent(100)
 		}
 	}
@@ -42,7 +45,11 @@ type gcTuner struct {
 	headroom uint64
 	sample   []metrics.Sample
 	last     int
-	stopped  atomic.Bool
+
+	// mu makes stop and a tune exclusive: a tune that had seen stopped
+	// false must not set its percentage after stop restored Go's default.
+	mu      sync.Mutex
+	stopped bool
 }
 
 type gcSentinel struct{ _ [16]byte } // not tiny-allocated: finalizers need their own object
@@ -53,7 +60,9 @@ func (t *gcTuner) arm() {
 
 // tune runs after a collection (on the finalizer goroutine).
 func (t *gcTuner) tune() {
-	if t.stopped.Load() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.stopped {
 		return
 	}
 	metrics.Read(t.sample)

@@ -66,13 +66,15 @@ func TestGCHeadroomTunes(t *testing.T) {
 		t.Errorf("a collection after stop: GC percent %d, want 100", p)
 	}
 
-	t.Setenv("GOGC", "100")
-	stop = startGCHeadroom(1 << 40)
-	defer stop()
-	for range 3 {
-		collect()
-	}
-	if p := gogc(); p != 100 {
-		t.Errorf("with GOGC set: GC percent %d, want 100 (untouched)", p)
+	for _, env := range []string{"100", "off"} {
+		t.Setenv("GOGC", env)
+		stop = startGCHeadroom(1 << 40)
+		for range 3 {
+			collect()
+		}
+		stop()
+		if p := gogc(); p != 100 {
+			t.Errorf("with GOGC=%s: GC percent %d, want 100 (untouched)", env, p)
+		}
 	}
 }
