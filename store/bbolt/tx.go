@@ -340,7 +340,7 @@ func (r *readTx) Events(tenant, executionID string, afterSeq uint64, limit int) 
 	c := r.bucket(bEvents).Cursor()
 	for k, v := c.Seek(eventKey(tenant, executionID, afterSeq+1)); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
 		if len(k) != len(pfx)+8 {
-			continue // not possible with NUL-free ids; be strict anyway
+			continue // a step's record (stepLogKey), not an event
 		}
 		out = append(out, kernel.Event{})
 		if err := decodeEvent(v, &out[len(out)-1]); err != nil {
