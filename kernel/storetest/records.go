@@ -251,6 +251,7 @@ func testIdempotencyKey(t *testing.T, s kernel.Store) {
 func testListExecutions(t *testing.T, s kernel.Store) {
 	const n = 25
 	agentOf := func(i int) string { return fmt.Sprintf("a%d", i%2) }
+	inputOf := func(id string) json.RawMessage { return json.RawMessage(`{"id":"` + id + `"}`) }
 	statusOf := func(i int) kernel.ExecStatus {
 		if i%3 == 0 {
 			return kernel.ExecCompleted
@@ -261,6 +262,7 @@ func testListExecutions(t *testing.T, s kernel.Store) {
 		for i := 1; i <= n; i++ {
 			e := newExecution("t", execID(i))
 			e.AgentID, e.Status = agentOf(i), statusOf(i)
+			e.Input = inputOf(e.ID)
 			if err := create(tx, e); err != nil {
 				return fmt.Errorf("create: %w", err)
 			}
@@ -316,6 +318,13 @@ func testListExecutions(t *testing.T, s kernel.Store) {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
 			sameStrings(t, c.name, ids(got), want(c.f))
+			// Each listed execution comes with its own input, whatever
+			// the filter skipped on the way.
+			for _, e := range got {
+				if string(e.Input) != string(inputOf(e.ID)) {
+					t.Errorf("%s: execution %s has input %s, want %s", c.name, e.ID, e.Input, inputOf(e.ID))
+				}
+			}
 		}
 		got, err := tx.ListExecutions("t2", kernel.ExecutionFilter{})
 		if err != nil {

@@ -695,3 +695,70 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// TestMigrateStepLogRefusesBadRecord: migration 5 → 6 meets an occurrence
+// counter it cannot read after it has moved the inputs and the step
+// records; Open fails and the file is left at schema 5 as it was (input
+// in the record, step record in the steps bucket, the occ bucket there).
+func TestMigrateStepLogRefusesBadRecord(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "wicket.db")
+	db, err := bolt.Open(path, FileMode, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &kernel.Execution{ID: "e1", Tenant: "t", AgentID: "a", Input: json.RawMessage(`{"x":1}`), LastSeq: 2}
+	st := &kernel.Step{ID: "s1", ExecutionID: "e1", Tenant: "t", Seq: 2}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := migrateCreateBuckets(tx); err != nil {
+			return err
+		}
+		meta, err := tx.CreateBucketIfNotExists(bMeta)
+		if err != nil {
+			return err
+		}
+		if err := meta.Put(keySchemaVersion, []byte{0, 0, 0, 0, 0, 0, 0, 5}); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bExecutions).Put(key("t", "e1"), encodeExecution(e)); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bSteps).Put(key("t", "e1", "s1"), encodeStep(st)); err != nil {
+			return err
+		}
+		return tx.Bucket(bOcc).Put(key("t", "e1", "s1"), []byte{0xff})
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err := Open(path, Options{NoSync: true}); err == nil {
+		s.Close()
+		t.Fatal("Open migrated a file with an undecodable occurrence counter")
+	}
+	db, err = bolt.Open(path, FileMode, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	_ = db.View(func(tx *bolt.Tx) error {
+		if v, _ := schemaVersion(tx); v != 5 {
+			t.Errorf("schema %d after a failed migration, want 5", v)
+		}
+		if tx.Bucket(bOcc) == nil {
+			t.Error("the occ bucket is gone after a failed migration")
+		}
+		if got, err := decodeExecution(tx.Bucket(bExecutions).Get(key("t", "e1"))); err != nil || string(got.Input) != `{"x":1}` {
+			t.Errorf("the execution after a failed migration: %+v, %v", got, err)
+		}
+		if tx.Bucket(bExecutions).Get(inputKey(key("t", "e1"))) != nil {
+			t.Error("an input was moved by a failed migration")
+		}
+		if _, err := decodeStep(tx.Bucket(bSteps).Get(key("t", "e1", "s1"))); err != nil {
+			t.Errorf("the step record after a failed migration: %v", err)
+		}
+		if tx.Bucket(bEvents).Get(stepLogKey("t", "e1", 2, "s1")) != nil {
+			t.Error("a step record was moved by a failed migration")
+		}
+		return nil
+	})
+}

@@ -71,7 +71,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 		budget--
 	}
 	budget = max(budget, 0) // the approvals of the steps deleted go with them
-	ctr, err := deleteForward(w.bucket(bCounters), key(tenant, kernel.ExecCounterPrefix(id)), budget, nil)
+	ctr, err := deleteForward(w.bucket(bCounters), key(tenant, kernel.ExecCounterPrefix(id)), budget)
 	if err != nil {
 		return fail("counters", err)
 	}
@@ -120,18 +120,12 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 }
 
 // deleteForward deletes up to limit keys of b that start with pfx, in key
-// order, calling seen (when set) with each value first, and returns how
-// many it deleted. Keys are collected first and deleted after: bbolt
-// cursors are not moved across their own deletes.
-func deleteForward(b *bolt.Bucket, pfx []byte, limit int, seen func(v []byte) error) (int, error) {
+// order, and returns how many it deleted. Keys are collected first and
+// deleted after: bbolt cursors are not moved across their own deletes.
+func deleteForward(b *bolt.Bucket, pfx []byte, limit int) (int, error) {
 	var keys [][]byte
 	c := b.Cursor()
-	for k, v := c.Seek(pfx); len(keys) < limit && k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
-		if seen != nil {
-			if err := seen(v); err != nil {
-				return 0, fmt.Errorf("key %q: %w", k, err)
-			}
-		}
+	for k, _ := c.Seek(pfx); len(keys) < limit && k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Next() {
 		keys = append(keys, bytes.Clone(k))
 	}
 	for _, k := range keys {

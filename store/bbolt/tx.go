@@ -150,10 +150,15 @@ func (r *readTx) decodeExecutionIn(k, raw []byte) (*kernel.Execution, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.readInput(k, e)
+	return e, nil
+}
+
+// readInput sets e.Input to the input stored for the execution under k.
+func (r *readTx) readInput(k []byte, e *kernel.Execution) {
 	if in := r.lookup(hotExecutions, inputKey(k)); in != nil {
 		e.Input = bytes.Clone(in)
 	}
-	return e, nil
 }
 
 // ExecutionTenant implements kernel.ReadTx.
@@ -203,13 +208,14 @@ func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*ker
 	}
 	var out []*kernel.Execution
 	for ; k != nil && bytes.HasPrefix(k, pfx); k, v = c.Prev() {
-		e, err := r.decodeExecutionIn(k, v)
+		e, err := decodeExecution(v)
 		if err != nil {
 			return nil, fmt.Errorf("bbolt: list executions of %s: key %q: %w", tenant, k, err)
 		}
 		if (f.AgentID != "" && e.AgentID != f.AgentID) || (f.Status != "" && e.Status != f.Status) {
 			continue
 		}
+		r.readInput(k, e) // only for the executions listed
 		out = append(out, e)
 		if f.Limit > 0 && len(out) >= f.Limit {
 			break
@@ -340,7 +346,7 @@ func (r *readTx) Events(tenant, executionID string, afterSeq uint64, limit int) 
 	c := r.bucket(bEvents).Cursor()
 	for k, v := c.Seek(eventKey(tenant, executionID, afterSeq+1)); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
 		if len(k) != len(pfx)+8 {
-			continue // not possible with NUL-free ids; be strict anyway
+			continue // a step's record (stepLogKey), not an event
 		}
 		out = append(out, kernel.Event{})
 		if err := decodeEvent(v, &out[len(out)-1]); err != nil {
