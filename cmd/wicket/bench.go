@@ -44,6 +44,7 @@ type benchOptions struct {
 	url            string
 	inProcess      bool
 	cpuProfile     string
+	loadProfile    string
 	reportJSON     bool
 	maxBatch       int
 	gatherWindow   time.Duration
@@ -73,7 +74,8 @@ func benchSetup(fs *flag.FlagSet, _ *clientOpts) runFunc {
 	fs.IntVar(&o.replicas, "replicas", 1, "kernels sharing the store, each with its own HTTP server; the load's requests go round-robin (PostgreSQL only)")
 	fs.StringVar(&o.url, "url", "", "only generate the load, against the kernel serving at this URL (authentication disabled); several URLs, comma-separated, are taken in turn")
 	fs.BoolVar(&o.inProcess, "load-in-process", false, "run the load in this process too (the CPU figure then covers both)")
-	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the kernel process over the measured run to this file")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the kernel process over the measured run to this file (with --url: of the load)")
+	fs.StringVar(&o.loadProfile, "load-cpuprofile", "", "write a CPU profile of the load process (the agent and its HTTP clients) over the measured run to this file")
 	fs.BoolVar(&o.reportJSON, "report-json", false, "with --url: print machine-readable progress lines (used by bench itself)")
 	fs.IntVar(&o.maxBatch, "max-batch", 0, "store: Update functions per commit at most (0: the default)")
 	fs.DurationVar(&o.gatherWindow, "gather-window", 0, "store: group-commit gather window (0: the default; negative: off)")
@@ -374,8 +376,11 @@ func runLoadChild(ctx context.Context, base string, o benchOptions, onStart func
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	cmd := exec.CommandContext(cctx, self, "bench", "--url", base, "--report-json",
-		"--executions", strconv.Itoa(o.execs), "--steps", strconv.Itoa(o.steps))
+	args := []string{"bench", "--url", base, "--report-json", "--executions", strconv.Itoa(o.execs), "--steps", strconv.Itoa(o.steps)}
+	if o.loadProfile != "" {
+		args = append(args, "--cpuprofile", o.loadProfile)
+	}
+	cmd := exec.CommandContext(cctx, self, args...)
 	var errBuf strings.Builder
 	cmd.Stderr = &errBuf
 	out, err := cmd.StdoutPipe()
@@ -415,8 +420,28 @@ func runLoadChild(ctx context.Context, base string, o benchOptions, onStart func
 
 // benchLoadOnly generates the load against --url.
 func benchLoadOnly(ctx context.Context, o benchOptions, stdout io.Writer) error {
+	if o.loadProfile != "" {
+		if o.cpuProfile != "" {
+			return usageError{"bench: with --url, --cpuprofile is the load's profile: give one of --cpuprofile and --load-cpuprofile"}
+		}
+		o.cpuProfile = o.loadProfile
+	}
 	var c0, c1 procCPU
+	var m0, m1 runtime.MemStats
+	var profFile *os.File
 	onStart := func() error {
+		if o.cpuProfile != "" {
+			f, err := os.Create(o.cpuProfile)
+			if err != nil {
+				return err
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				f.Close()
+				return err
+			}
+			profFile = f
+		}
+		runtime.ReadMemStats(&m0)
 		c0 = readCPU()
 		if o.reportJSON {
 			fmt.Fprintln(stdout, "start")
@@ -425,6 +450,11 @@ func benchLoadOnly(ctx context.Context, o benchOptions, stdout io.Writer) error 
 	}
 	onEnd := func() {
 		c1 = readCPU()
+		runtime.ReadMemStats(&m1)
+		if profFile != nil {
+			pprof.StopCPUProfile()
+			profFile.Close()
+		}
 		if o.reportJSON {
 			fmt.Fprintln(stdout, "end")
 		}
@@ -434,6 +464,8 @@ func benchLoadOnly(ctx context.Context, o benchOptions, stdout io.Writer) error 
 		return err
 	}
 	res.LoadCPU = c1.total() - c0.total()
+	res.LoadAllocs = float64(m1.Mallocs-m0.Mallocs) / float64(o.steps)
+	res.LoadGCs = m1.NumGC - m0.NumGC
 	if o.reportJSON {
 		b, _ := json.Marshal(res)
 		fmt.Fprintln(stdout, string(b))
@@ -452,6 +484,10 @@ type loadResult struct {
 	P99     time.Duration `json:"p99"`
 	Max     time.Duration `json:"max"`
 	LoadCPU time.Duration `json:"load_cpu"`
+	// LoadAllocs is the load process's heap allocations per step, and
+	// LoadGCs its garbage collections over the run.
+	LoadAllocs float64 `json:"load_allocs,omitempty"`
+	LoadGCs    uint32  `json:"load_gcs,omitempty"`
 }
 
 func (r loadResult) print(w io.Writer) {
@@ -459,6 +495,9 @@ func (r loadResult) print(w io.Writer) {
 	fmt.Fprintf(w, "submit latency:  p50 %s  p99 %s  max %s\n", r.P50, r.P99, r.Max)
 	if r.LoadCPU > 0 {
 		fmt.Fprintf(w, "load CPU:        %.3f s per 1,000 steps (the agent and its HTTP clients, another process)\n", r.LoadCPU.Seconds()*1000/float64(r.Steps))
+	}
+	if r.LoadAllocs > 0 {
+		fmt.Fprintf(w, "load allocs:     %.0f heap allocations per step, %d GCs over the run\n", r.LoadAllocs, r.LoadGCs)
 	}
 }
 
