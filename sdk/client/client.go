@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -58,6 +59,9 @@ type Client struct {
 	tenant  string
 	ua      string
 	hc      *http.Client
+
+	baseURL *url.URL // parsed base, when plain paths can be appended to it (parseBase)
+	sign    *signer  // with WithAgent: the agent's signatures
 }
 
 // Option configures a Client in New.
@@ -71,6 +75,10 @@ func New(baseURL string, opts ...Option) *Client {
 	c := &Client{base: strings.TrimRight(baseURL, "/"), ua: DefaultUserAgent, hc: defaultHTTP}
 	for _, o := range opts {
 		o(c)
+	}
+	c.baseURL = parseBase(c.base)
+	if c.agentID != "" {
+		c.sign = newSigner(c.secret)
 	}
 	return c
 }
@@ -194,13 +202,18 @@ func (c *Client) do(ctx context.Context, method, path string, header http.Header
 	if resp.StatusCode/100 != 2 {
 		return apiError(resp)
 	}
+	if out == nil {
+		// Read to the end all the same, so that the connection is reused.
+		if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+			return fmt.Errorf("read answer: %w", err)
+		}
+		return nil
+	}
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return fmt.Errorf("read answer: %w", err)
 	}
 	switch o := out.(type) {
-	case nil:
-		return nil
 	case *[]byte:
 		*o = data
 		return nil
@@ -237,34 +250,61 @@ func (c *Client) newRequest(ctx context.Context, method, path string, header htt
 	if body != nil {
 		rd = bytes.NewReader(raw)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+c.withTenant(path), rd)
+	u, target, err := c.requestURL(c.withTenant(path))
 	if err != nil {
 		return nil, err
 	}
+	// The URL is built above (without re-parsing the base on every call);
+	// NewRequestWithContext handles the method, the context and the body.
+	req, err := http.NewRequestWithContext(ctx, method, "", rd)
+	if err != nil {
+		return nil, err
+	}
+	req.URL = u
+	req.Host = removeEmptyPort(u.Host)
 	h := req.Header
-	h.Set("User-Agent", c.ua)
-	h.Set("Accept", "application/json")
+	var hv headerValues
+	hv.set(h, "User-Agent", c.ua)
+	hv.set(h, "Accept", "application/json")
 	if body != nil {
-		h.Set("Content-Type", "application/json")
+		hv.set(h, "Content-Type", "application/json")
 	}
 	if c.key != "" {
-		h.Set("Authorization", "Bearer "+c.key)
+		hv.set(h, "Authorization", "Bearer "+c.key)
 	}
 	for k, vs := range header {
-		h.Del(k)
-		for _, v := range vs {
-			h.Add(k, v)
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		switch len(vs) {
+		case 0:
+			delete(h, ck)
+		case 1:
+			hv.set(h, ck, vs[0])
+		default:
+			h[ck] = append([]string(nil), vs...)
 		}
 	}
 	if c.agentID != "" { // last: the v1 signature covers the lease headers
-		h.Set(wire.HeaderAgentID, c.agentID)
+		hv.set(h, wire.HeaderAgentID, c.agentID)
 		if c.signing == wire.SigningBody {
-			h.Set(wire.HeaderSignature, wire.Sign(c.secret, raw))
+			hv.set(h, wire.HeaderSignature, c.sign.signBody(raw))
 		} else {
-			wire.SignRequest(req, c.secret, raw, time.Now())
+			if method == "" {
+				method = http.MethodGet
+			}
+			hv.set(h, wire.HeaderWicketSignature, c.sign.signV1(time.Now(), method, target,
+				h.Get(wire.HeaderDispatchID), h.Get(wire.HeaderDispatchAttempt), raw))
 		}
 	}
 	return req, nil
+}
+
+// removeEmptyPort strips an empty port (a trailing ':') from host, as
+// net/http does for a request's Host.
+func removeEmptyPort(host string) string {
+	if strings.LastIndex(host, ":") > strings.LastIndex(host, "]") {
+		return strings.TrimSuffix(host, ":")
+	}
+	return host
 }
 
 // withTenant adds ?tenant= to client and admin routes when WithTenant is
