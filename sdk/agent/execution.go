@@ -58,8 +58,12 @@ type Execution struct {
 	// occ counts this attempt's submissions of each (kind, target,
 	// args_hash), as the kernel does, to compute the step id sent in
 	// Rebuno-Step-Id.
-	occ map[string]*occurrence
+	occ map[occurrenceKey]*occurrence
 }
+
+// occurrenceKey is the (kind, target, args_hash) whose submissions an
+// occurrence counts.
+type occurrenceKey struct{ kind, target, argsHash string }
 
 // occurrence is the SDK's count of one (kind, target, args_hash) in this
 // dispatch attempt. Its mutex is held for a submission's round trip, so
@@ -70,11 +74,11 @@ type occurrence struct {
 }
 
 // occurrenceOf returns the counter of key, creating it.
-func (e *Execution) occurrenceOf(key string) *occurrence {
+func (e *Execution) occurrenceOf(key occurrenceKey) *occurrence {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.occ == nil {
-		e.occ = map[string]*occurrence{}
+		e.occ = map[occurrenceKey]*occurrence{}
 	}
 	o := e.occ[key]
 	if o == nil {
@@ -132,9 +136,20 @@ func (e *Execution) remember(err error) error {
 
 // leaseHeader returns the lease headers of a mutation.
 func (e *Execution) leaseHeader() http.Header {
-	h := http.Header{}
-	h.Set(wire.HeaderDispatchID, e.Lease.DispatchID)
-	h.Set(wire.HeaderDispatchAttempt, strconv.Itoa(e.Lease.Attempt))
+	return e.leaseHeaderWith("", "")
+}
+
+// leaseHeaderWith returns the lease headers plus key: value when key is
+// not empty (a canonical header name), with one array for the values.
+func (e *Execution) leaseHeaderWith(key, value string) http.Header {
+	vals := [3]string{e.Lease.DispatchID, strconv.Itoa(e.Lease.Attempt), value}
+	v := vals[:]
+	h := make(http.Header, 3)
+	h[wire.HeaderDispatchID] = v[0:1:1]
+	h[wire.HeaderDispatchAttempt] = v[1:2:2]
+	if key != "" {
+		h[key] = v[2:3:3]
+	}
 	return h
 }
 
@@ -185,19 +200,25 @@ func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wi
 	if u := e.Unwinding(); u != nil {
 		return nil, u
 	}
-	header := e.leaseHeader()
 	args := req.Args
 	if len(args) == 0 {
 		args = json.RawMessage("null")
 	}
 	var o *occurrence
+	var stepID string
 	if _, hash, err := canon.ArgsHash(args); err == nil {
 		// Args that cannot be canonicalised are sent as they are: the
 		// kernel's 400 says what is wrong with them.
-		o = e.occurrenceOf(req.Kind + "\x00" + req.Target + "\x00" + hash)
+		o = e.occurrenceOf(occurrenceKey{req.Kind, req.Target, hash})
 		o.mu.Lock()
 		defer o.mu.Unlock()
-		header.Set(wire.HeaderStepID, canon.StepID(e.ID, req.Kind, req.Target, hash, o.next))
+		stepID = canon.StepID(e.ID, req.Kind, req.Target, hash, o.next)
+	}
+	var header http.Header
+	if stepID != "" {
+		header = e.leaseHeaderWith(wire.HeaderStepID, stepID)
+	} else {
+		header = e.leaseHeader()
 	}
 	var d wire.StepDecision
 	if err := e.mutateWith(ctx, "submit step", "/steps", header, req, &d); err != nil {
