@@ -224,6 +224,9 @@ func (c *Client) do(ctx context.Context, method, path string, header http.Header
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil
 	}
+	if d, ok := out.(*wire.StepDecision); ok && decodeStepDecision(data, d) {
+		return nil // every step's answer, without reflection
+	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("decode answer (%d): %w", resp.StatusCode, err)
 	}
@@ -241,9 +244,19 @@ func (c *Client) newRequest(ctx context.Context, method, path string, header htt
 	case json.RawMessage:
 		raw = b
 	default:
-		var err error
-		if raw, err = json.Marshal(b); err != nil {
-			return nil, fmt.Errorf("encode body: %w", err)
+		// The two bodies of every step skip reflection when they can.
+		ok := false
+		switch b := b.(type) {
+		case wire.StepSubmitRequest:
+			raw, ok = encodeStepSubmit(&b)
+		case wire.StepCompleteRequest:
+			raw, ok = encodeStepComplete(&b)
+		}
+		if !ok {
+			var err error
+			if raw, err = json.Marshal(b); err != nil {
+				return nil, fmt.Errorf("encode body: %w", err)
+			}
 		}
 	}
 	var rd io.Reader
