@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel/canon"
@@ -59,6 +60,16 @@ type Execution struct {
 	// args_hash), as the kernel does, to compute the step id sent in
 	// Rebuno-Step-Id.
 	occ map[occurrenceKey]*occurrence
+
+	// leaseHdr is the lease headers of the mutations, built once for the
+	// Lease they name (read-only once built: requests only read them).
+	leaseHdr atomic.Pointer[leaseHeader]
+}
+
+// leaseHeader is the lease headers built for one lease.
+type leaseHeader struct {
+	lease Lease
+	h     http.Header
 }
 
 // occurrenceKey is the (kind, target, args_hash) whose submissions an
@@ -135,8 +146,14 @@ func (e *Execution) remember(err error) error {
 }
 
 // leaseHeader returns the lease headers of a mutation.
+// The header is shared by every mutation: callers must not change it.
 func (e *Execution) leaseHeader() http.Header {
-	return e.leaseHeaderWith("", "")
+	if lh := e.leaseHdr.Load(); lh != nil && lh.lease == e.Lease {
+		return lh.h
+	}
+	lh := &leaseHeader{lease: e.Lease, h: e.leaseHeaderWith("", "")}
+	e.leaseHdr.Store(lh)
+	return lh.h
 }
 
 // leaseHeaderWith returns the lease headers plus key: value when key is
