@@ -43,7 +43,11 @@ func defaultTransport() http.RoundTripper {
 	// before answering; an event stream answers its headers at once.
 	t.ResponseHeaderTimeout = 2 * time.Minute
 	t.IdleConnTimeout = 90 * time.Second
-	t.MaxIdleConnsPerHost = 16
+	// A client talks to one kernel: keep as many idle connections to it
+	// as calls were in flight (an agent's executions pause between calls
+	// while their tools run), instead of closing all but a few and
+	// dialling again on the next call.
+	t.MaxIdleConnsPerHost = 100
 	return t
 }
 
