@@ -100,6 +100,9 @@ func bench(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	if o.idle < 0 {
 		return usageError{"bench: --idle must not be negative"}
 	}
+	if o.loadProfile != "" && o.inProcess {
+		return usageError{"bench: with --load-in-process there is one process: --cpuprofile profiles it"}
+	}
 	if o.url != "" {
 		return benchLoadOnly(ctx, o, stdout)
 	}
@@ -282,31 +285,21 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 		return benchIdle(ctx, base, st, o.idle, stdout)
 	}
 	var (
-		s0, s1   bbolt.Stats
-		c0, c1   procCPU
-		profFile *os.File
+		s0, s1      bbolt.Stats
+		c0, c1      procCPU
+		stopProfile = func() {}
 	)
 	onStart := func() error {
-		if o.cpuProfile != "" {
-			f, err := os.Create(o.cpuProfile)
-			if err != nil {
-				return err
-			}
-			if err := pprof.StartCPUProfile(f); err != nil {
-				f.Close()
-				return err
-			}
-			profFile = f
+		var err error
+		if stopProfile, err = startCPUProfile(o.cpuProfile); err != nil {
+			return err
 		}
 		s0, c0 = st.Stats(), readCPU()
 		return nil
 	}
 	onEnd := func() {
 		s1, c1 = st.Stats(), readCPU()
-		if profFile != nil {
-			pprof.StopCPUProfile()
-			profFile.Close()
-		}
+		stopProfile()
 	}
 	var res loadResult
 	if o.inProcess {
@@ -338,6 +331,26 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "store:           %.0f bytes per step (pages used, free ones included), %d-byte file\n",
 		float64(s1.Size-s0.Size)/float64(o.steps), fileSize(dbPath))
 	return nil
+}
+
+// startCPUProfile starts a CPU profile of this process into path (none
+// when path is empty); stop ends it and closes the file.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // memoryDir is a tmpfs directory when the machine has one (the store's
@@ -433,18 +446,11 @@ func benchLoadOnly(ctx context.Context, o benchOptions, stdout io.Writer) error 
 	defer startGCHeadroom(gcHeadroom)()
 	var c0, c1 procCPU
 	var m0, m1 runtime.MemStats
-	var profFile *os.File
+	stopProfile := func() {}
 	onStart := func() error {
-		if o.cpuProfile != "" {
-			f, err := os.Create(o.cpuProfile)
-			if err != nil {
-				return err
-			}
-			if err := pprof.StartCPUProfile(f); err != nil {
-				f.Close()
-				return err
-			}
-			profFile = f
+		var err error
+		if stopProfile, err = startCPUProfile(o.cpuProfile); err != nil {
+			return err
 		}
 		runtime.ReadMemStats(&m0)
 		c0 = readCPU()
@@ -456,10 +462,7 @@ func benchLoadOnly(ctx context.Context, o benchOptions, stdout io.Writer) error 
 	onEnd := func() {
 		c1 = readCPU()
 		runtime.ReadMemStats(&m1)
-		if profFile != nil {
-			pprof.StopCPUProfile()
-			profFile.Close()
-		}
+		stopProfile()
 		if o.reportJSON {
 			fmt.Fprintln(stdout, "end")
 		}

@@ -163,7 +163,8 @@ func TestBench(t *testing.T) {
 	if err != nil || !strings.Contains(out, "5 executions created and held by their agent") || !strings.Contains(out, "bytes per idle execution") {
 		t.Errorf("bench --idle: %v\n%s", err, out)
 	}
-	for _, bad := range [][]string{{"--executions", "0"}, {"--store", "tape"}, {"extra"}, {"--idle", "-1"}} {
+	for _, bad := range [][]string{{"--executions", "0"}, {"--store", "tape"}, {"extra"}, {"--idle", "-1"},
+		{"--url", "http://127.0.0.1:1", "--cpuprofile", "a.prof", "--load-cpuprofile", "b.prof"}, {"--load-in-process", "--load-cpuprofile", "b.prof"}} {
 		if _, _, err := runCmd(t, context.Background(), append([]string{"bench"}, bad...)...); err == nil {
 			t.Errorf("bench %v accepted", bad)
 		} else if _, ok := err.(usageError); !ok {
