@@ -82,7 +82,11 @@ type Options struct {
 	// offline tools such as `wicket store check`.
 	ReadOnly bool
 
-	walMmap int // tests: the address space reserved with a log (walMmapReserve)
+	walMmap    int   // tests: the address space reserved with a log (walMmapReserve)
+	walSegment int64 // tests: the size of a log segment (walSegmentSize)
+	// onCheckpoint, for tests, is called with the file's path once each
+	// checkpoint is durable.
+	onCheckpoint func(path string)
 }
 
 // DefaultGatherWindow is the default Options.GatherWindow. Over HTTP the
@@ -106,6 +110,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CheckpointInterval <= 0 {
 		o.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if o.walSegment <= 0 {
+		o.walSegment = walSegmentSize
 	}
 	if o.walMmap <= 0 {
 		o.walMmap = walMmapReserve
@@ -144,7 +151,9 @@ type Store struct {
 	// wal is the write-ahead log (nil: none); the writer's once Open
 	// returns.
 	wal     *walState
-	ckptReq chan chan error // forceCheckpoint's requests to the writer
+	ckptReq chan ckptRequest // tests' requests to the writer
+	// onCheckpoint is Options.onCheckpoint.
+	onCheckpoint func(path string)
 	// failure, once set, is returned by every Update: the log or the file
 	// failed a write, and only a restart knows what is on disk.
 	failure atomic.Pointer[error]
@@ -238,7 +247,7 @@ func Open(path string, opts Options) (*Store, error) {
 		gather:   opts.GatherWindow,
 		onCommit: opts.OnCommit,
 		reqs:     make(chan *request),
-		ckptReq:  make(chan chan error),
+		ckptReq:  make(chan ckptRequest),
 		closing:  make(chan struct{}),
 		stopped:  make(chan struct{}),
 	}
@@ -248,7 +257,8 @@ func Open(path string, opts Options) (*Store, error) {
 		return s, nil
 	}
 	if useWAL {
-		if err := s.startWAL(lsn, opts.CheckpointInterval, opts.walMmap); err != nil {
+		s.onCheckpoint = opts.onCheckpoint
+		if err := s.startWAL(lsn, opts.CheckpointInterval, opts.walMmap, opts.walSegment); err != nil {
 			_ = db.Close()
 			return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 		}

@@ -124,43 +124,106 @@ func takeBytes(p []byte) ([]byte, []byte, error) {
 }
 
 // wal is the log being written: its active segment.
+//
+// Segments are written in place over zeros written when the segment was
+// made: an append then changes neither the file's size nor its block map,
+// so its fdatasync writes the record and flushes the disk's cache without
+// a filesystem journal commit (which, on ext4, would also write every
+// block the bbolt file allocated since the last one). The next segment
+// is made in the background while the active one fills.
 type wal struct {
-	dir   string
-	f     *os.File
-	first uint64 // first lsn of the active segment (its name)
-	size  int64  // bytes in the active segment
-	lsn   uint64 // last lsn written
+	dir     string
+	segSize int64
+	f       *os.File
+	first   uint64 // first lsn of the active segment (its name)
+	off     int64  // where the next record goes in the active segment
+	size    int64  // the active segment's size
+	lsn     uint64 // last lsn written
+	spare   chan spareSegment
+	pending bool // a spare is being made
+}
+
+// spareSegment is a zero-filled segment made ahead, not yet named.
+type spareSegment struct {
+	f    *os.File
+	size int64
+	err  error
 }
 
 func segmentName(first uint64) string { return fmt.Sprintf("%016x%s", first, walSegmentExt) }
 
-// createSegment starts a new active segment whose first record will be
-// lsn w.lsn+1, and makes its name durable before anything is written to
-// it.
-func (w *wal) createSegment() error {
+// makeSegment creates a zero-filled segment file of size bytes (its magic
+// first) under a temporary name, synced.
+func makeSegment(dir string, size int64) spareSegment {
+	f, err := os.CreateTemp(dir, "spare-*.tmp")
+	if err != nil {
+		return spareSegment{err: fmt.Errorf("wal: make segment: %w", err)}
+	}
+	fail := func(err error) spareSegment {
+		f.Close()
+		os.Remove(f.Name())
+		return spareSegment{err: fmt.Errorf("wal: make segment %s: %w", f.Name(), err)}
+	}
+	if err := f.Chmod(FileMode); err != nil {
+		return fail(err)
+	}
+	zeros := make([]byte, 1<<20)
+	copy(zeros, walMagic)
+	for off := int64(0); off < size; {
+		n := min(int64(len(zeros)), size-off)
+		if _, err := f.WriteAt(zeros[:n], off); err != nil {
+			return fail(err)
+		}
+		if off == 0 {
+			clear(zeros[:len(walMagic)])
+		}
+		off += n
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	return spareSegment{f: f, size: size}
+}
+
+// createSegment starts a new active segment, with room for a record of
+// need bytes at least, whose first record will be lsn w.lsn+1. Its name
+// is durable before anything is written to it.
+func (w *wal) createSegment(need int64) error {
+	var sp spareSegment
+	if w.pending && need+int64(len(walMagic)) <= w.segSize {
+		sp = <-w.spare
+		w.pending = false
+	} else {
+		sp = makeSegment(w.dir, max(w.segSize, need+int64(len(walMagic))))
+	}
+	if sp.err != nil {
+		return sp.err
+	}
 	first := w.lsn + 1
 	p := filepath.Join(w.dir, segmentName(first))
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, FileMode)
-	if err != nil {
-		return fmt.Errorf("create segment: %w", err)
-	}
-	if _, err := f.Write([]byte(walMagic)); err != nil {
-		f.Close()
-		return fmt.Errorf("create segment %s: %w", p, err)
-	}
-	if err := fdatasync(f); err != nil {
-		f.Close()
-		return fmt.Errorf("create segment %s: sync: %w", p, err)
+	if err := os.Rename(sp.f.Name(), p); err != nil {
+		sp.f.Close()
+		return fmt.Errorf("wal: create segment: %w", err)
 	}
 	if err := syncDir(w.dir); err != nil {
-		f.Close()
+		sp.f.Close()
 		return err
 	}
 	if w.f != nil {
 		_ = w.f.Close() // every record in it was synced when written
 	}
-	w.f, w.first, w.size = f, first, int64(len(walMagic))
+	w.f, w.first, w.off, w.size = sp.f, first, int64(len(walMagic)), sp.size
 	return nil
+}
+
+// prepareSpare starts making the next segment when the active one is
+// half full.
+func (w *wal) prepareSpare() {
+	if w.pending || w.off < w.size/2 {
+		return
+	}
+	w.pending = true
+	go func() { w.spare <- makeSegment(w.dir, w.segSize) }()
 }
 
 // append writes b as the next record and syncs it. On error the log must
@@ -173,18 +236,31 @@ func (w *wal) append(b *walBatch) error {
 	binary.LittleEndian.PutUint64(rec[8:16], lsn)
 	crc := crc32.Update(0, crcTable, rec[8:16])
 	binary.LittleEndian.PutUint32(rec[4:8], crc32.Update(crc, crcTable, payload))
-	if _, err := w.f.Write(rec); err != nil {
+	if w.off+int64(len(rec)) > w.size {
+		if err := w.createSegment(int64(len(rec))); err != nil {
+			return err
+		}
+	}
+	if _, err := w.f.WriteAt(rec, w.off); err != nil {
 		return fmt.Errorf("wal: write record %d: %w", lsn, err)
 	}
 	if err := fdatasync(w.f); err != nil {
 		return fmt.Errorf("wal: sync record %d: %w", lsn, err)
 	}
 	w.lsn = lsn
-	w.size += int64(len(rec))
+	w.off += int64(len(rec))
+	w.prepareSpare()
 	return nil
 }
 
+// close closes the active segment and waits for a spare being made.
 func (w *wal) close() error {
+	if w.pending {
+		if sp := <-w.spare; sp.f != nil {
+			sp.f.Close()
+		}
+		w.pending = false
+	}
 	if w.f == nil {
 		return nil
 	}
@@ -269,6 +345,9 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 				}
 				return 0, damaged(off, "record header cut short")
 			}
+			if allZero(rest[:walHeaderSize]) {
+				break // the end of what was written in this segment
+			}
 			n := binary.LittleEndian.Uint32(rest[0:4])
 			if n > walMaxRecord || int(n) > len(rest)-walHeaderSize {
 				if final {
@@ -299,6 +378,15 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 		}
 	}
 	return last, nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // checkpoint names the base the log applies to: a bbolt state (its

@@ -16,9 +16,10 @@ import (
 // DefaultCheckpointInterval is the default Options.CheckpointInterval.
 const DefaultCheckpointInterval = 100 * time.Millisecond
 
-// walSegmentMax is the size past which the writer starts a new segment;
-// the checkpoint after it deletes the old one.
-const walSegmentMax = 64 << 20
+// walSegmentSize is the size of a log segment (a record larger than that
+// gets a segment of its own); the checkpoint after a segment fills deletes
+// it.
+const walSegmentSize = 8 << 20
 
 // walMmapReserve is the address space bbolt maps up front with a log: a
 // checkpoint's base is protected by a read transaction, and bbolt cannot
@@ -50,8 +51,11 @@ type walState struct {
 	base     *bolt.Tx // the checkpointer's: protects the last checkpoint
 	jobs     chan *ckptJob
 	busy     bool // the writer's: a job is with the checkpointer
-	idle     chan struct{}
-	stopped  chan struct{} // closed when the checkpointer returns
+	// lastFirst is the first lsn of the active segment at the last
+	// checkpoint (the writer's).
+	lastFirst uint64
+	idle      chan struct{}
+	stopped   chan struct{} // closed when the checkpointer returns
 }
 
 // recoverFile brings the file at path back to the state its log
@@ -155,7 +159,7 @@ func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 // startWAL starts a log for s after the records up to lsn: the file is
 // synced, its state becomes the first checkpoint, and from then on
 // commits skip bbolt's fsyncs.
-func (s *Store) startWAL(lsn uint64, every time.Duration, mmap int) error {
+func (s *Store) startWAL(lsn uint64, every time.Duration, mmap int, segSize int64) error {
 	dir := WALDir(s.path)
 	if err := os.Mkdir(dir, DirMode); err != nil {
 		return fmt.Errorf("wal: create %s: %w", dir, err)
@@ -168,7 +172,7 @@ func (s *Store) startWAL(lsn uint64, every time.Duration, mmap int) error {
 		return fmt.Errorf("wal: %w", err)
 	}
 	w := &walState{
-		log:      &wal{dir: dir, lsn: lsn},
+		log:      &wal{dir: dir, lsn: lsn, segSize: segSize, spare: make(chan spareSegment, 1)},
 		every:    every,
 		pageSize: s.db.Info().PageSize,
 		metaFile: mf,
@@ -185,7 +189,7 @@ func (s *Store) startWAL(lsn uint64, every time.Duration, mmap int) error {
 		err = writeCheckpoint(dir, &job.cp)
 	}
 	if err == nil {
-		err = w.log.createSegment()
+		err = w.log.createSegment(0)
 	}
 	if err != nil {
 		if job != nil {
@@ -197,6 +201,7 @@ func (s *Store) startWAL(lsn uint64, every time.Duration, mmap int) error {
 	}
 	w.base = job.base
 	w.last = time.Now()
+	w.lastFirst = w.log.first
 	s.wal = w
 	s.db.NoSync = true
 	go s.checkpointer(w)
@@ -229,10 +234,9 @@ func (s *Store) maybeCheckpoint(force bool) error {
 		w.busy = false
 	default:
 	}
-	if w.log.size >= walSegmentMax {
-		if err := w.log.createSegment(); err != nil {
-			return err
-		}
+	if w.log.first > w.lastFirst {
+		// A segment filled: the checkpoint lets it go.
+		w.lastFirst = w.log.first
 		force = true
 	}
 	if w.busy || (!force && time.Since(w.last) < w.every) {
@@ -278,7 +282,13 @@ func (s *Store) checkpoint(w *walState, job *ckptJob) error {
 		_ = w.base.Rollback()
 	}
 	w.base = job.base
-	return removeCovered(w.log.dir, job.cp.lsn)
+	if err := removeCovered(w.log.dir, job.cp.lsn); err != nil {
+		return err
+	}
+	if s.onCheckpoint != nil {
+		s.onCheckpoint(s.path)
+	}
+	return nil
 }
 
 // removeCovered deletes the segments whose records all have lsns up to
@@ -324,14 +334,26 @@ func (s *Store) stopWAL(keep bool) error {
 
 // forceCheckpoint has the writer take a checkpoint now and returns once it
 // is durable. For tests.
-func (s *Store) forceCheckpoint() error {
-	done := make(chan error, 1)
+func (s *Store) forceCheckpoint() error { return s.askWriter(ckptRequest{take: true}) }
+
+// waitCheckpoint returns once no checkpoint is in flight. For tests.
+func (s *Store) waitCheckpoint() error { return s.askWriter(ckptRequest{}) }
+
+// ckptRequest is a test's request to the writer: wait for the checkpoint
+// in flight, and take one when take is set.
+type ckptRequest struct {
+	take bool
+	done chan error
+}
+
+func (s *Store) askWriter(r ckptRequest) error {
+	r.done = make(chan error, 1)
 	select {
-	case s.ckptReq <- done:
+	case s.ckptReq <- r:
 	case <-s.closing:
 		return errClosed("checkpoint")
 	}
-	return <-done
+	return <-r.done
 }
 
 // fail marks the store failed: a write may be on disk and not in the
@@ -342,9 +364,9 @@ func (s *Store) fail(err error) {
 	s.failure.CompareAndSwap(nil, &e)
 }
 
-// checkpointNow takes a checkpoint and waits until it is durable. The
-// writer's.
-func (s *Store) checkpointNow() error {
+// checkpointNow waits for the checkpoint in flight and, when take is set,
+// takes one and waits until it is durable. The writer's.
+func (s *Store) checkpointNow(take bool) error {
 	w := s.wal
 	if w == nil {
 		return nil
@@ -352,6 +374,9 @@ func (s *Store) checkpointNow() error {
 	if w.busy {
 		<-w.idle
 		w.busy = false
+	}
+	if !take {
+		return nil
 	}
 	job, err := w.prepare(s.db)
 	if err != nil {

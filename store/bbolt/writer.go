@@ -35,8 +35,8 @@ func (s *Store) run() {
 	batch := make([]*request, 0, s.maxBatch)
 	for {
 		select {
-		case done := <-s.ckptReq:
-			done <- s.checkpointNow()
+		case r := <-s.ckptReq:
+			r.done <- s.checkpointNow(r.take)
 		case r := <-s.reqs:
 			batch = s.gatherMore(s.collect(append(batch[:0], r)))
 			n := len(batch)
