@@ -214,7 +214,9 @@ func Open(path string, opts Options) (*Store, error) {
 		NoFreelistSync: opts.NoFreelistSync,
 		ReadOnly:       opts.ReadOnly,
 	}
-	if useWAL {
+	if useWAL || cp != nil {
+		// A read transaction protects the checkpoint's pages while the
+		// log is in use, and bbolt cannot remap while one is open.
 		bopts.InitialMmapSize = opts.walMmap
 	}
 	if opts.Timeout < 0 {

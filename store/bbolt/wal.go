@@ -395,20 +395,26 @@ func allZero(b []byte) bool {
 type checkpoint struct {
 	lsn  uint64
 	txid uint64
-	meta []byte // the meta page of txid, as bbolt wrote it
+	// rootSum is the CRC-32C of the page the meta names as its root
+	// bucket's: recovery checks the file still holds it before touching
+	// anything (a backup restored over the file, with the log of the
+	// file it replaced left beside it, does not).
+	rootSum uint32
+	meta    []byte // the meta page of txid, as bbolt wrote it
 }
 
 func (c *checkpoint) encode() []byte {
 	b := append([]byte(nil), ckptMagic...)
 	b = binary.LittleEndian.AppendUint64(b, c.lsn)
 	b = binary.LittleEndian.AppendUint64(b, c.txid)
+	b = binary.LittleEndian.AppendUint32(b, c.rootSum)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(c.meta)))
 	b = append(b, c.meta...)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crcTable))
 }
 
 func decodeCheckpoint(b []byte) (*checkpoint, error) {
-	if len(b) < len(ckptMagic)+20+4 || !bytes.HasPrefix(b, []byte(ckptMagic)) {
+	if len(b) < len(ckptMagic)+24+4 || !bytes.HasPrefix(b, []byte(ckptMagic)) {
 		return nil, errors.New("not a checkpoint")
 	}
 	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
@@ -416,12 +422,13 @@ func decodeCheckpoint(b []byte) (*checkpoint, error) {
 		return nil, errors.New("checksum mismatch")
 	}
 	p := body[len(ckptMagic):]
-	c := &checkpoint{lsn: binary.LittleEndian.Uint64(p[0:8]), txid: binary.LittleEndian.Uint64(p[8:16])}
-	n := binary.LittleEndian.Uint32(p[16:20])
-	if int(n) != len(p)-20 {
+	c := &checkpoint{lsn: binary.LittleEndian.Uint64(p[0:8]), txid: binary.LittleEndian.Uint64(p[8:16]),
+		rootSum: binary.LittleEndian.Uint32(p[16:20])}
+	n := binary.LittleEndian.Uint32(p[20:24])
+	if int(n) != len(p)-24 || n < metaTxidOffset+8 {
 		return nil, errors.New("meta page length mismatch")
 	}
-	c.meta = bytes.Clone(p[20:])
+	c.meta = bytes.Clone(p[24:])
 	return c, nil
 }
 
@@ -509,12 +516,25 @@ func syncDir(dir string) error {
 // metaTxidOffset (bbolt's file format, stable since its first release).
 const (
 	metaOffset     = 16
+	metaRootOffset = metaOffset + 16
 	metaTxidOffset = metaOffset + 48
 )
 
 // metaTxid reads the transaction id of a meta page.
 func metaTxid(page []byte) uint64 {
 	return binary.NativeEndian.Uint64(page[metaTxidOffset:])
+}
+
+// rootPageSum returns the CRC-32C of the first page of the root bucket the
+// meta page names, as f holds it.
+func rootPageSum(f *os.File, meta []byte) (uint32, error) {
+	ps := len(meta)
+	root := binary.NativeEndian.Uint64(meta[metaRootOffset:])
+	page := make([]byte, ps)
+	if _, err := f.ReadAt(page, int64(root)*int64(ps)); err != nil {
+		return 0, fmt.Errorf("wal: read root page %d: %w", root, err)
+	}
+	return crc32.Checksum(page, crcTable), nil
 }
 
 // readMeta reads the meta page bbolt wrote for transaction txid.
@@ -538,6 +558,10 @@ func restoreMeta(path string, c *checkpoint) error {
 		return fmt.Errorf("wal: restore checkpoint: %w", err)
 	}
 	defer f.Close()
+	if sum, err := rootPageSum(f, c.meta); err != nil || sum != c.rootSum {
+		return fmt.Errorf("wal: the write-ahead log in %s is not this file's (its checkpoint's root page is not in it; after restoring a backup, delete that directory): %w",
+			WALDir(path), ErrDamaged)
+	}
 	ps := len(c.meta)
 	for slot := range uint64(2) {
 		page := bytes.Clone(c.meta)

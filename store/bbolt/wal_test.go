@@ -339,13 +339,37 @@ func TestWALDamage(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "checkpoint"},
+		{"another file's log", func(dir string) {
+			// A backup restored over the file, the old log left beside it.
+			other := openStore(t, Options{}, false)
+			walWorkload(t, other, 100, 3)
+			if err := other.Close(); err != nil {
+				t.Fatal(err)
+			}
+			b, err := os.ReadFile(other.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(strings.TrimSuffix(dir, "-wal"), b, FileMode); err != nil {
+				t.Fatal(err)
+			}
+		}, "not this file's"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path := crashCopy(t, s, nil)
 			tc.damage(WALDir(path))
-			_, err := Open(path, Options{})
+			before, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = Open(path, Options{})
 			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Open = %v, want ErrDamaged naming %q", err, tc.want)
+			}
+			if tc.want != "checksum mismatch" { // refused before touching the file
+				if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+					t.Fatal("the refused recovery changed the file")
+				}
 			}
 		})
 	}

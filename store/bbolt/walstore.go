@@ -96,6 +96,14 @@ func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Until the log is gone, the checkpoint's pages must stay as they
+	// are, for the next Open should this one fail: a read transaction on
+	// them keeps bbolt from reusing them (see wal_doc.go).
+	guard, err := db.Begin(false)
+	if err != nil {
+		return 0, fmt.Errorf("wal: recover %s: %w", path, err)
+	}
+	defer func() { _ = guard.Rollback() }()
 	sync := db.NoSync
 	db.NoSync = true
 	defer func() { db.NoSync = sync }()
@@ -217,11 +225,15 @@ func (w *walState) prepare(db *bolt.DB) (*ckptJob, error) {
 		return nil, fmt.Errorf("wal: checkpoint: %w", err)
 	}
 	meta, err := readMeta(w.metaFile, w.pageSize, uint64(rtx.ID()))
+	var sum uint32
+	if err == nil {
+		sum, err = rootPageSum(w.metaFile, meta)
+	}
 	if err != nil {
 		_ = rtx.Rollback()
 		return nil, err
 	}
-	return &ckptJob{cp: checkpoint{lsn: w.log.lsn, txid: uint64(rtx.ID()), meta: meta}, base: rtx}, nil
+	return &ckptJob{cp: checkpoint{lsn: w.log.lsn, txid: uint64(rtx.ID()), rootSum: sum, meta: meta}, base: rtx}, nil
 }
 
 // maybeCheckpoint, called by the writer after a commit, hands a checkpoint
