@@ -177,11 +177,6 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("bbolt: open %s: create directory: %w", path, err)
 	}
 	var cp *checkpoint
-	if opts.ReadOnly {
-		if _, err := os.Stat(WALDir(path)); err == nil {
-			return nil, fmt.Errorf("bbolt: open %s read-only: %w", path, ErrUnclean)
-		}
-	}
 	fi, err := os.Stat(path)
 	switch {
 	case err == nil:
@@ -191,12 +186,8 @@ func Open(path string, opts Options) (*Store, error) {
 		if perm := fi.Mode().Perm(); perm&0o022 != 0 {
 			return nil, fmt.Errorf("bbolt: open %s: mode %04o: %w (chmod 600 it)", path, perm, ErrInsecureFile)
 		}
-		if !opts.ReadOnly {
-			// A log left by a crash first puts its checkpoint's meta
-			// page back: the file's own may name pages never synced.
-			if cp, err = recoverFile(path); err != nil {
-				return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
-			}
+		if cp, err = checkLog(path, opts.ReadOnly); err != nil {
+			return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 		}
 		if err := CheckFile(path); err != nil {
 			return nil, err

@@ -201,6 +201,7 @@ func TestWALSurvivesLostWrites(t *testing.T) {
 	// since; the checkpoint's own are never written again.
 	var mu sync.Mutex
 	var base []byte
+	checkpoints := 0
 	opts := walOptions
 	opts.onCheckpoint = func(path string) {
 		b, err := os.ReadFile(path)
@@ -209,6 +210,7 @@ func TestWALSurvivesLostWrites(t *testing.T) {
 		}
 		mu.Lock()
 		base = b
+		checkpoints++
 		mu.Unlock()
 	}
 	s := openStore(t, opts, true)
@@ -221,11 +223,30 @@ func TestWALSurvivesLostWrites(t *testing.T) {
 	if err := s.forceCheckpoint(); err != nil { // waits for the last one
 		t.Fatal(err)
 	}
-	walWorkload(t, s, 24, 4) // in the log only
-	want = dump(t, s.db)
-	if err := s.waitCheckpoint(); err != nil {
-		t.Fatal(err)
+	walWorkload(t, s, 24, 4)
+	// Then writes the log alone holds: write until a write brought no
+	// checkpoint (a full segment brings one).
+	for i := 0; ; i++ {
+		mu.Lock()
+		n := checkpoints
+		mu.Unlock()
+		err := s.Update(context.Background(), func(tx kernel.Tx) error {
+			return tx.PutCounter("t", fmt.Sprint("last", i), []byte(strings.Repeat("y", 300)))
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.waitCheckpoint(); err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		same := checkpoints == n
+		mu.Unlock()
+		if same {
+			break
+		}
 	}
+	want = dump(t, s.db)
 	mu.Lock()
 	defer mu.Unlock()
 	ps := s.db.Info().PageSize
@@ -286,8 +307,19 @@ func TestWALCleanClose(t *testing.T) {
 	if _, err := os.Stat(WALDir(path)); err != nil {
 		t.Fatalf("no log while open: %v", err)
 	}
-	if _, err := Open(path, Options{ReadOnly: true, Timeout: 10 * time.Millisecond}); !errors.Is(err, ErrUnclean) {
-		t.Errorf("read-only open beside a running kernel: %v, want ErrUnclean", err)
+	// Beside a running kernel, other opens report its lock and touch
+	// nothing (the log is the kernel's).
+	before, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ro := range []bool{true, false} {
+		if _, err := Open(path, Options{ReadOnly: ro, Timeout: 10 * time.Millisecond}); !errors.Is(err, ErrLocked) {
+			t.Errorf("open (read-only %v) beside a running kernel: %v, want ErrLocked", ro, err)
+		}
+	}
+	if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+		t.Fatal("an open beside a running kernel changed the file")
 	}
 	walWorkload(t, s, 0, 3)
 	want := dump(t, s.db)
@@ -301,10 +333,17 @@ func TestWALCleanClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+
 	sameDump(t, dump(t, ro.db), want)
 	if err := ro.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// After a crash, a read-only open is refused until a writer recovers.
+	crashed := crashCopyFile(t, path)
+	if _, err := Open(crashed, Options{ReadOnly: true}); !errors.Is(err, ErrUnclean) {
+		t.Errorf("read-only open of a crashed store: %v, want ErrUnclean", err)
+	}
+	sameDump(t, recovered(t, crashed), want)
 }
 
 // TestWALDamage: a log damaged before its last record is refused, naming
@@ -426,4 +465,16 @@ func TestWALDropsPastReserve(t *testing.T) {
 		t.Fatal("bbolt's fsync still off without a log")
 	}
 	walWorkload(t, s, 30, 2)
+}
+
+// crashCopyFile copies a closed store's file with an empty log beside it,
+// as a kernel killed right after Open would leave it.
+func crashCopyFile(t *testing.T, path string) string {
+	t.Helper()
+	s, err := Open(path, walOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	return crashCopy(t, s, nil)
 }

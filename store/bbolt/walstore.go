@@ -58,6 +58,26 @@ type walState struct {
 	stopped   chan struct{} // closed when the checkpointer returns
 }
 
+// checkLog deals with a log beside the file at path before bbolt opens it.
+// A kernel holding the file's lock owns its log: nothing is touched (and
+// bbolt's Open then reports the lock). Otherwise a log means the last
+// kernel did not stop cleanly: a read-only open is refused (ErrUnclean),
+// any other recovers the file (recoverFile) under the lock.
+func checkLog(path string, readOnly bool) (*checkpoint, error) {
+	if _, err := os.Stat(WALDir(path)); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	release, held, err := lockFree(path)
+	if err != nil || held {
+		return nil, err
+	}
+	defer release()
+	if readOnly {
+		return nil, ErrUnclean
+	}
+	return recoverFile(path)
+}
+
 // recoverFile brings the file at path back to the state its log
 // describes, before bbolt opens it: when the log's directory holds a
 // checkpoint, the checkpoint's meta page goes back in place; replayWAL
@@ -65,9 +85,6 @@ type walState struct {
 // nothing to replay).
 func recoverFile(path string) (*checkpoint, error) {
 	dir := WALDir(path)
-	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
 	cp, err := readCheckpoint(dir)
 	if err != nil {
 		return nil, err
