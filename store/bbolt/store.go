@@ -71,7 +71,7 @@ type Options struct {
 	// write-ahead log beside the file (WALDir) instead of bbolt's two
 	// fsyncs over every page the commit wrote; the file itself is synced
 	// at checkpoints, and Open replays the log after a crash. Ignored with
-	// NoSync and ReadOnly. See wal_doc.go.
+	// NoSync and ReadOnly. See the package doc, Write-ahead log.
 	WAL bool
 	// CheckpointInterval is how often, at most, a store with a WAL syncs
 	// its file and trims the log (zero: DefaultCheckpointInterval).

@@ -17,7 +17,7 @@ import (
 
 // The write-ahead log (Options.WAL) makes a commit durable with one
 // sequential append and one fdatasync instead of bbolt's two fsyncs over
-// every page the commit dirtied. See wal_doc.go for the design.
+// every page the commit dirtied. See the package doc, Write-ahead log, for the design.
 //
 // Files, in the directory WALDir(path):
 //
@@ -551,7 +551,7 @@ func readMeta(f *os.File, pageSize int, txid uint64) ([]byte, error) {
 
 // restoreMeta writes the checkpoint's meta page over both of the file's
 // meta pages and syncs it: bbolt then opens the checkpoint's state, whose
-// pages no later commit has overwritten (see wal_doc.go).
+// pages no later commit has overwritten (see the package doc, Write-ahead log).
 func restoreMeta(path string, c *checkpoint) error {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {

@@ -478,3 +478,31 @@ func crashCopyFile(t *testing.T, path string) string {
 	defer s.Close()
 	return crashCopy(t, s, nil)
 }
+
+// TestWALOfflineTools: Compact and CheckClean refuse a crashed store's
+// file (it lacks what its log holds) and leave it as it was.
+func TestWALOfflineTools(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "wicket.db")
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	walWorkload(t, s, 0, 1)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	crashed := crashCopyFile(t, path)
+	before, _ := os.ReadFile(crashed)
+	if err := CheckClean(crashed); !errors.Is(err, ErrUnclean) {
+		t.Errorf("CheckClean = %v, want ErrUnclean", err)
+	}
+	if _, err := Compact(crashed, "", time.Second); !errors.Is(err, ErrUnclean) {
+		t.Errorf("Compact = %v, want ErrUnclean", err)
+	}
+	if after, _ := os.ReadFile(crashed); !bytes.Equal(before, after) {
+		t.Error("refused, and changed the file")
+	}
+	if err := CheckClean(path); err != nil {
+		t.Errorf("CheckClean of a cleanly closed store: %v", err)
+	}
+}

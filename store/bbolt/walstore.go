@@ -58,6 +58,16 @@ type walState struct {
 	stopped   chan struct{} // closed when the checkpointer returns
 }
 
+// CheckClean returns ErrUnclean when the store at path has a write-ahead
+// log left by a kernel that did not stop cleanly (the file lacks what the
+// log holds until a writable Open applies it), and nil otherwise —
+// including while a kernel runs on it (its lock then stops the caller's
+// Open). Offline tools call it before reading the file.
+func CheckClean(path string) error {
+	_, err := checkLog(path, true)
+	return err
+}
+
 // checkLog deals with a log beside the file at path before bbolt opens it.
 // A kernel holding the file's lock owns its log: nothing is touched (and
 // bbolt's Open then reports the lock). Otherwise a log means the last
@@ -115,7 +125,7 @@ func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 	}
 	// Until the log is gone, the checkpoint's pages must stay as they
 	// are, for the next Open should this one fail: a read transaction on
-	// them keeps bbolt from reusing them (see wal_doc.go).
+	// them keeps bbolt from reusing them (see the package doc, Write-ahead log).
 	guard, err := db.Begin(false)
 	if err != nil {
 		return 0, fmt.Errorf("wal: recover %s: %w", path, err)
