@@ -291,24 +291,6 @@ func segments(dir string) ([]uint64, error) {
 	return out, nil
 }
 
-// removeSegmentsBefore deletes the segments whose records all precede
-// lsn first (the first lsn of a later segment).
-func removeSegmentsBefore(dir string, first uint64) error {
-	segs, err := segments(dir)
-	if err != nil {
-		return fmt.Errorf("wal: list %s: %w", dir, err)
-	}
-	for _, s := range segs {
-		if s >= first {
-			break
-		}
-		if err := os.Remove(filepath.Join(dir, segmentName(s))); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("wal: remove segment: %w", err)
-		}
-	}
-	return nil
-}
-
 // readRecords calls fn with every record of dir's segments whose lsn is
 // above after, in lsn order, and returns the last lsn read (after when
 // none). A record cut short or failing its checksum ends the log when it

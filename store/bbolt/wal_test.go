@@ -219,7 +219,6 @@ func TestWALSurvivesLostWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	walWorkload(t, s, 12, 12)
-	want := dump(t, s.db)
 	if err := s.forceCheckpoint(); err != nil { // waits for the last one
 		t.Fatal(err)
 	}
@@ -246,7 +245,7 @@ func TestWALSurvivesLostWrites(t *testing.T) {
 			break
 		}
 	}
-	want = dump(t, s.db)
+	want := dump(t, s.db)
 	mu.Lock()
 	defer mu.Unlock()
 	ps := s.db.Info().PageSize
