@@ -49,6 +49,8 @@ type benchOptions struct {
 	maxBatch       int
 	gatherWindow   time.Duration
 	noFreelistSync bool
+	noWAL          bool
+	ckptInterval   time.Duration
 	idle           int
 	replicas       int
 }
@@ -80,6 +82,8 @@ func benchSetup(fs *flag.FlagSet, _ *clientOpts) runFunc {
 	fs.IntVar(&o.maxBatch, "max-batch", 0, "store: Update functions per commit at most (0: the default)")
 	fs.DurationVar(&o.gatherWindow, "gather-window", 0, "store: group-commit gather window (0: the default; negative: off)")
 	fs.BoolVar(&o.noFreelistSync, "no-freelist-sync", false, "store: leave the free-page list out of commits")
+	fs.DurationVar(&o.ckptInterval, "checkpoint-interval", 0, "store: how often the write-ahead log's checkpoints sync the file (0: the default)")
+	fs.BoolVar(&o.noWAL, "no-wal", false, "store: commit with bbolt's own fsyncs instead of its write-ahead log (as serve --no-wal)")
 	fs.IntVar(&o.idle, "idle", 0, "instead of steps: create this many executions whose agent holds them and does nothing, and report the kernel's memory")
 	return func(ctx context.Context, _ []string, stdout, _ io.Writer) error {
 		return bench(ctx, o, stdout)
@@ -145,7 +149,7 @@ func benchPostgres(ctx context.Context, o benchOptions, stdout io.Writer) error 
 	var stores []*openedStore
 	for range o.replicas {
 		reg := metrics.New()
-		st, err := openStore(ctx, dsn, o.dir, o.noSync, reg.Commit)
+		st, err := openStore(ctx, dsn, o.dir, o.noSync, true, reg.Commit)
 		if err != nil {
 			return err
 		}
@@ -270,7 +274,7 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	dbPath := filepath.Join(o.dir, "wicket.db")
 	reg := metrics.New()
 	st, err := bbolt.Open(dbPath, bbolt.Options{NoSync: noSync, MaxBatch: o.maxBatch, GatherWindow: o.gatherWindow,
-		NoFreelistSync: o.noFreelistSync, OnCommit: reg.Commit})
+		NoFreelistSync: o.noFreelistSync, WAL: !o.noWAL, CheckpointInterval: o.ckptInterval, OnCommit: reg.Commit})
 	if err != nil {
 		return err
 	}
@@ -312,7 +316,7 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	}
 	commits := max(s1.Commits-s0.Commits, 1)
 	durable := !noSync
-	fmt.Fprintf(stdout, "steps:           %d over HTTP through sdk/agent, %d concurrent executions, fsync %v, store %s\n", o.steps, o.execs, durable, o.store)
+	fmt.Fprintf(stdout, "steps:           %d over HTTP through sdk/agent, %d concurrent executions, fsync %v, store %s, wal %v\n", o.steps, o.execs, durable, o.store, durable && !o.noWAL && !isPostgres(o.store))
 	res.print(stdout)
 	fmt.Fprintf(stdout, "group commit:    %.2f updates/commit, %.1f page writes/commit, %s per commit\n",
 		float64(s1.Updates-s0.Updates)/float64(commits),

@@ -46,7 +46,7 @@ type serveOptions struct {
 	approvalExpiry, defaultPolicy string
 	logLevel, logFormat           string
 	maxBody                       int64
-	noSync                        bool
+	noSync, noWAL                 bool
 	readyFile                     string
 	limits                        limitOptions
 	metricsAddr, metricsKey       string
@@ -167,6 +167,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.DurationVar(&o.net.idleTmo, "idle-timeout", envDuration("WICKET_IDLE_TIMEOUT", server.DefaultIdleTimeout), "how long a keep-alive connection may idle (WICKET_IDLE_TIMEOUT)")
 	fs.IntVar(&o.net.maxConns, "max-conns", envInt("WICKET_MAX_CONNS", server.DefaultMaxConns), "open connections at most, lowered to fit the file descriptor limit; idle ones are closed for room (WICKET_MAX_CONNS)")
 	fs.IntVar(&o.net.maxStreamsPerTenant, "max-streams-per-tenant", envInt("WICKET_MAX_STREAMS_PER_TENANT", server.DefaultMaxStreamsPerTenant), "open event streams per tenant at most (WICKET_MAX_STREAMS_PER_TENANT)")
+	fs.BoolVar(&o.noWAL, "no-wal", envBool("WICKET_NO_WAL", false), "embedded store: commit with bbolt's own two fsyncs over every page written instead of one append to its write-ahead log (as durable, slower) (WICKET_NO_WAL)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", envBool("WICKET_UNSAFE_NO_FSYNC", false), "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss) (WICKET_UNSAFE_NO_FSYNC)")
 	fs.DurationVar(&o.retention, "retention", envDuration("WICKET_RETENTION", 0), "delete terminal executions (with their events, steps, approvals, counters) this long after they end; 0 keeps them (WICKET_RETENTION; a tenant's retention overrides it)")
 	fs.DurationVar(&o.retentionInterval, "retention-interval", envDuration("WICKET_RETENTION_INTERVAL", d.RetentionInterval), "time between retention passes (WICKET_RETENTION_INTERVAL)")
@@ -276,7 +277,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	reg := metrics.New()
 	t0 := time.Now()
-	st, err := openStore(ctx, o.store, o.data, o.noSync, reg.Commit)
+	st, err := openStore(ctx, o.store, o.data, o.noSync, o.noWAL, reg.Commit)
 	if err != nil {
 		return err
 	}
@@ -286,7 +287,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		if fi, err := os.Stat(st.bolt.Path()); err == nil {
 			size = fi.Size()
 		}
-		log.Info("store opened", "path", st.bolt.Path(), "size", bytesString(size), "schema", bbolt.SchemaVersion, "fsync", !o.noSync,
+		log.Info("store opened", "path", st.bolt.Path(), "size", bytesString(size), "schema", bbolt.SchemaVersion, "fsync", !o.noSync, "wal", !o.noSync && !o.noWAL,
 			"took", time.Since(t0).Round(time.Millisecond).String())
 	} else {
 		log.Info("store opened", "store", st.kind, "at", st.desc, "schema", postgres.SchemaVersion, "synchronous_commit", !o.noSync,

@@ -99,6 +99,9 @@ put the file at DIR/wicket.db (mode 0600) and start it with --data DIR.`,
 
 // checkStoreFile opens a store file read-only and runs its checker.
 func checkStoreFile(path string) error {
+	if err := bbolt.CheckClean(path); err != nil {
+		return fmt.Errorf("check %s: %w", path, err)
+	}
 	if err := bbolt.CheckFile(path); err != nil {
 		return err
 	}

@@ -68,6 +68,9 @@ type CompactStats struct {
 // left as it was.
 func Compact(path, dst string, timeout time.Duration) (CompactStats, error) {
 	var st CompactStats
+	if err := CheckClean(path); err != nil {
+		return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
+	}
 	if err := CheckFile(path); err != nil {
 		return st, err
 	}

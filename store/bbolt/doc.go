@@ -70,7 +70,7 @@
 //
 // # Group commit
 //
-// A bbolt commit costs two fsyncs. [Store.Update] hands its function to a
+// A commit costs two fsyncs without a log (below), one with it. [Store.Update] hands its function to a
 // single writer goroutine, which runs every function waiting at that moment
 // (up to Options.MaxBatch) in one bbolt transaction and commits once. A
 // function that fails or panics rolls the batch back; it gets its error and
@@ -78,4 +78,57 @@
 // does not wait for company: it is committed as soon as the writer is free.
 // [Store.View] uses bbolt read transactions directly and runs concurrently
 // with the writer.
+//
+// # Write-ahead log
+//
+// With Options.WAL (what `wicket serve` uses) a commit is made durable by
+// the log, not by bbolt: the writer records every Put and Delete of the
+// batch (wbucket, the only way the package writes), appends them as one
+// record to the active segment of the log (WALDir(path)), fdatasyncs it,
+// and only then commits the bbolt transaction without fsync (bbolt's
+// NoSync). Readers therefore never see a write that is not on disk. A
+// bbolt commit costs two fsyncs and one pwrite per page it dirtied,
+// scattered over the file; the log costs one write and one fdatasync of a
+// sequential file. Segments are written in place over zeros written when
+// they were made (in the background, ahead of need), so an append changes
+// neither the file's size nor its blocks and its fdatasync needs no
+// journal commit of the file system.
+//
+// The file itself is made durable at checkpoints (Options.
+// CheckpointInterval, and whenever a segment fills): the writer opens a
+// read transaction on its last commit and reads that commit's meta page;
+// the checkpointer goroutine syncs the file, writes the checkpoint (the
+// last lsn in the file, the transaction id, its meta page, the checksum of
+// its root page) atomically, releases the previous checkpoint's read
+// transaction and deletes the segments it covers.
+//
+// The read transaction is what makes recovery sound. Between checkpoints
+// the file is written without fsync, so after a power cut any page
+// written since the last checkpoint may hold its old bytes, its new ones
+// or garbage, and so may both meta pages. But bbolt never overwrites a
+// page that an open read transaction can reach: every page of the
+// checkpoint's tree (and its free list) is exactly as the checkpoint's
+// fsync left it. Open, when a log is left beside the file and nobody
+// holds the file's lock, checks that the file still holds the
+// checkpoint's root page (a backup restored over it does not), writes the
+// checkpoint's meta page over both of the file's, opens the file — now
+// exactly the checkpoint's state — and applies every record after it, in
+// lsn order (a record cut short or failing its CRC ends the log only in
+// the last segment; anywhere else it is damage, and Open refuses). It
+// syncs the result and removes the log. Close syncs the file and removes
+// the log: a store closed cleanly is one file, as without a log.
+//
+// bbolt cannot remap its memory map while a read transaction is open, so
+// with a log it maps 1 TiB of address space up front (address space, not
+// memory); past half of it the store syncs, drops its log and goes on
+// with bbolt's own fsyncs. A failed log write or a commit that failed
+// after its record was written fails the store (every later Update
+// returns the error); the next Open recovers from the log.
+//
+// TestWALReplayMatchesConformance replays the log of every conformance
+// test onto its checkpoint and compares the result with the store (a
+// write that bypassed wbucket, or a commit that overwrote a checkpoint's
+// page, makes it differ); TestWALSurvivesLostWrites gives every page
+// written since the checkpoint old bytes, new bytes or garbage, cuts the
+// log's last record, and requires everything acknowledged back.
 package bbolt

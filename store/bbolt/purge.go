@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/wicket-run/wicket/kernel"
 )
 
@@ -39,7 +37,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 	var err error
 	var approvals []string
 	var occ int
-	if st.Steps, occ, err = deleteSteps(w.tx, tenant, id, budget, func(raw []byte) error {
+	if st.Steps, occ, err = deleteSteps(w, tenant, id, budget, func(raw []byte) error {
 		s, err := decodeStep(raw)
 		if err == nil && s.ApprovalID != "" {
 			approvals = append(approvals, s.ApprovalID)
@@ -122,7 +120,7 @@ func (w *writeTx) DeleteExecution(tenant, id string, limit int) (kernel.PurgeSta
 // deleteForward deletes up to limit keys of b that start with pfx, in key
 // order, and returns how many it deleted. Keys are collected first and
 // deleted after: bbolt cursors are not moved across their own deletes.
-func deleteForward(b *bolt.Bucket, pfx []byte, limit int) (int, error) {
+func deleteForward(b wbucket, pfx []byte, limit int) (int, error) {
 	var keys [][]byte
 	c := b.Cursor()
 	for k, _ := c.Seek(pfx); len(keys) < limit && k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Next() {
@@ -140,9 +138,9 @@ func deleteForward(b *bolt.Bucket, pfx []byte, limit int) (int, error) {
 // (the steps, with their records, and the occurrence counters), in key
 // order, calling seen with each step record first. It returns how many
 // steps and counters it deleted.
-func deleteSteps(tx *bolt.Tx, tenant, id string, limit int, seen func(raw []byte) error) (steps, occ int, err error) {
+func deleteSteps(w *writeTx, tenant, id string, limit int, seen func(raw []byte) error) (steps, occ int, err error) {
 	pfx := prefix(tenant, id)
-	idx, log := tx.Bucket(bSteps), tx.Bucket(bEvents)
+	idx, log := w.bucket(bSteps), w.bucket(bEvents)
 	var keys, logKeys [][]byte
 	c := idx.Cursor()
 	for k, v := c.Seek(pfx); steps+occ < limit && k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
@@ -186,7 +184,7 @@ func deleteSteps(tx *bolt.Tx, tenant, id string, limit int, seen func(raw []byte
 // are deleted with their steps (deleteSteps); one left without its index
 // entry goes with the last event. It walks the events forward (bbolt's
 // Prev does not step over the pages this transaction's deletes emptied).
-func deleteEventsBackward(b *bolt.Bucket, pfx []byte, limit int) (uint64, int, error) {
+func deleteEventsBackward(b wbucket, pfx []byte, limit int) (uint64, int, error) {
 	var keys, strays [][]byte
 	c := b.Cursor()
 	for k, _ := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Next() {

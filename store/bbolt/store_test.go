@@ -528,16 +528,16 @@ func TestCheckFindsCorruption(t *testing.T) {
 			return tx.Bucket(bEvents).Delete(eventKey("t", id, 4))
 		}, "LastSeq is 4"},
 		{"first event not created", func(tx *bolt.Tx) error {
-			return put(tx.Bucket(bEvents), eventKey("t", id, 1), ev(1, kernel.EvExecutionStarted, `{}`))
+			return put(wbucket{Bucket: tx.Bucket(bEvents)}, eventKey("t", id, 1), ev(1, kernel.EvExecutionStarted, `{}`))
 		}, "first event"},
 		{"event after terminal", func(tx *bolt.Tx) error {
-			return put(tx.Bucket(bEvents), eventKey("t", id, 3), ev(3, kernel.EvExecutionCompleted, `{}`))
+			return put(wbucket{Bucket: tx.Bucket(bEvents)}, eventKey("t", id, 3), ev(3, kernel.EvExecutionCompleted, `{}`))
 		}, "after terminal"},
 		{"two terminal step events", func(tx *bolt.Tx) error {
-			return put(tx.Bucket(bEvents), eventKey("t", id, 4), ev(4, kernel.EvStepFailed, `{"step_id":"s1"}`))
+			return put(wbucket{Bucket: tx.Bucket(bEvents)}, eventKey("t", id, 4), ev(4, kernel.EvStepFailed, `{"step_id":"s1"}`))
 		}, "second terminal event"},
 		{"orphan event", func(tx *bolt.Tx) error {
-			return put(tx.Bucket(bEvents), eventKey("t", "nope", 1), ev(1, kernel.EvExecutionCreated, `{}`))
+			return put(wbucket{Bucket: tx.Bucket(bEvents)}, eventKey("t", "nope", 1), ev(1, kernel.EvExecutionCreated, `{}`))
 		}, "no such execution"},
 		{"stale due entry", func(tx *bolt.Tx) error {
 			return tx.Bucket(bDue).Put(timeKey(time.Unix(5, 0), "t", id), nil)

@@ -61,7 +61,50 @@ func (r *readTx) lookup(i int, k []byte) []byte {
 
 // writeTx implements kernel.Tx. Writes are visible to later reads in the
 // same transaction.
-type writeTx struct{ readTx }
+type writeTx struct {
+	readTx
+	// log, when the store keeps a write-ahead log, records every write of
+	// the transaction (see wbucket).
+	log *walBatch
+}
+
+// wbucket is a bucket of a write transaction. Every write of the store
+// goes through its Put and Delete, which also record the write for the
+// write-ahead log: a write that bypassed them would be lost by a crash
+// that the log is there to survive (TestWALReplayMatchesConformance
+// replays the log of every conformance test and compares).
+type wbucket struct {
+	*bolt.Bucket
+	name []byte
+	log  *walBatch
+}
+
+// Put stores v under k.
+func (b wbucket) Put(k, v []byte) error {
+	if err := b.Bucket.Put(k, v); err != nil {
+		return err
+	}
+	if b.log != nil {
+		b.log.put(b.name, k, v)
+	}
+	return nil
+}
+
+// Delete removes k.
+func (b wbucket) Delete(k []byte) error {
+	if err := b.Bucket.Delete(k); err != nil {
+		return err
+	}
+	if b.log != nil {
+		b.log.del(b.name, k)
+	}
+	return nil
+}
+
+// bucket returns the named bucket for writing.
+func (w *writeTx) bucket(name []byte) wbucket {
+	return wbucket{Bucket: w.tx.Bucket(name), name: name, log: w.log}
+}
 
 var (
 	_ kernel.ReadTx = (*readTx)(nil)
@@ -646,7 +689,7 @@ func (r *readTx) ListAPIKeys(tenant string) ([]*kernel.APIKey, error) {
 }
 
 // put encodes v and stores it under k.
-func put(b *bolt.Bucket, k []byte, v any) error {
+func put(b wbucket, k []byte, v any) error {
 	raw, err := encode(v)
 	if err != nil {
 		return fmt.Errorf("encode: %w", err)
@@ -886,7 +929,7 @@ func (w *writeTx) DeleteAgent(tenant, id string) error {
 }
 
 // deleteKey deletes tenant␀id from b, or returns ErrNotFound.
-func deleteKey(b *bolt.Bucket, what, tenant, id string) error {
+func deleteKey(b wbucket, what, tenant, id string) error {
 	if !readable(tenant, id) {
 		return notFound("delete %s %s/%s", what, tenant, id)
 	}
@@ -993,7 +1036,7 @@ func (w *writeTx) PutAPIKey(ak *kernel.APIKey) error {
 	if cur := hashes.Get([]byte(ak.Hash)); cur != nil && !bytes.Equal(cur, k) {
 		return fmt.Errorf("bbolt: put api key %s/%s: hash already used by another key: %w", ak.Tenant, ak.ID, kernel.ErrConflict)
 	}
-	old, ok, err := get[kernel.APIKey](keys, k)
+	old, ok, err := get[kernel.APIKey](keys.Bucket, k)
 	if err != nil {
 		return fmt.Errorf("bbolt: put api key %s/%s: read previous: %w", ak.Tenant, ak.ID, err)
 	}
@@ -1018,7 +1061,7 @@ func (w *writeTx) DeleteAPIKey(tenant, id string) error {
 	}
 	keys := w.bucket(bAPIKeys)
 	k := key(tenant, id)
-	old, ok, err := get[kernel.APIKey](keys, k)
+	old, ok, err := get[kernel.APIKey](keys.Bucket, k)
 	if err != nil {
 		return fmt.Errorf("bbolt: delete api key %s/%s: %w", tenant, id, err)
 	}

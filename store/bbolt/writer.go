@@ -35,6 +35,8 @@ func (s *Store) run() {
 	batch := make([]*request, 0, s.maxBatch)
 	for {
 		select {
+		case r := <-s.ckptReq:
+			r.done <- s.checkpointNow(r.take)
 		case r := <-s.reqs:
 			batch = s.gatherMore(s.collect(append(batch[:0], r)))
 			n := len(batch)
@@ -124,6 +126,10 @@ func (s *Store) commit(batch []*request) {
 			r.done <- fmt.Errorf("bbolt: update: %w", err)
 			continue
 		}
+		if f := s.failure.Load(); f != nil {
+			r.done <- *f
+			continue
+		}
 		live = append(live, r)
 	}
 	for len(live) > 0 {
@@ -153,7 +159,12 @@ func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
 	if err != nil {
 		return -1, nil, fmt.Errorf("bbolt: update %s: begin: %w", s.path, err)
 	}
-	tx := &writeTx{readTx{tx: btx}}
+	tx := &writeTx{readTx: readTx{tx: btx}}
+	w := s.wal
+	if w != nil {
+		w.batch.reset()
+		tx.log = &w.batch
+	}
 	for i, r := range batch {
 		if err := call(r.fn, tx); err != nil {
 			_ = btx.Rollback()
@@ -161,8 +172,27 @@ func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
 		}
 	}
 	t0 := time.Now()
+	if w != nil && w.batch.ops > 0 {
+		// Durable before visible: the record is synced before bbolt's
+		// commit (without fsync) shows the writes to readers.
+		if err := w.log.append(&w.batch); err != nil {
+			_ = btx.Rollback()
+			s.fail(err)
+			return -1, nil, fmt.Errorf("bbolt: update %s: %w", s.path, err)
+		}
+	}
+	size := btx.Size()
 	if err := btx.Commit(); err != nil {
+		if w != nil && w.batch.ops > 0 {
+			// Its record is in the log: the next Open applies it.
+			s.fail(err)
+		}
 		return -1, nil, fmt.Errorf("bbolt: update %s: commit: %w", s.path, err)
+	}
+	if w != nil {
+		if err := s.afterCommit(size); err != nil {
+			s.fail(err)
+		}
 	}
 	took := time.Since(t0)
 	s.lastCommit = took

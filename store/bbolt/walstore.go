@@ -1,0 +1,441 @@
+package bbolt
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// DefaultCheckpointInterval is the default Options.CheckpointInterval.
+const DefaultCheckpointInterval = 100 * time.Millisecond
+
+// walSegmentSize is the size of a log segment (a record larger than that
+// gets a segment of its own); the checkpoint after a segment fills deletes
+// it.
+const walSegmentSize = 8 << 20
+
+// walMmapReserve is the address space bbolt maps up front with a log: a
+// checkpoint's base is protected by a read transaction, and bbolt cannot
+// remap (grow its mapping) while one is open. Past half of it the store
+// stops using the log (disableWAL) rather than wait.
+var walMmapReserve = func() int {
+	if strconv.IntSize == 64 {
+		return 1 << 40
+	}
+	return 1 << 30
+}()
+
+// ckptJob is a checkpoint the writer prepared for the checkpointer.
+type ckptJob struct {
+	cp   checkpoint
+	base *bolt.Tx // a read transaction on cp.txid: keeps its pages
+	done chan error
+}
+
+// walState is the write-ahead log side of a Store.
+type walState struct {
+	log      *wal // the writer's
+	batch    walBatch
+	every    time.Duration
+	last     time.Time // the writer's: when the last checkpoint started
+	pageSize int
+	metaFile *os.File // reads meta pages
+	limit    int64    // file size past which the log is dropped
+	base     *bolt.Tx // the checkpointer's: protects the last checkpoint
+	jobs     chan *ckptJob
+	busy     bool // the writer's: a job is with the checkpointer
+	// lastFirst is the first lsn of the active segment at the last
+	// checkpoint (the writer's).
+	lastFirst uint64
+	idle      chan struct{}
+	stopped   chan struct{} // closed when the checkpointer returns
+}
+
+// CheckClean returns ErrUnclean when the store at path has a write-ahead
+// log left by a kernel that did not stop cleanly (the file lacks what the
+// log holds until a writable Open applies it), and nil otherwise —
+// including while a kernel runs on it (its lock then stops the caller's
+// Open). Offline tools call it before reading the file.
+func CheckClean(path string) error {
+	_, err := checkLog(path, true)
+	return err
+}
+
+// checkLog deals with a log beside the file at path before bbolt opens it.
+// A kernel holding the file's lock owns its log: nothing is touched (and
+// bbolt's Open then reports the lock). Otherwise a log means the last
+// kernel did not stop cleanly: a read-only open is refused (ErrUnclean),
+// any other recovers the file (recoverFile) under the lock.
+func checkLog(path string, readOnly bool) (*checkpoint, error) {
+	if _, err := os.Stat(WALDir(path)); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	release, held, err := lockFree(path)
+	if err != nil || held {
+		return nil, err
+	}
+	defer release()
+	if readOnly {
+		return nil, ErrUnclean
+	}
+	return recoverFile(path)
+}
+
+// recoverFile brings the file at path back to the state its log
+// describes, before bbolt opens it: when the log's directory holds a
+// checkpoint, the checkpoint's meta page goes back in place; replayWAL
+// then applies the records after it. It returns the checkpoint (nil:
+// nothing to replay).
+func recoverFile(path string) (*checkpoint, error) {
+	dir := WALDir(path)
+	cp, err := readCheckpoint(dir)
+	if err != nil {
+		return nil, err
+	}
+	if cp == nil {
+		// Created without its first checkpoint, or removed all but the
+		// directory: no record in it was ever acknowledged.
+		return nil, removeWAL(dir)
+	}
+	if err := restoreMeta(path, cp); err != nil {
+		return nil, err
+	}
+	return cp, nil
+}
+
+// replayWAL applies the log's records after cp to db, syncs the file and
+// removes the log. It returns the last lsn applied.
+func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
+	dir := WALDir(path)
+	err := db.View(func(tx *bolt.Tx) error {
+		if got := uint64(tx.ID()); got != cp.txid {
+			return fmt.Errorf("wal: %s opened at transaction %d, its checkpoint is %d: %w", path, got, cp.txid, ErrDamaged)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	// Until the log is gone, the checkpoint's pages must stay as they
+	// are, for the next Open should this one fail: a read transaction on
+	// them keeps bbolt from reusing them (see the package doc, Write-ahead log).
+	guard, err := db.Begin(false)
+	if err != nil {
+		return 0, fmt.Errorf("wal: recover %s: %w", path, err)
+	}
+	defer func() { _ = guard.Rollback() }()
+	sync := db.NoSync
+	db.NoSync = true
+	defer func() { db.NoSync = sync }()
+	var btx *bolt.Tx
+	ops := 0
+	commit := func() error {
+		if btx == nil {
+			return nil
+		}
+		err := btx.Commit()
+		btx, ops = nil, 0
+		return err
+	}
+	last, err := readRecords(dir, cp.lsn, func(lsn uint64, payload []byte) error {
+		if btx == nil {
+			var err error
+			if btx, err = db.Begin(true); err != nil {
+				return err
+			}
+		}
+		err := decodeOps(payload, func(o walOp) error {
+			b := btx.Bucket(o.bucket)
+			if b == nil {
+				return fmt.Errorf("no bucket %q", o.bucket)
+			}
+			if bytes.Equal(o.bucket, bEvents) {
+				b.FillPercent = eventsFill
+			}
+			ops++
+			if o.op == walOpPut {
+				return b.Put(o.key, o.value)
+			}
+			return b.Delete(o.key)
+		})
+		if err != nil {
+			return fmt.Errorf("wal: replay record %d: %w", lsn, err)
+		}
+		if ops >= 100_000 {
+			return commit()
+		}
+		return nil
+	})
+	if err == nil {
+		err = commit()
+	}
+	if err != nil {
+		if btx != nil {
+			_ = btx.Rollback()
+		}
+		return 0, fmt.Errorf("wal: recover %s: %w", path, err)
+	}
+	if err := db.Sync(); err != nil {
+		return 0, fmt.Errorf("wal: recover %s: sync: %w", path, err)
+	}
+	if err := removeWAL(dir); err != nil {
+		return 0, err
+	}
+	return last, nil
+}
+
+// startWAL starts a log for s after the records up to lsn: the file is
+// synced, its state becomes the first checkpoint, and from then on
+// commits skip bbolt's fsyncs.
+func (s *Store) startWAL(lsn uint64, every time.Duration, mmap int, segSize int64) error {
+	dir := WALDir(s.path)
+	if err := os.Mkdir(dir, DirMode); err != nil {
+		return fmt.Errorf("wal: create %s: %w", dir, err)
+	}
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		return err
+	}
+	mf, err := os.Open(s.path)
+	if err != nil {
+		return fmt.Errorf("wal: %w", err)
+	}
+	w := &walState{
+		log:      &wal{dir: dir, lsn: lsn, segSize: segSize, spare: make(chan spareSegment, 1)},
+		every:    every,
+		pageSize: s.db.Info().PageSize,
+		metaFile: mf,
+		limit:    int64(mmap / 2),
+		jobs:     make(chan *ckptJob),
+		idle:     make(chan struct{}, 1),
+		stopped:  make(chan struct{}),
+	}
+	job, err := w.prepare(s.db)
+	if err == nil {
+		err = s.db.Sync()
+	}
+	if err == nil {
+		err = writeCheckpoint(dir, &job.cp)
+	}
+	if err == nil {
+		err = w.log.createSegment(0)
+	}
+	if err != nil {
+		if job != nil {
+			_ = job.base.Rollback()
+		}
+		mf.Close()
+		_ = removeWAL(dir)
+		return err
+	}
+	w.base = job.base
+	w.last = time.Now()
+	w.lastFirst = w.log.first
+	s.wal = w
+	s.db.NoSync = true
+	go s.checkpointer(w)
+	return nil
+}
+
+// prepare opens a read transaction on the last commit and reads its meta
+// page: the next checkpoint. Only the writer (or Open) calls it, between
+// commits.
+func (w *walState) prepare(db *bolt.DB) (*ckptJob, error) {
+	rtx, err := db.Begin(false)
+	if err != nil {
+		return nil, fmt.Errorf("wal: checkpoint: %w", err)
+	}
+	meta, err := readMeta(w.metaFile, w.pageSize, uint64(rtx.ID()))
+	var sum uint32
+	if err == nil {
+		sum, err = rootPageSum(w.metaFile, meta)
+	}
+	if err != nil {
+		_ = rtx.Rollback()
+		return nil, err
+	}
+	return &ckptJob{cp: checkpoint{lsn: w.log.lsn, txid: uint64(rtx.ID()), rootSum: sum, meta: meta}, base: rtx}, nil
+}
+
+// maybeCheckpoint, called by the writer after a commit, hands a checkpoint
+// to the checkpointer when one is due and none is running, and starts a
+// new segment when the active one is full.
+func (s *Store) maybeCheckpoint(force bool) error {
+	w := s.wal
+	select {
+	case <-w.idle:
+		w.busy = false
+	default:
+	}
+	if w.log.first > w.lastFirst {
+		// A segment filled: the checkpoint lets it go.
+		w.lastFirst = w.log.first
+		force = true
+	}
+	if w.busy || (!force && time.Since(w.last) < w.every) {
+		return nil
+	}
+	job, err := w.prepare(s.db)
+	if err != nil {
+		return err
+	}
+	w.busy, w.last = true, time.Now()
+	w.jobs <- job
+	return nil
+}
+
+// checkpointer makes each checkpoint durable: it syncs the file (every
+// commit up to the job's is then on disk), replaces the checkpoint,
+// releases the previous base (bbolt may now reuse its pages) and deletes
+// the segments the new checkpoint covers.
+func (s *Store) checkpointer(w *walState) {
+	defer close(w.stopped)
+	for job := range w.jobs {
+		err := s.checkpoint(w, job)
+		if err != nil {
+			s.fail(err)
+		}
+		if job.done != nil {
+			job.done <- err
+		}
+		w.idle <- struct{}{}
+	}
+}
+
+func (s *Store) checkpoint(w *walState, job *ckptJob) error {
+	if err := s.db.Sync(); err != nil {
+		_ = job.base.Rollback()
+		return fmt.Errorf("wal: checkpoint: sync %s: %w", s.path, err)
+	}
+	if err := writeCheckpoint(w.log.dir, &job.cp); err != nil {
+		_ = job.base.Rollback()
+		return err
+	}
+	if w.base != nil {
+		_ = w.base.Rollback()
+	}
+	w.base = job.base
+	if err := removeCovered(w.log.dir, job.cp.lsn); err != nil {
+		return err
+	}
+	if s.onCheckpoint != nil {
+		s.onCheckpoint(s.path)
+	}
+	return nil
+}
+
+// removeCovered deletes the segments whose records all have lsns up to
+// lsn.
+func removeCovered(dir string, lsn uint64) error {
+	segs, err := segments(dir)
+	if err != nil {
+		return fmt.Errorf("wal: list %s: %w", dir, err)
+	}
+	for i := 0; i+1 < len(segs) && segs[i+1] <= lsn+1; i++ {
+		if err := os.Remove(filepath.Join(dir, segmentName(segs[i]))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("wal: remove segment: %w", err)
+		}
+	}
+	return nil
+}
+
+// stopWAL, with the writer stopped, waits for the checkpointer and, when
+// keep is false and the store has not failed, syncs the file and removes
+// the log: the file alone is then the whole state.
+func (s *Store) stopWAL(keep bool) error {
+	w := s.wal
+	if w == nil {
+		return nil
+	}
+	s.wal = nil
+	close(w.jobs)
+	<-w.stopped
+	var err error
+	if !keep && s.failure.Load() == nil {
+		if err = s.db.Sync(); err == nil {
+			s.db.NoSync = false
+			err = removeWAL(w.log.dir)
+		}
+	}
+	if w.base != nil {
+		_ = w.base.Rollback()
+	}
+	_ = w.log.close()
+	_ = w.metaFile.Close()
+	return err
+}
+
+// forceCheckpoint has the writer take a checkpoint now and returns once it
+// is durable. For tests.
+func (s *Store) forceCheckpoint() error { return s.askWriter(ckptRequest{take: true}) }
+
+// waitCheckpoint returns once no checkpoint is in flight. For tests.
+func (s *Store) waitCheckpoint() error { return s.askWriter(ckptRequest{}) }
+
+// ckptRequest is a test's request to the writer: wait for the checkpoint
+// in flight, and take one when take is set.
+type ckptRequest struct {
+	take bool
+	done chan error
+}
+
+func (s *Store) askWriter(r ckptRequest) error {
+	r.done = make(chan error, 1)
+	select {
+	case s.ckptReq <- r:
+	case <-s.closing:
+		return errClosed("checkpoint")
+	}
+	return <-r.done
+}
+
+// fail marks the store failed: a write may be on disk and not in the
+// file, or the other way round, so no further Update is accepted; the next
+// Open recovers from the log.
+func (s *Store) fail(err error) {
+	e := fmt.Errorf("bbolt: %s: store failed, restart to recover: %w", s.path, err)
+	s.failure.CompareAndSwap(nil, &e)
+}
+
+// checkpointNow waits for the checkpoint in flight and, when take is set,
+// takes one and waits until it is durable. The writer's.
+func (s *Store) checkpointNow(take bool) error {
+	w := s.wal
+	if w == nil {
+		return nil
+	}
+	if w.busy {
+		<-w.idle
+		w.busy = false
+	}
+	if !take {
+		return nil
+	}
+	job, err := w.prepare(s.db)
+	if err != nil {
+		return err
+	}
+	job.done = make(chan error, 1)
+	w.busy, w.last = true, time.Now()
+	w.jobs <- job
+	err = <-job.done
+	<-w.idle
+	w.busy = false
+	return err
+}
+
+// afterCommit runs in the writer after each commit with a log: a due
+// checkpoint, or, past the address space reserved (walMmapReserve), the
+// end of the log.
+func (s *Store) afterCommit(size int64) error {
+	if size > s.wal.limit {
+		return s.stopWAL(false)
+	}
+	return s.maybeCheckpoint(false)
+}
