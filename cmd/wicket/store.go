@@ -68,6 +68,32 @@ the store as it is. It needs free disk space for the copy.`,
 					return err
 				}
 			}},
+		&command{name: "store stats", client: false, max: 0, summary: "show where a store file's bytes go, by bucket and record type",
+			help: `Opens the store of a stopped kernel read-only (--data DIR, or --file for a
+backup) and prints its pages by use (buckets, free pages, the freelist), each
+bucket's leaf bytes in use against those allocated, and its records by type
+(events by type, step records by status, slots, executions, inputs) with
+their average key and value sizes. A record costs its key, its value and 16
+bytes of bbolt's element header on a leaf page.`,
+			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
+				data := fs.String("data", envString("WICKET_DATA", "./wicket-data"), "data directory of a stopped kernel (WICKET_DATA)")
+				file := fs.String("file", "", "a store file (a backup) instead of --data")
+				return func(_ context.Context, _ []string, stdout, _ io.Writer) error {
+					path := storePath(*data)
+					if *file != "" {
+						path = *file
+					}
+					rep, err := bbolt.Space(path, offlineLockTimeout)
+					if errors.Is(err, bbolt.ErrLocked) {
+						return fmt.Errorf("%w: is `wicket serve` running on it? stop it first, or look at a backup (wicket store backup)", err)
+					}
+					if err != nil {
+						return err
+					}
+					_, err = rep.WriteTo(stdout)
+					return err
+				}
+			}},
 		&command{name: "store backup", client: true, max: 0, summary: "save a consistent copy of a running kernel's store",
 			help: `Downloads a hot copy of the store of the kernel at --url (GET /v0/store/backup,
 an admin key): the file as of one read transaction, taken while the kernel
