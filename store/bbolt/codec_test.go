@@ -70,7 +70,7 @@ func roundTrip[T any](t *testing.T, v *T) *T {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(raw) < 2 || (raw[0] != formatBinary1 && raw[0] != formatBinary2) {
+	if len(raw) < 2 || (raw[0] != formatBinary1 && raw[0] != formatBinary2 && raw[0] != formatBinary3) {
 		t.Fatalf("%T is not stored in binary: %q", v, raw)
 	}
 	got, err := decode[T](raw)
@@ -152,6 +152,11 @@ func TestCodecRoundTripsEveryField(t *testing.T) {
 	check("Event", roundTripEvent(t, ev), ev)
 	o := filled[kernel.Occurrence](t)
 	check("Occurrence", roundTrip(t, o), o)
+	o.Lease.DispatchID = "01a2332b-7573-7000-8239-83a843f0455f"
+	check("Occurrence (packed)", roundTrip(t, o), o)
+	if old, err := decodeOccurrence(encodeOccurrenceV1(*o)); err != nil || old != *o {
+		t.Errorf("Occurrence, format 1: %+v %v", old, err)
+	}
 
 	// Raw fields are independent: growing one does not write into the next.
 	got := roundTrip(t, e)
@@ -253,7 +258,7 @@ func codecSeeds(t testing.TB) [][]byte {
 	return [][]byte{
 		encodeExecution(filled[kernel.Execution](tt)), encodeExecution(&kernel.Execution{}),
 		encodeStep(filled[kernel.Step](tt)), encodeStep(&kernel.Step{}), encodeStepV2(filled[kernel.Step](tt)),
-		encodeStep(benchStep()),
+		encodeStep(benchStep()), encodeOccurrenceV1(*filled[kernel.Occurrence](tt)),
 		encodeEvent(filled[kernel.Event](tt)), encodeOccurrence(*filled[kernel.Occurrence](tt)),
 		encodeEventV1(filled[kernel.Event](tt)), encodeEvent(packableEvent()), encodeEvent(&kernel.Event{Type: "custom.type"}),
 	}

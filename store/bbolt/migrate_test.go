@@ -537,7 +537,7 @@ func TestMigrateStepLog(t *testing.T) {
 				k = "tool_call\x00" + st.ID + "\x00x"
 			}
 			occ[k] = kernel.Occurrence{Lease: kernel.Lease{DispatchID: "d", Attempt: 1}, Count: i + 1}
-			if err := tx.Bucket(bOcc).Put(key("t", "e1", k), encodeOccurrence(occ[k])); err != nil {
+			if err := tx.Bucket(bOcc).Put(key("t", "e1", k), encodeOccurrenceV1(occ[k])); err != nil {
 				return err
 			}
 		}

@@ -74,8 +74,6 @@ var packWordsExt = [...]string{
 	`,"output_tokens":`,
 	`,"total_tokens":`,
 	`,"cost_usd":`,
-	`at_least_once`,
-	`idempotent`,
 	`{"reason":"`,
 	`","due_at":"`,
 	`","orphaned_from":{"dispatch_id":"`,
@@ -88,6 +86,13 @@ var packWordsExt = [...]string{
 	`","message":"`,
 	`","outcome":"`,
 	`","expired_at":"`,
+	`succeeded`,
+	`executing`,
+	`awaiting_approval`,
+	`rate_limited`,
+	`interrupted`,
+	`cancelled`,
+	`safe_to_retry`,
 }
 
 const (

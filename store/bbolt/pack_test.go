@@ -77,6 +77,15 @@ func encodeStepV2(s *kernel.Step) []byte {
 	return append(b, s.Error...)
 }
 
+// encodeOccurrenceV1 is the occurrence encoder of schemas 2 to 6
+// (format 1), frozen here to write files of those schemas.
+func encodeOccurrenceV1(o kernel.Occurrence) []byte {
+	b := []byte{formatBinary1, kindOccurrence}
+	b = appendStr(b, o.Lease.DispatchID)
+	b = appendInt(b, int64(o.Lease.Attempt))
+	return appendInt(b, int64(o.Count))
+}
+
 // The payloads of a step's events as the kernel writes them (bench-like
 // values).
 var stepPayloads = []string{

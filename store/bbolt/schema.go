@@ -28,16 +28,18 @@ var migrations = []func(tx *bolt.Tx) error{
 	3: migrateBundleOwners,
 	4: migrateSessions,
 	5: migrateStepLog, // and migrateInputs
-	6: migrateEventFormat3,
+	6: migrateFormat3,
 }
 
-// migrateEventFormat3 (schema 7) changes nothing stored: events are
-// written in binary format 3 from now on (no execution id nor seq, which
-// their key holds; the type as a number; the payload packed, pack.go), and
-// the events already stored read as before. The version moves so that a
+// migrateFormat3 (schema 7) changes nothing stored: events, step records
+// and occurrence counters are written in binary format 3 from now on (no
+// tenant, execution id, step id nor event seq, which their keys hold; an
+// event's type as a number; payloads and strings packed, pack.go), and the
+// records already stored read as before (they are rewritten in format 3
+// only when the kernel writes them again). The version moves so that a
 // schema 6 binary, which cannot read format 3, refuses the file instead
 // of misreading it.
-func migrateEventFormat3(*bolt.Tx) error { return nil }
+func migrateFormat3(*bolt.Tx) error { return nil }
 
 // migrateInputs (schema 6, with migrateStepLog) moves every execution's
 // input out of its record, to inputKey; the record keeps null.

@@ -31,7 +31,7 @@ type SpaceReport struct {
 	// transaction a reader may still see (zero in a file no one has open).
 	FreePages, PendingPages int
 	// FreelistPages hold the free-page list itself (0 when it is not
-	// synced to the file).
+	// stored in the file: Options.NoFreelistSync).
 	FreelistPages int
 	Buckets       []BucketSpace
 	Records       []RecordSpace
@@ -83,11 +83,19 @@ func Space(path string, timeout time.Duration) (*SpaceReport, error) {
 	rep := &SpaceReport{PageSize: db.Info().PageSize}
 	st := db.Stats()
 	rep.FreePages, rep.PendingPages = st.FreePageN, st.PendingPageN
-	if st.FreelistInuse > 0 {
-		rep.FreelistPages = (st.FreelistInuse + rep.PageSize - 1) / rep.PageSize
+	fl, err := freelistPage(path, rep.PageSize)
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: space %s: %w", path, err)
 	}
 	err = db.View(func(tx *bolt.Tx) error {
 		rep.Pages = int(tx.Size() / int64(rep.PageSize))
+		if fl != nil {
+			p, err := tx.Page(int(*fl))
+			if err != nil || p == nil {
+				return fmt.Errorf("freelist page %d: %v", *fl, err)
+			}
+			rep.FreelistPages = 1 + p.OverflowCount
+		}
 		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
 			s := b.Stats()
 			rep.Buckets = append(rep.Buckets, BucketSpace{Name: string(name), Keys: s.KeyN, Depth: s.Depth,
@@ -103,6 +111,33 @@ func Space(path string, timeout time.Duration) (*SpaceReport, error) {
 		rep.FileBytes = fi.Size()
 	}
 	return rep, nil
+}
+
+// freelistPage returns the id of the freelist page the newest meta page
+// of the file names, or nil when the freelist is not stored.
+func freelistPage(path string, pageSize int) (*uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var best *fileMeta
+	buf := make([]byte, pageSize)
+	for i := range int64(2) {
+		if _, err := f.ReadAt(buf, i*int64(pageSize)); err != nil {
+			return nil, err
+		}
+		if m, err := parseMeta(buf); err == nil && (best == nil || m.txid > best.txid) {
+			best = &m
+		}
+	}
+	if best == nil {
+		return nil, errors.New("no valid meta page")
+	}
+	if best.freelist == ^uint64(0) {
+		return nil, nil
+	}
+	return &best.freelist, nil
 }
 
 // spaceRecords adds the records of bucket name to rep, by type.
@@ -196,7 +231,7 @@ func (r *SpaceReport) WriteTo(w io.Writer) (int64, error) {
 		used += b.LeafPages + b.BranchPages
 	}
 	fmt.Fprintf(&buf, "file: %d bytes, %d pages of %d bytes in use or free (%d bytes)\n", r.FileBytes, r.Pages, ps, r.Pages*ps)
-	fmt.Fprintf(&buf, "  bucket pages %d, free %d, pending %d, freelist %d, meta 2, other %d\n",
+	fmt.Fprintf(&buf, "  bucket pages %d, free %d, pending %d, freelist %d, meta 2, bucket directory %d\n",
 		used, r.FreePages, r.PendingPages, r.FreelistPages, r.Pages-used-r.FreePages-r.PendingPages-r.FreelistPages-2)
 	fmt.Fprintf(&buf, "\n%-13s %9s %5s %8s %8s %12s %12s %6s %12s\n", "bucket", "keys", "depth", "leaf pg", "branch", "leaf inuse", "leaf alloc", "fill", "branch inuse")
 	for _, b := range r.Buckets {
