@@ -26,13 +26,9 @@ execution's event log (seq 1..last without gaps, nothing after the terminal
 event, one terminal event per step) and every index against its records.
 Prints "ok" or the problems found, and exits 1 when there are any.`,
 			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
-				data := fs.String("data", envString("WICKET_DATA", "./wicket-data"), "data directory of a stopped kernel (WICKET_DATA)")
-				file := fs.String("file", "", "a store file (a backup) instead of --data")
+				file := offlineFileFlags(fs)
 				return func(_ context.Context, _ []string, stdout, _ io.Writer) error {
-					path := storePath(*data)
-					if *file != "" {
-						path = *file
-					}
+					path := file()
 					start := time.Now()
 					if err := checkStoreFile(path); err != nil {
 						return err
@@ -76,14 +72,9 @@ bucket's leaf bytes in use against those allocated, and its records by type
 their average key and value sizes. A record costs its key, its value and 16
 bytes of bbolt's element header on a leaf page.`,
 			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
-				data := fs.String("data", envString("WICKET_DATA", "./wicket-data"), "data directory of a stopped kernel (WICKET_DATA)")
-				file := fs.String("file", "", "a store file (a backup) instead of --data")
+				file := offlineFileFlags(fs)
 				return func(_ context.Context, _ []string, stdout, _ io.Writer) error {
-					path := storePath(*data)
-					if *file != "" {
-						path = *file
-					}
-					rep, err := bbolt.Space(path, offlineLockTimeout)
+					rep, err := bbolt.Space(file(), offlineLockTimeout)
 					if errors.Is(err, bbolt.ErrLocked) {
 						return fmt.Errorf("%w: is `wicket serve` running on it? stop it first, or look at a backup (wicket store backup)", err)
 					}
@@ -121,6 +112,19 @@ put the file at DIR/wicket.db (mode 0600) and start it with --data DIR.`,
 				}
 			}},
 	)
+}
+
+// offlineFileFlags defines --data and --file, for the commands that read
+// a stopped kernel's store file or a backup, and returns the path they name.
+func offlineFileFlags(fs *flag.FlagSet) func() string {
+	data := fs.String("data", envString("WICKET_DATA", "./wicket-data"), "data directory of a stopped kernel (WICKET_DATA)")
+	file := fs.String("file", "", "a store file (a backup) instead of --data")
+	return func() string {
+		if *file != "" {
+			return *file
+		}
+		return storePath(*data)
+	}
 }
 
 // checkStoreFile opens a store file read-only and runs its checker.

@@ -68,8 +68,8 @@ import (
 // in 33 bytes, a UUID in 17, the kernel's usual words in one or two), an
 // event's type is a number (eventTypes) and its payload is packed JSON
 // (packJSON). pack.go has the tables, which are part of the format. On a
-// step of `wicket bench` the four events and the record take 1,006 bytes
-// of leaf instead of 2,028 (docs/benchmarks.md).
+// step of `wicket bench` the four events and the record take 910 bytes
+// of leaf instead of 2,027 (docs/benchmarks.md).
 //
 // Decoding allocates little: the head is turned into one string once, and
 // every string field is a substring of it (a packed string that is not a
@@ -602,6 +602,15 @@ func (r *reader) pstr() string {
 	return string(unpackJSON(buf[:0], raw))
 }
 
+// field reads a string field: a packed string (pstr) when packed is set,
+// else a plain one (str).
+func (r *reader) field(packed bool) string {
+	if packed {
+		return r.pstr()
+	}
+	return r.str()
+}
+
 // rawStr reads a string field as a subslice of the record (no copy).
 func (r *reader) rawStr() []byte {
 	n := r.strLen()
@@ -787,87 +796,48 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 	var r reader
 	var lens [3]int
 	r.begin(b, kindStep, lens[:], true)
-	if r.format == formatBinary3 {
-		return decodeStep3(&r, lens[:])
-	}
 	s := new(kernel.Step)
-	s.ID = r.str()
-	s.ExecutionID = r.str()
-	s.Tenant = r.str()
-	s.Kind = r.str()
-	s.Target = r.str()
-	s.ArgsHash = r.str()
+	p := r.format == formatBinary3 // packed strings, no ids
+	if !p {
+		s.ID = r.str()
+		s.ExecutionID = r.str()
+		s.Tenant = r.str()
+	}
+	s.Kind = r.field(p)
+	s.Target = r.field(p)
+	s.ArgsHash = r.field(p)
 	s.Occurrence = r.int()
-	s.Idempotency = kernel.Idempotency(r.str())
-	s.Effect = r.str()
-	s.Status = kernel.StepStatus(r.str())
+	s.Idempotency = kernel.Idempotency(r.field(p))
+	s.Effect = r.field(p)
+	s.Status = kernel.StepStatus(r.field(p))
 	if r.bool() {
 		s.Usage = &kernel.Usage{InputTokens: r.varint(), OutputTokens: r.varint(), TotalTokens: r.varint(), CostUSD: r.float()}
 	}
-	s.Lease.DispatchID = r.str()
+	s.Lease.DispatchID = r.field(p)
 	s.Lease.Attempt = r.int()
 	if r.bool() {
 		d := new(kernel.StepVerdict)
-		d.Action = policy.Action(r.str())
-		d.Reason = r.str()
-		d.RuleID = r.str()
-		d.Bundle.Name = r.str()
-		d.Bundle.Revision = r.str()
-		d.Bundle.Digest = r.str()
-		d.Bundle.Engine = r.str()
+		d.Action = policy.Action(r.field(p))
+		d.Reason = r.field(p)
+		d.RuleID = r.field(p)
+		d.Bundle.Name = r.field(p)
+		d.Bundle.Revision = r.field(p)
+		d.Bundle.Digest = r.field(p)
+		d.Bundle.Engine = r.field(p)
 		d.EvalTime = time.Duration(r.varint())
 		s.Verdict = d
 	}
-	s.ApprovalID = r.str()
+	s.ApprovalID = r.field(p)
 	s.Seq = r.uvarint()
 	s.CreatedAt = r.time()
 	s.CompletedAt = r.optTime()
 	if r.format >= formatBinary2 {
-		s.OnInterrupted = r.str()
+		s.OnInterrupted = r.field(p)
 	}
 	if err := r.finish(); err != nil {
 		return nil, malformed("step", err)
 	}
 	r.blobs(lens[:], &s.Args, &s.Result, &s.Error)
-	return s, nil
-}
-
-// decodeStep3 reads the head and blobs of a format 3 step (encodeStep).
-func decodeStep3(r *reader, lens []int) (*kernel.Step, error) {
-	s := new(kernel.Step)
-	s.Kind = r.pstr()
-	s.Target = r.pstr()
-	s.ArgsHash = r.pstr()
-	s.Occurrence = r.int()
-	s.Idempotency = kernel.Idempotency(r.pstr())
-	s.Effect = r.pstr()
-	s.Status = kernel.StepStatus(r.pstr())
-	if r.bool() {
-		s.Usage = &kernel.Usage{InputTokens: r.varint(), OutputTokens: r.varint(), TotalTokens: r.varint(), CostUSD: r.float()}
-	}
-	s.Lease.DispatchID = r.pstr()
-	s.Lease.Attempt = r.int()
-	if r.bool() {
-		d := new(kernel.StepVerdict)
-		d.Action = policy.Action(r.pstr())
-		d.Reason = r.pstr()
-		d.RuleID = r.pstr()
-		d.Bundle.Name = r.pstr()
-		d.Bundle.Revision = r.pstr()
-		d.Bundle.Digest = r.pstr()
-		d.Bundle.Engine = r.pstr()
-		d.EvalTime = time.Duration(r.varint())
-		s.Verdict = d
-	}
-	s.ApprovalID = r.pstr()
-	s.Seq = r.uvarint()
-	s.CreatedAt = r.time()
-	s.CompletedAt = r.optTime()
-	s.OnInterrupted = r.pstr()
-	if err := r.finish(); err != nil {
-		return nil, malformed("step", err)
-	}
-	r.blobs(lens, &s.Args, &s.Result, &s.Error)
 	return s, nil
 }
 
@@ -942,11 +912,7 @@ func decodeOccurrence(b []byte) (kernel.Occurrence, error) {
 	var r reader
 	r.begin(b, kindOccurrence, nil, true)
 	var o kernel.Occurrence
-	if r.format == formatBinary3 {
-		o.Lease.DispatchID = r.pstr()
-	} else {
-		o.Lease.DispatchID = r.str()
-	}
+	o.Lease.DispatchID = r.field(r.format == formatBinary3)
 	o.Lease.Attempt = r.int()
 	o.Count = r.int()
 	if err := r.finish(); err != nil {
