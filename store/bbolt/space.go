@@ -222,7 +222,7 @@ func storedBlobs(v []byte, n int) int {
 	return total
 }
 
-// WriteTo prints the report as text tables.
+// WriteTo prints the report as text tables (empty buckets left out).
 func (r *SpaceReport) WriteTo(w io.Writer) (int64, error) {
 	var buf bytes.Buffer
 	ps := r.PageSize
@@ -235,6 +235,9 @@ func (r *SpaceReport) WriteTo(w io.Writer) (int64, error) {
 		used, r.FreePages, r.PendingPages, r.FreelistPages, r.Pages-used-r.FreePages-r.PendingPages-r.FreelistPages-2)
 	fmt.Fprintf(&buf, "\n%-13s %9s %5s %8s %8s %12s %12s %6s %12s\n", "bucket", "keys", "depth", "leaf pg", "branch", "leaf inuse", "leaf alloc", "fill", "branch inuse")
 	for _, b := range r.Buckets {
+		if b.Keys == 0 {
+			continue
+		}
 		fill := 0.0
 		if b.LeafAlloc > 0 {
 			fill = 100 * float64(b.LeafInuse) / float64(b.LeafAlloc)
