@@ -238,11 +238,11 @@ func (r *SpaceReport) WriteTo(w io.Writer) (int64, error) {
 		if b.Keys == 0 {
 			continue
 		}
-		fill := 0.0
+		fill := "inline" // a small bucket lives in its parent's page
 		if b.LeafAlloc > 0 {
-			fill = 100 * float64(b.LeafInuse) / float64(b.LeafAlloc)
+			fill = fmt.Sprintf("%.1f%%", 100*float64(b.LeafInuse)/float64(b.LeafAlloc))
 		}
-		fmt.Fprintf(&buf, "%-13s %9d %5d %8d %8d %12d %12d %5.1f%% %12d\n", b.Name, b.Keys, b.Depth, b.LeafPages, b.BranchPages, b.LeafInuse, b.LeafAlloc, fill, b.BranchInuse)
+		fmt.Fprintf(&buf, "%-13s %9d %5d %8d %8d %12d %12d %6s %12d\n", b.Name, b.Keys, b.Depth, b.LeafPages, b.BranchPages, b.LeafInuse, b.LeafAlloc, fill, b.BranchInuse)
 	}
 	fmt.Fprintf(&buf, "\n%-13s %-34s %8s %8s %8s %8s %8s %8s\n", "bucket", "record", "count", "avg key", "avg val", "avg blob", "max val", "leaf B")
 	for _, x := range r.Records {
