@@ -26,13 +26,9 @@ execution's event log (seq 1..last without gaps, nothing after the terminal
 event, one terminal event per step) and every index against its records.
 Prints "ok" or the problems found, and exits 1 when there are any.`,
 			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
-				data := fs.String("data", envString("WICKET_DATA", "./wicket-data"), "data directory of a stopped kernel (WICKET_DATA)")
-				file := fs.String("file", "", "a store file (a backup) instead of --data")
+				file := offlineFileFlags(fs)
 				return func(_ context.Context, _ []string, stdout, _ io.Writer) error {
-					path := storePath(*data)
-					if *file != "" {
-						path = *file
-					}
+					path := file()
 					start := time.Now()
 					if err := checkStoreFile(path); err != nil {
 						return err
@@ -68,6 +64,27 @@ the store as it is. It needs free disk space for the copy.`,
 					return err
 				}
 			}},
+		&command{name: "store stats", client: false, max: 0, summary: "show where a store file's bytes go, by bucket and record type",
+			help: `Opens the store of a stopped kernel read-only (--data DIR, or --file for a
+backup) and prints its pages by use (buckets, free pages, the freelist), each
+bucket's leaf bytes in use against those allocated, and its records by type
+(events by type, step records by status, slots, executions, inputs) with
+their average key and value sizes. A record costs its key, its value and 16
+bytes of bbolt's element header on a leaf page.`,
+			setup: func(fs *flag.FlagSet, _ *clientOpts) runFunc {
+				file := offlineFileFlags(fs)
+				return func(_ context.Context, _ []string, stdout, _ io.Writer) error {
+					rep, err := bbolt.Space(file(), offlineLockTimeout)
+					if errors.Is(err, bbolt.ErrLocked) {
+						return fmt.Errorf("%w: is `wicket serve` running on it? stop it first, or look at a backup (wicket store backup)", err)
+					}
+					if err != nil {
+						return err
+					}
+					_, err = rep.WriteTo(stdout)
+					return err
+				}
+			}},
 		&command{name: "store backup", client: true, max: 0, summary: "save a consistent copy of a running kernel's store",
 			help: `Downloads a hot copy of the store of the kernel at --url (GET /v0/store/backup,
 an admin key): the file as of one read transaction, taken while the kernel
@@ -95,6 +112,19 @@ put the file at DIR/wicket.db (mode 0600) and start it with --data DIR.`,
 				}
 			}},
 	)
+}
+
+// offlineFileFlags defines --data and --file, for the commands that read
+// a stopped kernel's store file or a backup, and returns the path they name.
+func offlineFileFlags(fs *flag.FlagSet) func() string {
+	data := fs.String("data", envString("WICKET_DATA", "./wicket-data"), "data directory of a stopped kernel (WICKET_DATA)")
+	file := fs.String("file", "", "a store file (a backup) instead of --data")
+	return func() string {
+		if *file != "" {
+			return *file
+		}
+		return storePath(*data)
+	}
 }
 
 // checkStoreFile opens a store file read-only and runs its checker.

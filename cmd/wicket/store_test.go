@@ -224,6 +224,10 @@ func TestBundleCommands(t *testing.T) {
 	if _, errOut, code := runExit(t, "store", "check", "--data", s.data); code != 0 {
 		t.Fatalf("store check after bundle rm: %s", errOut)
 	}
+	if out, errOut, code := runExit(t, "store", "stats", "--data", s.data); code != 0 || !strings.Contains(out, "agents        record") ||
+		!strings.Contains(out, "leaf inuse") {
+		t.Fatalf("store stats: %d %s %s", code, out, errOut)
+	}
 	// The kernel boots without the bundle; the agent bound to it fails closed.
 	s2 := startServe(t, "--data", s.data)
 	if out, _, code := runExit(t, "bundle", "ls", "--url", s2.url); code != 0 || strings.Contains(out, "gate") {

@@ -129,6 +129,21 @@ func BenchmarkCodecStep(b *testing.B) {
 			encodeStep(s)
 		}
 	})
+	b.Run("encode/binary-format2", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			encodeStepV2(s)
+		}
+	})
+	b.Run("decode/binary-format2", func(b *testing.B) {
+		v2 := encodeStepV2(s)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := decodeStep(v2); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("encode/json-v1", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

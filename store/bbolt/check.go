@@ -232,8 +232,8 @@ func checkEvents(tx *bolt.Tx, e *kernel.Execution, c *checker) {
 			checkStepRecord(tx, e, seq, string(k[len(pfx)+8:]), v, c)
 			continue
 		}
-		ev, err := decode[kernel.Event](v)
-		if err != nil {
+		ev := new(kernel.Event)
+		if err := decodeEvent(v, e.ID, seq, ev); err != nil {
 			c.addf("execution %s: event %d undecodable: %v", where, seq, err)
 			next = seq + 1
 			continue
@@ -276,7 +276,7 @@ func checkEvents(tx *bolt.Tx, e *kernel.Execution, c *checker) {
 // it decodes, names itself, and the step index points at it.
 func checkStepRecord(tx *bolt.Tx, e *kernel.Execution, seq uint64, id string, v []byte, c *checker) {
 	where := e.Tenant + "/" + e.ID
-	s, err := decodeStep(v)
+	s, err := decodeStepAt(v, e.Tenant, e.ID, id)
 	if err != nil {
 		c.addf("execution %s: step %s at seq %d undecodable: %v", where, id, seq, err)
 		return

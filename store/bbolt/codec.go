@@ -58,9 +58,23 @@ import (
 // fields (the kernel stores canonical JSON only) and keeps strings' bytes
 // as they are (JSON replaced invalid UTF-8 by U+FFFD).
 //
+// # Format 3 (schema 7): what the key holds is not stored again
+//
+// Events, step records and occurrence counters are written in format 3.
+// A step's record leaves its tenant, execution id and step id to its key
+// (stepLogKey), an event its execution id and seq too (eventKey): they
+// are read with decodeStepAt and decodeEvent, which take them from the
+// key. Their strings are packed strings (appendPStr: a 64-digit hex hash
+// in 33 bytes, a UUID in 17, the kernel's usual words in one or two), an
+// event's type is a number (eventTypes) and its payload is packed JSON
+// (packJSON). pack.go has the tables, which are part of the format. On a
+// step of `wicket bench` the four events and the record take 910 bytes
+// of leaf instead of 2,027 (docs/benchmarks.md).
+//
 // Decoding allocates little: the head is turned into one string once, and
-// every string field is a substring of it; the blobs are copied in one
-// allocation and handed out as capacity-limited subslices. Records never
+// every string field is a substring of it (a packed string that is not a
+// lone word is one allocation); the blobs are copied in one allocation and
+// handed out as capacity-limited subslices. Records never
 // share memory with bbolt's pages, which live only as long as the
 // transaction.
 //
@@ -75,6 +89,11 @@ const (
 	// formatBinary2 (schema 5) adds, at the end of the head, an
 	// execution's session holder and a step's on_interrupted.
 	formatBinary2 byte = 0x02
+	// formatBinary3 (schema 7; events, steps and occurrence counters)
+	// leaves out what the key holds (the tenant, execution id and step id;
+	// an event's seq) and packs strings and payloads (pack.go): see
+	// encodeEvent, encodeStep, appendOccurrence.
+	formatBinary3 byte = 0x03
 
 	kindExecution  byte = 'E'
 	kindStep       byte = 'S'
@@ -109,18 +128,15 @@ func encode(v any) ([]byte, error) {
 }
 
 // decode parses a stored record into a new T. The result shares no memory
-// with b, which bbolt owns only for the life of the transaction.
+// with b, which bbolt owns only for the life of the transaction. Events
+// and steps are not decoded here: their key completes them (decodeEvent,
+// decodeStepAt).
 func decode[T any](b []byte) (*T, error) {
 	var v any
 	var err error
 	switch any((*T)(nil)).(type) {
 	case *kernel.Execution:
 		v, err = decodeExecution(b)
-	case *kernel.Step:
-		v, err = decodeStep(b)
-	case *kernel.Event:
-		ev := new(kernel.Event)
-		v, err = ev, decodeEvent(b, ev)
 	case *kernel.Occurrence:
 		o := new(kernel.Occurrence)
 		*o, err = decodeOccurrence(b)
@@ -301,27 +317,27 @@ func encodeExecutionWith(e *kernel.Execution, input json.RawMessage) []byte {
 	return append(b, e.Error...)
 }
 
-// encodeStep returns the stored form of s.
+// encodeStep returns the stored form of s, format 3: its tenant,
+// execution id and id are not stored (its key, stepLogKey, holds them:
+// see decodeStepAt), and its string fields are packed strings (appendPStr):
+// hashes, UUIDs and the kernel's usual words take a few bytes.
 func encodeStep(s *kernel.Step) []byte {
 	args := orNull(s.Args)
-	size := 128 + len(s.ID) + len(s.ExecutionID) + len(s.Tenant) + len(s.Kind) + len(s.Target) +
+	size := 96 + len(s.Kind) + len(s.Target) +
 		len(s.ArgsHash) + len(s.Idempotency) + len(s.Effect) + len(s.Status) + len(s.Lease.DispatchID) + len(s.ApprovalID)
 	if d := s.Verdict; d != nil {
 		size += 48 + len(d.Action) + len(d.Reason) + len(d.RuleID) + len(d.Bundle.Name) +
 			len(d.Bundle.Revision) + len(d.Bundle.Digest) + len(d.Bundle.Engine)
 	}
 	size += len(s.OnInterrupted)
-	b := header(formatBinary2, kindStep, size, args, s.Result, s.Error)
-	b = appendStr(b, s.ID)
-	b = appendStr(b, s.ExecutionID)
-	b = appendStr(b, s.Tenant)
-	b = appendStr(b, s.Kind)
-	b = appendStr(b, s.Target)
-	b = appendStr(b, s.ArgsHash)
+	b := header(formatBinary3, kindStep, size, args, s.Result, s.Error)
+	b = appendPStr(b, s.Kind)
+	b = appendPStr(b, s.Target)
+	b = appendPStr(b, s.ArgsHash)
 	b = appendInt(b, int64(s.Occurrence))
-	b = appendStr(b, string(s.Idempotency))
-	b = appendStr(b, s.Effect)
-	b = appendStr(b, string(s.Status))
+	b = appendPStr(b, string(s.Idempotency))
+	b = appendPStr(b, s.Effect)
+	b = appendPStr(b, string(s.Status))
 	b = appendBool(b, s.Usage != nil)
 	if u := s.Usage; u != nil {
 		b = appendInt(b, u.InputTokens)
@@ -329,39 +345,86 @@ func encodeStep(s *kernel.Step) []byte {
 		b = appendInt(b, u.TotalTokens)
 		b = appendFloat(b, u.CostUSD)
 	}
-	b = appendStr(b, s.Lease.DispatchID)
+	b = appendPStr(b, s.Lease.DispatchID)
 	b = appendInt(b, int64(s.Lease.Attempt))
 	b = appendBool(b, s.Verdict != nil)
 	if d := s.Verdict; d != nil {
-		b = appendStr(b, string(d.Action))
-		b = appendStr(b, d.Reason)
-		b = appendStr(b, d.RuleID)
-		b = appendStr(b, d.Bundle.Name)
-		b = appendStr(b, d.Bundle.Revision)
-		b = appendStr(b, d.Bundle.Digest)
-		b = appendStr(b, d.Bundle.Engine)
+		b = appendPStr(b, string(d.Action))
+		b = appendPStr(b, d.Reason)
+		b = appendPStr(b, d.RuleID)
+		b = appendPStr(b, d.Bundle.Name)
+		b = appendPStr(b, d.Bundle.Revision)
+		b = appendPStr(b, d.Bundle.Digest)
+		b = appendPStr(b, d.Bundle.Engine)
 		b = appendInt(b, int64(d.EvalTime))
 	}
-	b = appendStr(b, s.ApprovalID)
+	b = appendPStr(b, s.ApprovalID)
 	b = appendUint(b, s.Seq)
 	b = appendTime(b, s.CreatedAt)
 	b = appendOptTime(b, s.CompletedAt)
-	// Format 2.
-	b = appendStr(b, s.OnInterrupted)
+	b = appendPStr(b, s.OnInterrupted)
 	b = append(b, args...)
 	b = append(b, s.Result...)
 	return append(b, s.Error...)
 }
 
-// encodeEvent returns the stored form of ev.
+// appendPStr appends a packed string: uvarint(n<<1 | packed), then n
+// bytes, s itself or, when that is shorter, packJSON's form of it (with
+// hex digits and UUIDs packed from its first byte).
+func appendPStr(b []byte, s string) []byte {
+	if len(s) >= 7 { // nothing shorter packs
+		at := len(b) + binary.MaxVarintLen32
+		b = append(b, make([]byte, binary.MaxVarintLen32)...)
+		if p, ok := packJSON(b[at:at], s, true); ok {
+			n := len(p)
+			b = b[:at-binary.MaxVarintLen32]
+			b = appendUint(b, uint64(n)<<1|1)
+			// The packed bytes sit after the varint's room: move them.
+			return append(b, p[:n:n]...)
+		}
+		b = b[:at-binary.MaxVarintLen32]
+	}
+	b = appendUint(b, uint64(len(s))<<1)
+	return append(b, s...)
+}
+
+// encodeEvent returns the stored form of ev, format 3: its execution id
+// and seq are not stored (the key holds them: see decodeEvent), its type
+// is a number when it is one of eventTypes, and its payload is packed
+// (packJSON) when that makes it shorter. The head is
+//
+//	flags(uvarint: 1 = payload packed) typeCode(uvarint) [type string if code 0] time
+//
+// and the payload is the only blob.
 func encodeEvent(ev *kernel.Event) []byte {
 	payload := orNull(ev.Payload)
-	b := header(formatBinary1, kindEvent, 32+len(ev.ExecutionID)+len(ev.Type), payload)
-	b = appendStr(b, ev.ExecutionID)
-	b = appendUint(b, ev.Seq)
-	b = appendStr(b, string(ev.Type))
+	code := eventTypeCodes[ev.Type]
+	headMax := 2 + 20 + binary.MaxVarintLen64
+	if code == 0 {
+		headMax += binary.MaxVarintLen64 + len(ev.Type)
+	}
+	// The payload is packed into the tail of the buffer, then moved right
+	// behind the head: one allocation. Packing never writes more bytes
+	// than it has read, so it stays within the tail.
+	tail := 2 + binary.MaxVarintLen32 + headMax
+	buf := make([]byte, tail+len(payload))
+	blob, packed := packJSON(buf[tail:tail], payload, false)
+	if !packed {
+		blob = payload
+	}
+	b := append(buf[:0], formatBinary3, kindEvent)
+	b = appendUint(b, uint64(len(blob)))
+	if packed {
+		b = appendUint(b, 1)
+	} else {
+		b = appendUint(b, 0)
+	}
+	b = appendUint(b, code)
+	if code == 0 {
+		b = appendStr(b, string(ev.Type))
+	}
 	b = appendTime(b, ev.Time)
-	return append(b, payload...)
+	return append(b, blob...)
 }
 
 // encodeOccurrence returns the stored form of o.
@@ -374,10 +437,11 @@ func occurrenceSize(o kernel.Occurrence) int {
 	return 2 + 3*binary.MaxVarintLen64 + len(o.Lease.DispatchID)
 }
 
-// appendOccurrence appends the stored form of o (a record without blobs).
+// appendOccurrence appends the stored form of o (a record without blobs),
+// format 3: the lease's dispatch id (a UUID) as a packed string.
 func appendOccurrence(b []byte, o kernel.Occurrence) []byte {
-	b = append(b, formatBinary1, kindOccurrence)
-	b = appendStr(b, o.Lease.DispatchID)
+	b = append(b, formatBinary3, kindOccurrence)
+	b = appendPStr(b, o.Lease.DispatchID)
 	b = appendInt(b, int64(o.Lease.Attempt))
 	return appendInt(b, int64(o.Count))
 }
@@ -410,7 +474,7 @@ func (r *reader) fail() {
 // fields (rawStr) can.
 func (r *reader) begin(b []byte, kind byte, lens []int, str bool) {
 	r.b = b
-	if len(b) < 2 || (b[0] != formatBinary1 && b[0] != formatBinary2) || b[1] != kind {
+	if len(b) < 2 || (b[0] != formatBinary1 && b[0] != formatBinary2 && (b[0] != formatBinary3 || kind == kindExecution)) || b[1] != kind {
 		if len(b) > 0 && b[0] == '{' {
 			r.err = fmt.Errorf("%w: a JSON record (schema 1) where a binary one is expected", errMalformed)
 		} else {
@@ -505,6 +569,46 @@ func (r *reader) str() string {
 	s := r.s[r.off : r.off+n]
 	r.off += n
 	return s
+}
+
+// pstr reads a packed string (appendPStr).
+func (r *reader) pstr() string {
+	tag := r.uvarint()
+	n := tag >> 1
+	if n > uint64(r.end-r.off) {
+		r.fail()
+		return ""
+	}
+	raw := r.b[r.off : r.off+int(n)]
+	if tag&1 == 0 {
+		s := r.s[r.off : r.off+int(n)]
+		r.off += int(n)
+		return s
+	}
+	if _, err := unpackedLen(raw); err != nil {
+		r.fail()
+		return ""
+	}
+	r.off += int(n)
+	// A lone word is the table's string; the rest is unpacked on the
+	// stack and copied once.
+	switch {
+	case len(raw) == 1 && raw[0] < packExt:
+		return packWords[raw[0]-1]
+	case len(raw) == 2 && raw[0] == packExt:
+		return packWordsExt[raw[1]]
+	}
+	var buf [128]byte
+	return string(unpackJSON(buf[:0], raw))
+}
+
+// field reads a string field: a packed string (pstr) when packed is set,
+// else a plain one (str).
+func (r *reader) field(packed bool) string {
+	if packed {
+		return r.pstr()
+	}
+	return r.str()
 }
 
 // rawStr reads a string field as a subslice of the record (no copy).
@@ -685,45 +789,50 @@ func decodeExecIndex(b []byte) (execIndex, error) {
 	return x, nil
 }
 
-// decodeStep parses the stored form of a step.
+// decodeStep parses the stored form of a step: the fields the record
+// holds. A format 3 record does not hold its tenant, execution id nor id
+// (they are left empty): decodeStepAt completes them from the key.
 func decodeStep(b []byte) (*kernel.Step, error) {
 	var r reader
 	var lens [3]int
 	r.begin(b, kindStep, lens[:], true)
 	s := new(kernel.Step)
-	s.ID = r.str()
-	s.ExecutionID = r.str()
-	s.Tenant = r.str()
-	s.Kind = r.str()
-	s.Target = r.str()
-	s.ArgsHash = r.str()
+	p := r.format == formatBinary3 // packed strings, no ids
+	if !p {
+		s.ID = r.str()
+		s.ExecutionID = r.str()
+		s.Tenant = r.str()
+	}
+	s.Kind = r.field(p)
+	s.Target = r.field(p)
+	s.ArgsHash = r.field(p)
 	s.Occurrence = r.int()
-	s.Idempotency = kernel.Idempotency(r.str())
-	s.Effect = r.str()
-	s.Status = kernel.StepStatus(r.str())
+	s.Idempotency = kernel.Idempotency(r.field(p))
+	s.Effect = r.field(p)
+	s.Status = kernel.StepStatus(r.field(p))
 	if r.bool() {
 		s.Usage = &kernel.Usage{InputTokens: r.varint(), OutputTokens: r.varint(), TotalTokens: r.varint(), CostUSD: r.float()}
 	}
-	s.Lease.DispatchID = r.str()
+	s.Lease.DispatchID = r.field(p)
 	s.Lease.Attempt = r.int()
 	if r.bool() {
 		d := new(kernel.StepVerdict)
-		d.Action = policy.Action(r.str())
-		d.Reason = r.str()
-		d.RuleID = r.str()
-		d.Bundle.Name = r.str()
-		d.Bundle.Revision = r.str()
-		d.Bundle.Digest = r.str()
-		d.Bundle.Engine = r.str()
+		d.Action = policy.Action(r.field(p))
+		d.Reason = r.field(p)
+		d.RuleID = r.field(p)
+		d.Bundle.Name = r.field(p)
+		d.Bundle.Revision = r.field(p)
+		d.Bundle.Digest = r.field(p)
+		d.Bundle.Engine = r.field(p)
 		d.EvalTime = time.Duration(r.varint())
 		s.Verdict = d
 	}
-	s.ApprovalID = r.str()
+	s.ApprovalID = r.field(p)
 	s.Seq = r.uvarint()
 	s.CreatedAt = r.time()
 	s.CompletedAt = r.optTime()
 	if r.format >= formatBinary2 {
-		s.OnInterrupted = r.str()
+		s.OnInterrupted = r.field(p)
 	}
 	if err := r.finish(); err != nil {
 		return nil, malformed("step", err)
@@ -732,21 +841,69 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 	return s, nil
 }
 
-// decodeEvent parses the stored form of an event into ev.
-func decodeEvent(b []byte, ev *kernel.Event) error {
+// decodeStepAt parses the stored form of step id of execution execID of
+// tenant (the ids its key names): a format 3 record takes them from the
+// arguments, an older one holds them.
+func decodeStepAt(b []byte, tenant, execID, id string) (*kernel.Step, error) {
+	s, err := decodeStep(b)
+	if err != nil {
+		return nil, err
+	}
+	if b[0] == formatBinary3 {
+		s.Tenant, s.ExecutionID, s.ID = tenant, execID, id
+	}
+	return s, nil
+}
+
+// decodeEvent parses the stored form of an event of execution execID
+// stored at seq into ev. A format 3 record takes its execution id and seq
+// from the arguments (its key); an older one holds them.
+func decodeEvent(b []byte, execID string, seq uint64, ev *kernel.Event) error {
 	var r reader
 	var lens [1]int
-	r.begin(b, kindEvent, lens[:], true)
-	ev.ExecutionID = r.str()
-	ev.Seq = r.uvarint()
-	ev.Type = kernel.EventType(r.str())
+	r.begin(b, kindEvent, lens[:], len(b) > 0 && b[0] != formatBinary3)
+	packed := false
+	if r.format == formatBinary3 {
+		ev.ExecutionID, ev.Seq = execID, seq
+		switch flags := r.uvarint(); flags {
+		case 0, 1:
+			packed = flags == 1
+		default:
+			r.fail()
+		}
+		code := r.uvarint()
+		switch {
+		case code == 0:
+			ev.Type = kernel.EventType(r.rawStr())
+		case code <= uint64(len(eventTypes)):
+			ev.Type = eventTypes[code-1]
+		default:
+			r.fail()
+		}
+	} else {
+		ev.ExecutionID = r.str()
+		ev.Seq = r.uvarint()
+		ev.Type = kernel.EventType(r.str())
+	}
 	ev.Time = r.time()
 	if err := r.finish(); err != nil {
 		*ev = kernel.Event{}
 		return malformed("event", err)
 	}
 	ev.Payload = nil
-	r.blobs(lens[:], &ev.Payload)
+	if !packed {
+		r.blobs(lens[:], &ev.Payload)
+		return nil
+	}
+	tail := r.b[r.end:]
+	n, err := unpackedLen(tail)
+	if err != nil {
+		*ev = kernel.Event{}
+		return malformed("event", err)
+	}
+	if n > 0 {
+		ev.Payload = unpackJSON(make([]byte, 0, n), tail)
+	}
 	return nil
 }
 
@@ -755,7 +912,7 @@ func decodeOccurrence(b []byte) (kernel.Occurrence, error) {
 	var r reader
 	r.begin(b, kindOccurrence, nil, true)
 	var o kernel.Occurrence
-	o.Lease.DispatchID = r.str()
+	o.Lease.DispatchID = r.field(r.format == formatBinary3)
 	o.Lease.Attempt = r.int()
 	o.Count = r.int()
 	if err := r.finish(); err != nil {

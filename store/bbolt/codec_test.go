@@ -70,7 +70,7 @@ func roundTrip[T any](t *testing.T, v *T) *T {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(raw) < 2 || (raw[0] != formatBinary1 && raw[0] != formatBinary2) {
+	if len(raw) < 2 || (raw[0] != formatBinary1 && raw[0] != formatBinary2 && raw[0] != formatBinary3) {
 		t.Fatalf("%T is not stored in binary: %q", v, raw)
 	}
 	got, err := decode[T](raw)
@@ -79,6 +79,47 @@ func roundTrip[T any](t *testing.T, v *T) *T {
 	}
 	// Decoding must not keep the stored bytes.
 	clear(raw)
+	return got
+}
+
+// roundTripStep encodes s in binary (format 3) and decodes it back, with
+// its ids given as its key gives them; format 2 reads back the same.
+func roundTripStep(t *testing.T, s *kernel.Step) *kernel.Step {
+	t.Helper()
+	raw := encodeStep(s)
+	if len(raw) < 2 || raw[0] != formatBinary3 {
+		t.Fatalf("step is not stored in format 3: %q", raw)
+	}
+	got, err := decodeStepAt(raw, s.Tenant, s.ExecutionID, s.ID)
+	if err != nil {
+		t.Fatalf("decode step: %v", err)
+	}
+	clear(raw)
+	old, err := decodeStepAt(encodeStepV2(s), "ignored", "ignored", "ignored")
+	if err != nil || !reflect.DeepEqual(old, got) {
+		t.Fatalf("format 2 reads\n  %+v (%v)\nformat 3 reads\n  %+v", old, err, got)
+	}
+	return got
+}
+
+// roundTripEvent encodes ev in binary (format 3) and decodes it back,
+// with its execution id and seq given as its key gives them.
+func roundTripEvent(t *testing.T, ev *kernel.Event) *kernel.Event {
+	t.Helper()
+	raw := encodeEvent(ev)
+	if len(raw) < 2 || raw[0] != formatBinary3 {
+		t.Fatalf("event is not stored in format 3: %q", raw)
+	}
+	got := new(kernel.Event)
+	if err := decodeEvent(raw, ev.ExecutionID, ev.Seq, got); err != nil {
+		t.Fatalf("decode event: %v", err)
+	}
+	clear(raw)
+	// Format 1 (schema 6 and before) reads back the same.
+	old := new(kernel.Event)
+	if err := decodeEvent(encodeEventV1(ev), "ignored", 99, old); err != nil || !reflect.DeepEqual(old, got) {
+		t.Fatalf("format 1 reads\n  %+v (%v)\nformat 3 reads\n  %+v", old, err, got)
+	}
 	return got
 }
 
@@ -106,11 +147,16 @@ func TestCodecRoundTripsEveryField(t *testing.T) {
 	e := filled[kernel.Execution](t)
 	check("Execution", roundTrip(t, e), e)
 	s := filled[kernel.Step](t)
-	check("Step", roundTrip(t, s), s)
+	check("Step", roundTripStep(t, s), s)
 	ev := filled[kernel.Event](t)
-	check("Event", roundTrip(t, ev), ev)
+	check("Event", roundTripEvent(t, ev), ev)
 	o := filled[kernel.Occurrence](t)
 	check("Occurrence", roundTrip(t, o), o)
+	o.Lease.DispatchID = "01a2332b-7573-7000-8239-83a843f0455f"
+	check("Occurrence (packed)", roundTrip(t, o), o)
+	if old, err := decodeOccurrence(encodeOccurrenceV1(*o)); err != nil || old != *o {
+		t.Errorf("Occurrence, format 1: %+v %v", old, err)
+	}
 
 	// Raw fields are independent: growing one does not write into the next.
 	got := roundTrip(t, e)
@@ -157,12 +203,12 @@ func TestCodecMatchesJSON(t *testing.T) {
 		s.Args, s.Result, s.Error = raw, raws[(i+1)%len(raws)], raws[(i+2)%len(raws)]
 		s.Usage = &kernel.Usage{}
 		s.Verdict = &kernel.StepVerdict{}
-		check(fmt.Sprintf("Step %d", i), roundTrip(t, s), viaJSON(t, s))
+		check(fmt.Sprintf("Step %d", i), roundTripStep(t, s), viaJSON(t, s))
 		zs := &kernel.Step{CreatedAt: tm, Args: raw}
-		check(fmt.Sprintf("zero Step %d", i), roundTrip(t, zs), viaJSON(t, zs))
+		check(fmt.Sprintf("zero Step %d", i), roundTripStep(t, zs), viaJSON(t, zs))
 
 		ev := &kernel.Event{ExecutionID: "e", Seq: uint64(i), Type: "t", Time: tm, Payload: raw}
-		check(fmt.Sprintf("Event %d", i), roundTrip(t, ev), viaJSON(t, ev))
+		check(fmt.Sprintf("Event %d", i), roundTripEvent(t, ev), viaJSON(t, ev))
 	}
 	o := &kernel.Occurrence{}
 	check("zero Occurrence", roundTrip(t, o), viaJSON(t, o))
@@ -199,7 +245,7 @@ func decodeAll(b []byte) []error {
 	_, err2 := decodeExecIndex(b)
 	_, err3 := decodeStep(b)
 	var ev kernel.Event
-	err4 := decodeEvent(b, &ev)
+	err4 := decodeEvent(b, "e", 1, &ev)
 	_, err5 := decodeOccurrence(b)
 	return []error{err1, err2, err3, err4, err5}
 }
@@ -211,8 +257,10 @@ func codecSeeds(t testing.TB) [][]byte {
 	}
 	return [][]byte{
 		encodeExecution(filled[kernel.Execution](tt)), encodeExecution(&kernel.Execution{}),
-		encodeStep(filled[kernel.Step](tt)), encodeStep(&kernel.Step{}),
+		encodeStep(filled[kernel.Step](tt)), encodeStep(&kernel.Step{}), encodeStepV2(filled[kernel.Step](tt)),
+		encodeStep(benchStep()), encodeOccurrenceV1(*filled[kernel.Occurrence](tt)),
 		encodeEvent(filled[kernel.Event](tt)), encodeOccurrence(*filled[kernel.Occurrence](tt)),
+		encodeEventV1(filled[kernel.Event](tt)), encodeEvent(packableEvent()), encodeEvent(&kernel.Event{Type: "custom.type"}),
 	}
 }
 
@@ -262,7 +310,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		if s, err := decodeStep(b); err == nil {
 			again, err := decodeStep(encodeStep(s))
-			if err != nil || !reflect.DeepEqual(again, normalizeStep(s)) {
+			if err != nil || !reflect.DeepEqual(normalizeStep(again), normalizeStep(s)) {
 				t.Fatalf("step does not re-encode: %v", err)
 			}
 		}
@@ -280,6 +328,7 @@ func normalizeExec(e *kernel.Execution) *kernel.Execution {
 func normalizeStep(s *kernel.Step) *kernel.Step {
 	c := *s
 	c.Args = orNull(c.Args)
+	c.Tenant, c.ExecutionID, c.ID = "", "", "" // format 3 leaves them to the key
 	return &c
 }
 

@@ -101,15 +101,15 @@ func exportExecution(tx *bolt.Tx, e *kernel.Execution, emit func(storecopy.Recor
 			continue // a step's record: exported below
 		}
 		ev := storecopy.Event{Tenant: e.Tenant}
-		if err := decodeEvent(v, &ev.Event); err != nil {
+		if err := decodeEvent(v, e.ID, binary.BigEndian.Uint64(k[len(pfx):]), &ev.Event); err != nil {
 			return fmt.Errorf("event %d of %s: %w", binary.BigEndian.Uint64(k[len(k)-8:]), e.ID, err)
 		}
 		if err := emit(storecopy.Record{Event: &ev}); err != nil {
 			return err
 		}
 	}
-	err := forEachStep(tx, e.Tenant, e.ID, func(_, _, raw []byte) error {
-		st, err := decodeStep(raw)
+	err := forEachStep(tx, e.Tenant, e.ID, func(ik, _, raw []byte) error {
+		st, err := decodeStepAt(raw, e.Tenant, e.ID, slotName(ik, e.Tenant, e.ID))
 		if err != nil {
 			return err
 		}

@@ -114,7 +114,7 @@ func TestMigrateV1File(t *testing.T) {
 					}
 					v = sl.occ
 				}
-				if len(v) < 2 || (v[0] != formatBinary1 && v[0] != formatBinary2) {
+				if len(v) < 2 || (v[0] != formatBinary1 && v[0] != formatBinary2 && v[0] != formatBinary3) {
 					return fmt.Errorf("bucket %s: key %q not binary: %q", b, k, v)
 				}
 				return nil
@@ -510,7 +510,7 @@ func TestMigrateStepLog(t *testing.T) {
 				return err
 			}
 			ev := kernel.Event{ExecutionID: x.ID, Seq: 1, Type: kernel.EvExecutionCreated, Time: t0, Payload: json.RawMessage(`{}`)}
-			if err := tx.Bucket(bEvents).Put(eventKey(x.Tenant, x.ID, 1), encodeEvent(&ev)); err != nil {
+			if err := tx.Bucket(bEvents).Put(eventKey(x.Tenant, x.ID, 1), encodeEventV1(&ev)); err != nil {
 				return err
 			}
 		}
@@ -523,11 +523,11 @@ func TestMigrateStepLog(t *testing.T) {
 			for j, typ := range []kernel.EventType{kernel.EvStepProposed, kernel.EvStepSucceeded} {
 				ev := kernel.Event{ExecutionID: "e1", Seq: seq + uint64(j), Type: typ, Time: t0,
 					Payload: json.RawMessage(`{"step_id":"` + st.ID + `"}`)}
-				if err := tx.Bucket(bEvents).Put(eventKey("t", "e1", ev.Seq), encodeEvent(&ev)); err != nil {
+				if err := tx.Bucket(bEvents).Put(eventKey("t", "e1", ev.Seq), encodeEventV1(&ev)); err != nil {
 					return err
 				}
 			}
-			if err := tx.Bucket(bSteps).Put(key("t", "e1", st.ID), encodeStep(st)); err != nil {
+			if err := tx.Bucket(bSteps).Put(key("t", "e1", st.ID), encodeStepV2(st)); err != nil {
 				return err
 			}
 			// A counter under the first step's id (as the kernel keys
@@ -537,7 +537,7 @@ func TestMigrateStepLog(t *testing.T) {
 				k = "tool_call\x00" + st.ID + "\x00x"
 			}
 			occ[k] = kernel.Occurrence{Lease: kernel.Lease{DispatchID: "d", Attempt: 1}, Count: i + 1}
-			if err := tx.Bucket(bOcc).Put(key("t", "e1", k), encodeOccurrence(occ[k])); err != nil {
+			if err := tx.Bucket(bOcc).Put(key("t", "e1", k), encodeOccurrenceV1(occ[k])); err != nil {
 				return err
 			}
 		}
@@ -722,7 +722,7 @@ func TestMigrateStepLogRefusesBadRecord(t *testing.T) {
 		if err := tx.Bucket(bExecutions).Put(key("t", "e1"), encodeExecution(e)); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bSteps).Put(key("t", "e1", "s1"), encodeStep(st)); err != nil {
+		if err := tx.Bucket(bSteps).Put(key("t", "e1", "s1"), encodeStepV2(st)); err != nil {
 			return err
 		}
 		return tx.Bucket(bOcc).Put(key("t", "e1", "s1"), []byte{0xff})

@@ -13,7 +13,7 @@ import (
 
 // SchemaVersion is the schema version this binary writes: the number of
 // migrations it knows.
-const SchemaVersion = 6
+const SchemaVersion = 7
 
 // ErrNewerSchema is returned by Open for a file written by a newer binary.
 var ErrNewerSchema = errors.New("store schema is newer than this binary supports")
@@ -28,7 +28,18 @@ var migrations = []func(tx *bolt.Tx) error{
 	3: migrateBundleOwners,
 	4: migrateSessions,
 	5: migrateStepLog, // and migrateInputs
+	6: migrateFormat3,
 }
+
+// migrateFormat3 (schema 7) changes nothing stored: events, step records
+// and occurrence counters are written in binary format 3 from now on (no
+// tenant, execution id, step id nor event seq, which their keys hold; an
+// event's type as a number; payloads and strings packed, pack.go), and the
+// records already stored read as before (they are rewritten in format 3
+// only when the kernel writes them again). The version moves so that a
+// schema 6 binary, which cannot read format 3, refuses the file instead
+// of misreading it.
+func migrateFormat3(*bolt.Tx) error { return nil }
 
 // migrateInputs (schema 6, with migrateStepLog) moves every execution's
 // input out of its record, to inputKey; the record keeps null.
@@ -76,7 +87,13 @@ func migrateStepLog(tx *bolt.Tx) error {
 	var keys []string // in key order
 	c := idx.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
-		s, err := decodeStep(v)
+		// A record migration 2 just wrote is in the current format, which
+		// leaves the ids to the key.
+		parts := bytes.SplitN(k, []byte{sep}, 3)
+		if len(parts) != 3 {
+			return fmt.Errorf("step %q: malformed key", k)
+		}
+		s, err := decodeStepAt(v, string(parts[0]), string(parts[1]), string(parts[2]))
 		if err != nil {
 			return fmt.Errorf("step %q: %w", k, err)
 		}

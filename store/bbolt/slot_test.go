@@ -107,7 +107,7 @@ func TestCheckFindsStepLayoutCorruption(t *testing.T) {
 			return tx.Bucket(bSteps).Put(key("t", id, "s9"), []byte{slotOcc, 0xff})
 		}, `entry "s9"`},
 		{"record misnamed", func(tx *bolt.Tx) error {
-			raw := encodeStep(&kernel.Step{ID: "s2", ExecutionID: id, Tenant: "t", Seq: 2})
+			raw := encodeStepV2(&kernel.Step{ID: "s2", ExecutionID: id, Tenant: "t", Seq: 2}) // format 3 holds no ids
 			return tx.Bucket(bEvents).Put(stepLogKey("t", id, 2, "s1"), raw)
 		}, "says t/" + id + "/s2"},
 		{"orphan input", func(tx *bolt.Tx) error {

@@ -280,7 +280,7 @@ func (r *readTx) Step(tenant, executionID, stepID string) (*kernel.Step, error) 
 	if raw == nil {
 		return nil, missing("step", tenant, executionID, stepID)
 	}
-	s, err := decodeStep(raw)
+	s, err := decodeStepAt(raw, tenant, executionID, stepID)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: step %s/%s/%s: %w", tenant, executionID, stepID, err)
 	}
@@ -313,8 +313,8 @@ func (r *readTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) {
 		return nil, nil
 	}
 	var steps []*kernel.Step
-	err := forEachStep(r.tx, tenant, executionID, func(_, _ []byte, raw []byte) error {
-		s, err := decodeStep(raw)
+	err := forEachStep(r.tx, tenant, executionID, func(ik, _ []byte, raw []byte) error {
+		s, err := decodeStepAt(raw, tenant, executionID, slotName(ik, tenant, executionID))
 		if err != nil {
 			return err
 		}
@@ -392,7 +392,7 @@ func (r *readTx) Events(tenant, executionID string, afterSeq uint64, limit int) 
 			continue // a step's record (stepLogKey), not an event
 		}
 		out = append(out, kernel.Event{})
-		if err := decodeEvent(v, &out[len(out)-1]); err != nil {
+		if err := decodeEvent(v, executionID, binary.BigEndian.Uint64(k[len(pfx):]), &out[len(out)-1]); err != nil {
 			return nil, fmt.Errorf("bbolt: events of %s/%s: seq %d: %w", tenant, executionID, binary.BigEndian.Uint64(k[len(pfx):]), err)
 		}
 		if limit > 0 && len(out) >= limit {
