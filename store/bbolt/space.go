@@ -69,6 +69,9 @@ const leafElementSize = 16
 // Space measures the store file at path, opened read-only (a running
 // kernel's lock makes it fail with ErrLocked after timeout).
 func Space(path string, timeout time.Duration) (*SpaceReport, error) {
+	if err := CheckClean(path); err != nil {
+		return nil, fmt.Errorf("bbolt: space %s: %w", path, err)
+	}
 	if err := CheckFile(path); err != nil {
 		return nil, err
 	}

@@ -478,7 +478,7 @@ func crashCopyFile(t *testing.T, path string) string {
 	return crashCopy(t, s, nil)
 }
 
-// TestWALOfflineTools: Compact and CheckClean refuse a crashed store's
+// TestWALOfflineTools: Compact, Space and CheckClean refuse a crashed store's
 // file (it lacks what its log holds) and leave it as it was.
 func TestWALOfflineTools(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "wicket.db")
@@ -497,6 +497,9 @@ func TestWALOfflineTools(t *testing.T) {
 	}
 	if _, err := Compact(crashed, "", time.Second); !errors.Is(err, ErrUnclean) {
 		t.Errorf("Compact = %v, want ErrUnclean", err)
+	}
+	if _, err := Space(crashed, time.Second); !errors.Is(err, ErrUnclean) {
+		t.Errorf("Space = %v, want ErrUnclean", err)
 	}
 	if after, _ := os.ReadFile(crashed); !bytes.Equal(before, after) {
 		t.Error("refused, and changed the file")
