@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -23,11 +27,17 @@ import (
 // is recorded executing (or later), and no event is recorded twice. The
 // kill is taken by the agent goroutine that read the answer, before it
 // sends anything else. (A process kill leaves the page cache alone: this
-// proves nothing is answered before its commit; that the commit's fsync
-// comes before the answer is bbolt's Commit, which fsyncs before it returns.)
+// proves nothing is answered before its commit; that the commit is on disk
+// before the answer is the write-ahead log's fdatasync, which comes before
+// bbolt's commit, or with --no-wal bbolt's Commit, which fsyncs before it
+// returns; store/bbolt's TestWALSurvivesLostWrites simulates the power
+// cut.) With the log, the kill leaves it beside the file: `store check`
+// refuses the file until the restarted kernel has applied it.
 func TestAckedStepSurvivesKillAfterResponse(t *testing.T) {
-	for _, at := range []string{"complete", "proceed"} {
-		t.Run(at, func(t *testing.T) { ackKill(t, at) })
+	for _, mode := range []string{"wal", "no-wal"} {
+		for _, at := range []string{"complete", "proceed"} {
+			t.Run(mode+"/"+at, func(t *testing.T) { ackKill(t, at, mode == "wal") })
+		}
 	}
 }
 
@@ -37,10 +47,14 @@ type ack struct {
 	result     string // "" for a proceed
 }
 
-func ackKill(t *testing.T, at string) {
+func ackKill(t *testing.T, at string, wal bool) {
 	dir := t.TempDir()
 	addr := freeAddr(t)
-	p := startServe(t, dir, addr)
+	var extra []string
+	if !wal {
+		extra = append(extra, "--no-wal")
+	}
+	p := startServe(t, dir, addr, extra...)
 	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
 
 	const n, killAfter = 8, 60 // executions; answers before the kill
@@ -111,7 +125,18 @@ func ackKill(t *testing.T, at string) {
 	answered := append([]ack(nil), acks...)
 	mu.Unlock()
 
-	p2 := startServe(t, dir, addr)
+	_, statErr := os.Stat(filepath.Join(dir, "wicket.db-wal"))
+	if wal != (statErr == nil) {
+		t.Fatalf("after the kill, with the log %v: the log directory: %v", wal, statErr)
+	}
+	if wal {
+		out, err := exec.Command(wicketBinary(t), "store", "check", "--data", dir).CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "write-ahead log") {
+			t.Fatalf("store check of a killed kernel's store: %v %s, want a refusal naming the log", err, out)
+		}
+	}
+
+	p2 := startServe(t, dir, addr, extra...)
 	defer func() { _ = p2.cmd.Process.Kill(); _ = p2.cmd.Wait() }()
 	proceeds, completes := 0, 0
 	for _, a := range answered {
