@@ -19,8 +19,11 @@ import (
 // little above what the code does today (see the test's log), so that a
 // change of the Go runtime does not trip them.
 const (
-	maxSubmitAllocs   = 270
+	maxSubmitAllocs   = 270 // the policy runs outside the transaction
 	maxCompleteAllocs = 187
+	// A policy that answers at once (QuickPolicy): the step is decided in
+	// the write transaction, with no read transaction before it.
+	maxSubmitInlineAllocs = 262
 )
 
 // TestAllocsStepPath counts the allocations of SubmitStep (a new step,
@@ -31,6 +34,27 @@ func TestAllocsStepPath(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts under the race detector are not the program's")
 	}
+	for _, quick := range []bool{false, true} {
+		name, maxSubmit := "engine", maxSubmitAllocs
+		if quick {
+			name, maxSubmit = "inline", maxSubmitInlineAllocs
+		}
+		t.Run(name, func(t *testing.T) {
+			submit, complete := allocsStepPath(t, quick)
+			t.Logf("allocations per call: SubmitStep %.0f (ceiling %d), CompleteStep %.0f (ceiling %d)", submit, maxSubmit, complete, maxCompleteAllocs)
+			if submit > float64(maxSubmit) {
+				t.Errorf("SubmitStep allocates %.0f times, ceiling %d", submit, maxSubmit)
+			}
+			if complete > maxCompleteAllocs {
+				t.Errorf("CompleteStep allocates %.0f times, ceiling %d", complete, maxCompleteAllocs)
+			}
+		})
+	}
+}
+
+// allocsStepPath measures the allocations of SubmitStep and CompleteStep
+// with a policy that answers at once (quick) or needs Decide.
+func allocsStepPath(t *testing.T, quick bool) (submit, complete float64) {
 	st, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +62,9 @@ func TestAllocsStepPath(t *testing.T) {
 	deliv := &deliverer{got: make(chan kernel.Delivery, 4)}
 	// With an Observer, as wicket serve runs the kernel (its metrics).
 	cfg := kernel.Config{ReapInterval: time.Hour, Observer: nopObserver{}}
-	k, err := kernel.New(st, deliv, &script{}, nil, cfg)
+	pol := &script{}
+	pol.quick.Store(quick)
+	k, err := kernel.New(st, deliv, pol, nil, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +101,7 @@ func TestAllocsStepPath(t *testing.T) {
 	}
 	ids := make([]string, 0, runs+1)
 	i := 0
-	submit := testing.AllocsPerRun(runs, func() {
+	submit = testing.AllocsPerRun(runs, func() {
 		d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: call, Kind: "tool_call", Target: "search", Args: args[i]})
 		if err != nil || d.Decision != kernel.DecisionProceed {
 			t.Fatalf("submit %d: %v %+v", i, err, d)
@@ -84,19 +110,13 @@ func TestAllocsStepPath(t *testing.T) {
 		i++
 	})
 	i = 0
-	complete := testing.AllocsPerRun(runs, func() {
+	complete = testing.AllocsPerRun(runs, func() {
 		if _, err := k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: call, StepID: ids[i], Result: results[i]}); err != nil {
 			t.Fatalf("complete %d: %v", i, err)
 		}
 		i++
 	})
-	t.Logf("allocations per call: SubmitStep %.0f (ceiling %d), CompleteStep %.0f (ceiling %d)", submit, maxSubmitAllocs, complete, maxCompleteAllocs)
-	if submit > maxSubmitAllocs {
-		t.Errorf("SubmitStep allocates %.0f times, ceiling %d", submit, maxSubmitAllocs)
-	}
-	if complete > maxCompleteAllocs {
-		t.Errorf("CompleteStep allocates %.0f times, ceiling %d", complete, maxCompleteAllocs)
-	}
+	return submit, complete
 }
 
 // nopObserver observes nothing: the kernel's own bookkeeping for an

@@ -262,3 +262,41 @@ func TestHostOnInterrupted(t *testing.T) {
 		t.Fatalf("a bad on_interrupted: %v", err)
 	}
 }
+
+// TestHostQuick: Quick answers at once exactly where Decide needs no
+// engine (no bundle, no guards, an allow or deny default), with Decide's
+// verdict; anywhere else it declines.
+func TestHostQuick(t *testing.T) {
+	for _, tc := range []struct {
+		def, bundle string
+		guards      []string
+		kind        string
+		quick       bool
+	}{
+		{"", "", nil, "tool_call", true},
+		{"allow", "", nil, "llm_call", true},
+		{"deny", "", nil, "tool_call", true},
+		{"deny", "", nil, "local", true}, // an unmatched local step is allowed
+		{"", "agent", nil, "tool_call", false},
+		{"", "", []string{"guard"}, "tool_call", false},
+		{"some-bundle", "", nil, "tool_call", false},
+	} {
+		h := plugins.NewHost(plugins.Options{DefaultPolicy: tc.def}, rules.New())
+		req := &kernel.PolicyRequest{Input: &policy.Input{Tenant: "acme", Step: policy.Step{Kind: tc.kind, Target: "x"}}, Guards: tc.guards, Bundle: tc.bundle}
+		qv, ok := h.Quick(req)
+		if ok != tc.quick {
+			t.Errorf("%+v: Quick answered %v", tc, ok)
+		}
+		if ok {
+			dv, err := h.Decide(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dv.EvalTime = 0 // Decide times itself; Quick leaves that to its caller
+			if qv.Action != dv.Action || qv.Reason != dv.Reason || qv.RuleID != dv.RuleID || qv.Bundle != dv.Bundle || qv.EvalTime != 0 {
+				t.Errorf("%+v: Quick %+v, Decide %+v", tc, qv, dv)
+			}
+		}
+		h.Close()
+	}
+}
