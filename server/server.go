@@ -110,6 +110,8 @@ type Server struct {
 	storeCheck writeCheck
 	// table is every route with its class (GET /v0/whoami lists a key's).
 	table []route
+	// verifiers check agents' v1 signatures, one per secret.
+	verifiers verifiers
 }
 
 // New builds a server for k.
@@ -432,6 +434,11 @@ type call struct {
 	token string
 	// pv are the path variables of a hot route (nil: the router's).
 	pv *pathVars
+	// agent and agentTenant are the agent an agent call names and its
+	// execution's tenant, found from the headers before the body is read
+	// (agentOf); the signature is not checked yet.
+	agent       *kernel.Agent
+	agentTenant string
 }
 
 // vars returns a path variable.
@@ -511,9 +518,11 @@ func (s *Server) admit(c *call, cl class, o routeOpts) error {
 	}
 	agent := agentCall(c.r, cl)
 	if agent {
-		if _, _, err := s.agentOf(c, c.r.Header.Get(wire.HeaderAgentID)); err != nil {
+		a, tenant, err := s.agentOf(c, headerValue(c.r.Header, wire.HeaderAgentID))
+		if err != nil {
 			return err
 		}
+		c.agent, c.agentTenant = a, tenant // authenticateAgent checks its signature
 		if err := s.readBody(c, s.cfg.MaxBodyBytes); err != nil {
 			return err
 		}
