@@ -19,11 +19,8 @@ import (
 // little above what the code does today (see the test's log), so that a
 // change of the Go runtime does not trip them.
 const (
-	maxSubmitAllocs   = 270 // the policy runs outside the transaction
+	maxSubmitAllocs   = 270
 	maxCompleteAllocs = 187
-	// A policy that answers at once (QuickPolicy): the step is decided in
-	// the write transaction, with no read transaction before it.
-	maxSubmitInlineAllocs = 262
 )
 
 // TestAllocsStepPath counts the allocations of SubmitStep (a new step,
@@ -34,28 +31,7 @@ func TestAllocsStepPath(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts under the race detector are not the program's")
 	}
-	for _, quick := range []bool{false, true} {
-		name, maxSubmit := "engine", maxSubmitAllocs
-		if quick {
-			name, maxSubmit = "inline", maxSubmitInlineAllocs
-		}
-		t.Run(name, func(t *testing.T) {
-			submit, complete := allocsStepPath(t, quick)
-			t.Logf("allocations per call: SubmitStep %.0f (ceiling %d), CompleteStep %.0f (ceiling %d)", submit, maxSubmit, complete, maxCompleteAllocs)
-			if submit > float64(maxSubmit) {
-				t.Errorf("SubmitStep allocates %.0f times, ceiling %d", submit, maxSubmit)
-			}
-			if complete > maxCompleteAllocs {
-				t.Errorf("CompleteStep allocates %.0f times, ceiling %d", complete, maxCompleteAllocs)
-			}
-		})
-	}
-}
-
-// allocsStepPath measures the allocations of SubmitStep and CompleteStep
-// with a policy that answers at once (quick) or needs Decide.
-func allocsStepPath(t *testing.T, quick bool) (submit, complete float64) {
-	k, call := stepPathKernel(t, quick)
+	k, call := stepPathKernel(t)
 	ctx := context.Background()
 	const runs = 200
 	args := make([]json.RawMessage, runs+1)
@@ -66,7 +42,7 @@ func allocsStepPath(t *testing.T, quick bool) (submit, complete float64) {
 	}
 	ids := make([]string, 0, runs+1)
 	i := 0
-	submit = testing.AllocsPerRun(runs, func() {
+	submit := testing.AllocsPerRun(runs, func() {
 		d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: call, Kind: "tool_call", Target: "search", Args: args[i]})
 		if err != nil || d.Decision != kernel.DecisionProceed {
 			t.Fatalf("submit %d: %v %+v", i, err, d)
@@ -75,51 +51,46 @@ func allocsStepPath(t *testing.T, quick bool) (submit, complete float64) {
 		i++
 	})
 	i = 0
-	complete = testing.AllocsPerRun(runs, func() {
+	complete := testing.AllocsPerRun(runs, func() {
 		if _, err := k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: call, StepID: ids[i], Result: results[i]}); err != nil {
 			t.Fatalf("complete %d: %v", i, err)
 		}
 		i++
 	})
-	return submit, complete
+	t.Logf("allocations per call: SubmitStep %.0f (ceiling %d), CompleteStep %.0f (ceiling %d)", submit, maxSubmitAllocs, complete, maxCompleteAllocs)
+	if submit > maxSubmitAllocs {
+		t.Errorf("SubmitStep allocates %.0f times, ceiling %d", submit, maxSubmitAllocs)
+	}
+	if complete > maxCompleteAllocs {
+		t.Errorf("CompleteStep allocates %.0f times, ceiling %d", complete, maxCompleteAllocs)
+	}
 }
 
 // BenchmarkStepPath measures a step's two calls (SubmitStep of a new
 // allowed step, CompleteStep) on a bbolt store without fsync, one at a
-// time (each its own commit), with a policy that needs Decide (engine:
-// read, decide, write) and one that answers at once (inline: one write
-// transaction).
+// time (each its own commit).
 func BenchmarkStepPath(b *testing.B) {
-	for _, quick := range []bool{false, true} {
-		name := "engine"
-		if quick {
-			name = "inline"
+	k, call := stepPathKernel(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		n++
+		d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: call, Kind: "tool_call", Target: "search",
+			Args: json.RawMessage(`{"n":` + strconv.Itoa(n) + `,"q":"bench"}`)})
+		if err != nil || d.Decision != kernel.DecisionProceed {
+			b.Fatalf("submit %d: %v %+v", n, err, d)
 		}
-		b.Run(name, func(b *testing.B) {
-			k, call := stepPathKernel(b, quick)
-			ctx := context.Background()
-			b.ReportAllocs()
-			n := 0
-			for b.Loop() {
-				n++
-				d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: call, Kind: "tool_call", Target: "search",
-					Args: json.RawMessage(`{"n":` + strconv.Itoa(n) + `,"q":"bench"}`)})
-				if err != nil || d.Decision != kernel.DecisionProceed {
-					b.Fatalf("submit %d: %v %+v", n, err, d)
-				}
-				if _, err := k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: call, StepID: d.StepID, Result: json.RawMessage(`{"hits":1}`)}); err != nil {
-					b.Fatalf("complete %d: %v", n, err)
-				}
-			}
-		})
+		if _, err := k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: call, StepID: d.StepID, Result: json.RawMessage(`{"hits":1}`)}); err != nil {
+			b.Fatalf("complete %d: %v", n, err)
+		}
 	}
 }
 
 // stepPathKernel starts a kernel on a bbolt store without fsync, with an
-// Observer as wicket serve runs it, whose script policy answers at once
-// (quick) or needs Decide, and returns the call of an execution's first
-// dispatch. The kernel stops when tb ends.
-func stepPathKernel(tb testing.TB, quick bool) (*kernel.Kernel, kernel.AgentCall) {
+// Observer as wicket serve runs it, and returns the call of an
+// execution's first dispatch. The kernel stops when tb ends.
+func stepPathKernel(tb testing.TB) (*kernel.Kernel, kernel.AgentCall) {
 	t := tb
 	st, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
 	if err != nil {
@@ -128,9 +99,7 @@ func stepPathKernel(tb testing.TB, quick bool) (*kernel.Kernel, kernel.AgentCall
 	deliv := &deliverer{got: make(chan kernel.Delivery, 4)}
 	// With an Observer, as wicket serve runs the kernel (its metrics).
 	cfg := kernel.Config{ReapInterval: time.Hour, Observer: nopObserver{}}
-	pol := &script{}
-	pol.quick.Store(quick)
-	k, err := kernel.New(st, deliv, pol, nil, cfg)
+	k, err := kernel.New(st, deliv, &script{}, nil, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,15 +51,10 @@ func (d *deliverer) Deliver(_ context.Context, dl kernel.Delivery) error {
 }
 
 // script is a kernel.Policy answering a verdict by step target; a target
-// it does not know is allowed. hook, when set, runs inside Decide. It is a
-// kernel.QuickPolicy that answers at once only while quick is set (the
-// kernel then decides inside the write transaction and never calls
-// Decide); otherwise the kernel finds it needs Decide.
+// it does not know is allowed. hook, when set, runs inside Decide.
 type script struct {
 	verdicts map[string]kernel.Verdict
-	calls    atomic.Int64 // Decide
-	quicks   atomic.Int64 // Quick's answers
-	quick    atomic.Bool
+	calls    atomic.Int64
 	hook     func(ctx context.Context, req *kernel.PolicyRequest)
 }
 
@@ -70,27 +65,12 @@ func (s *script) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.
 	if s.hook != nil {
 		s.hook(ctx, req)
 	}
-	return s.verdict(req), nil
-}
-
-func (s *script) Quick(req *kernel.PolicyRequest) (kernel.Verdict, bool) {
-	if !s.quick.Load() {
-		return kernel.Verdict{}, false
-	}
-	s.quicks.Add(1)
-	return s.verdict(req), true
-}
-
-func (s *script) verdict(req *kernel.PolicyRequest) kernel.Verdict {
 	if v, ok := s.verdicts[req.Input.Step.Target]; ok {
 		v.Bundle = scriptRef
-		return v
+		return v, nil
 	}
-	return kernel.Verdict{Action: policy.Allow, RuleID: "allow-rest", Bundle: scriptRef}
+	return kernel.Verdict{Action: policy.Allow, RuleID: "allow-rest", Bundle: scriptRef}, nil
 }
-
-// quickHarness makes newHarness's script answer at once (TestDecideInline).
-var quickHarness bool
 
 // harness is a kernel on a real store with a moved clock.
 type harness struct {
@@ -115,7 +95,6 @@ func newHarness(t *testing.T, cfg kernel.Config, verdicts map[string]kernel.Verd
 	}
 	h := &harness{t: t, clock: &clock{t: time.Date(2026, 11, 29, 8, 0, 0, 0, time.UTC)},
 		deliv: &deliverer{got: make(chan kernel.Delivery, 64)}, pol: &script{verdicts: verdicts}}
-	h.pol.quick.Store(quickHarness)
 	cfg.Clock = h.clock
 	cfg.ReapInterval = 5 * time.Millisecond
 	k, err := kernel.New(st, h.deliv, h.pol, nil, cfg)
@@ -925,70 +904,5 @@ func TestOccurrenceCounterOfBefore(t *testing.T) {
 			t.Fatalf("submission %d (%s): step id %s, want %s", i, c.target, d.StepID, id)
 		}
 		r.complete(d.StepID, nil)
-	}
-}
-
-// TestDecideInline runs the decision path's tests with a policy that
-// answers at once: each step is then decided inside the write transaction
-// that records it (no read transaction before, nothing re-read), and every
-// outcome must be the same. (The retry tests hold Decide, which is then
-// not called.)
-func TestDecideInline(t *testing.T) {
-	quickHarness = true
-	defer func() { quickHarness = false }()
-	for name, test := range map[string]func(*testing.T){
-		"DecisionOutcomes": TestDecisionOutcomes, "Limits": TestLimits, "Approvals": TestApprovals,
-		"Orphans": TestOrphans, "LocalStepWithValue": TestLocalStepWithValue,
-		"OccurrenceCounterOfBefore": TestOccurrenceCounterOfBefore,
-	} {
-		t.Run(name, test)
-	}
-}
-
-// TestQuickPolicySwitches: while the policy answers at once, steps are
-// decided without Decide; once it needs Decide, the first step so found
-// writes nothing in its inline attempt and is decided outside the
-// transaction, as are the agent's next steps; when it answers at once
-// again, the agent's steps go back inline. The log holds each step's
-// events once.
-func TestQuickPolicySwitches(t *testing.T) {
-	h := newHarness(t, kernel.Config{}, map[string]kernel.Verdict{"no": {Action: policy.Deny, RuleID: "deny-no", Reason: "no"}})
-	r := h.start(kernel.Limits{}, nil)
-	h.pol.quick.Store(true)
-	want := func(i int, target string, decision kernel.Decision, decides, quicks int64) {
-		t.Helper()
-		d := r.mustSubmit(step{target: target})
-		if d.Decision != decision {
-			t.Fatalf("step %d (%s): %+v, want %s", i, target, d, decision)
-		}
-		if d.Decision == kernel.DecisionProceed {
-			r.complete(d.StepID, nil)
-		}
-		if got := h.pol.calls.Load(); got != decides {
-			t.Errorf("step %d: Decide called %d times, want %d", i, got, decides)
-		}
-		if got := h.pol.quicks.Load(); got != quicks {
-			t.Errorf("step %d: Quick answered %d times, want %d", i, got, quicks)
-		}
-	}
-	want(0, "a", kernel.DecisionProceed, 0, 1)
-	want(1, "no", kernel.DecisionDenied, 0, 2)
-	h.pol.quick.Store(false)
-	want(2, "b", kernel.DecisionProceed, 1, 2)
-	want(3, "no", kernel.DecisionDenied, 2, 2)
-	h.pol.quick.Store(true)
-	// Decided outside once more (the agent was slow), which finds it quick.
-	want(4, "c", kernel.DecisionProceed, 3, 3)
-	want(5, "d", kernel.DecisionProceed, 3, 4)
-	evs, err := h.k.Events(context.Background(), kernel.DefaultTenant, r.id, 0, 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	count := map[kernel.EventType]int{}
-	for _, ev := range evs {
-		count[ev.Type]++
-	}
-	if count[kernel.EvStepProposed] != 6 || count[kernel.EvStepAllowed] != 4 || count[kernel.EvStepDenied] != 2 || count[kernel.EvStepSucceeded] != 4 {
-		t.Errorf("events by type %v, want 6 proposed, 4 allowed, 2 denied, 4 succeeded", count)
 	}
 }

@@ -27,10 +27,7 @@
 // bundle and the tenant's guards), applies the execution's limits, asks the
 // [Policy] for a [Verdict] outside any transaction, then writes the
 // decision and its events in one transaction that re-checks what was read;
-// if something changed in between, it starts over. When the policy can
-// answer at once ([QuickPolicy]: an agent bound to no bundle, in a tenant
-// without guards), all of it happens in the write transaction instead:
-// one transaction, nothing read twice.
+// if something changed in between, it starts over.
 //
 // # Time
 //

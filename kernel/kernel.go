@@ -151,20 +151,6 @@ type Policy interface {
 	Decide(ctx context.Context, req *PolicyRequest) (Verdict, error)
 }
 
-// QuickPolicy is a Policy that can answer some requests at once, without
-// evaluating anything (an agent bound to no bundle, in a tenant without
-// guards, under an allow or deny default). For such a request SubmitStep
-// decides the step inside the write transaction that records it: one
-// transaction and one set of reads instead of a read, the decision and a
-// write that reads again.
-type QuickPolicy interface {
-	Policy
-	// Quick returns the verdict Decide would answer for req, and true, when
-	// it needs no engine; otherwise false. It is called inside the store's
-	// write transaction: it must not block, read or evaluate anything.
-	Quick(req *PolicyRequest) (Verdict, bool)
-}
-
 // DefaultPolicy is the kernel's policy for agents bound to no bundle: it
 // answers Action for every step (an unmatched local step is always allowed).
 type DefaultPolicy struct{ Action policy.Action }
@@ -175,11 +161,6 @@ var DefaultBundleRef = policy.BundleRef{Name: "kernel-default", Revision: "1", E
 // Decide implements Policy. It ignores the request's bundles.
 func (p DefaultPolicy) Decide(_ context.Context, req *PolicyRequest) (Verdict, error) {
 	return p.Verdict(req.Input.Step.Kind), nil
-}
-
-// Quick implements QuickPolicy: the default policy always answers at once.
-func (p DefaultPolicy) Quick(req *PolicyRequest) (Verdict, bool) {
-	return p.Verdict(req.Input.Step.Kind), true
 }
 
 // Verdict is the default policy's verdict for a step of the given kind.
@@ -234,12 +215,6 @@ type Kernel struct {
 	ownersMu sync.RWMutex
 	owners   map[string]owner // execution id → owner (immutable once created)
 
-	// slowMu guards slow: the agents whose steps last needed a policy
-	// engine (QuickPolicy answered false), decided outside the write
-	// transaction without first trying inside it (see SubmitStep).
-	slowMu sync.RWMutex
-	slow   map[agentKey]bool
-
 	subsMu sync.Mutex
 	subs   map[string]map[chan struct{}]struct{} // execution id → watchers (SSE)
 
@@ -285,7 +260,6 @@ func New(st Store, deliv Deliverer, pol Policy, bundles BundleLoader, cfg Config
 		sem:     make(chan struct{}, cfg.DeliveryConcurrency),
 		agents:  map[agentKey]*Agent{},
 		owners:  map[string]owner{},
-		slow:    map[agentKey]bool{},
 		subs:    map[string]map[chan struct{}]struct{}{},
 	}, nil
 }

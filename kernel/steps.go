@@ -205,22 +205,14 @@ type preread struct {
 // its events in one transaction. On proceed, step.executing is durable
 // before this returns.
 //
-// When the policy answers at once (QuickPolicy: no engine to run), the
-// whole decision is made inside the write transaction that records it
-// (submitInline). Otherwise it reads (one read transaction), evaluates
-// policy outside any transaction, then writes and re-checks what it read;
-// when something changed in between it starts over, at most
-// maxSubmitTries times (then unavailable).
+// It reads (one read transaction), evaluates policy outside any
+// transaction, then writes and re-checks what it read; when something
+// changed in between it starts over, at most maxSubmitTries times
+// (then unavailable).
 func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision, error) {
 	sub, err := newSubmission(req)
 	if err != nil {
 		return nil, err
-	}
-	qp, quick := k.policy.(QuickPolicy)
-	if quick && !k.slowAgent(sub.ExecutionID) {
-		if d, done, err := k.submitInline(ctx, sub, qp); done {
-			return d, err
-		}
 	}
 	for range maxSubmitTries {
 		var pre preread
@@ -235,13 +227,6 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 		}
 		var v *Verdict
 		if pre.policy != nil {
-			if quick {
-				// The agent was found to need an engine; once it no
-				// longer does, its next steps are decided inline again.
-				if _, ok := qp.Quick(pre.policy); ok {
-					k.setSlow(pre.exec, false)
-				}
-			}
 			if v = k.checkLimits(pre.exec, sub, &pre); v == nil {
 				if v, err = k.decide(ctx, pre.policy); err != nil {
 					return nil, err
@@ -263,104 +248,6 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 		return out, nil
 	}
 	return nil, Errorf(CodeUnavailable, "step submission kept racing with concurrent changes; retry")
-}
-
-// submitInline decides and records sub in one write transaction: preread,
-// the execution's limits and the policy's quick answer, then the decision
-// as writeStep records it (nothing to re-check: it is the same
-// transaction). done is false when the policy needs an engine: nothing was
-// written, the agent is remembered as slow, and the caller decides outside
-// the transaction. An error found before anything was written is answered
-// without failing the transaction, so that the other functions of its
-// batch need not run again.
-func (k *Kernel) submitInline(ctx context.Context, sub *submission, qp QuickPolicy) (d *StepDecision, done bool, err error) {
-	var refused error
-	var slow *Execution
-	_, err = k.update(ctx, func(r *rec) error {
-		d, refused, slow = nil, nil, nil
-		var pre preread
-		if err := k.preread(r.tx, sub, &pre); err != nil {
-			refused = err
-			return nil
-		}
-		if pre.decision != nil {
-			d = pre.decision
-			return nil
-		}
-		var v *Verdict
-		if pre.policy != nil {
-			if v = k.checkLimits(pre.exec, sub, &pre); v == nil {
-				start := time.Now()
-				qv, ok := qp.Quick(pre.policy)
-				if !ok {
-					slow = pre.exec
-					return nil
-				}
-				v = checkVerdict(qv, start)
-			}
-		}
-		var err error
-		d, err = k.recordStep(r, sub, &pre, pre.exec, pre.step, pre.occ, v)
-		return err
-	})
-	switch {
-	case err != nil:
-		return nil, true, err
-	case refused != nil:
-		return nil, true, refused
-	case slow != nil:
-		k.setSlow(slow, true)
-		return nil, false, nil
-	}
-	return d, true, nil
-}
-
-// slowAgent reports whether the agent of an execution was last found to
-// need a policy engine (false when unknown: SubmitStep then tries the
-// decision inline).
-func (k *Kernel) slowAgent(executionID string) bool {
-	k.ownersMu.RLock()
-	o, ok := k.owners[executionID]
-	k.ownersMu.RUnlock()
-	if !ok {
-		return false
-	}
-	k.slowMu.RLock()
-	slow := k.slow[agentKey{o.tenant, o.agentID}]
-	k.slowMu.RUnlock()
-	return slow
-}
-
-// setSlow remembers whether e's agent needs a policy engine; a slow agent's
-// execution is also remembered in the owners cache, which slowAgent reads.
-func (k *Kernel) setSlow(e *Execution, slow bool) {
-	ak := agentKey{e.Tenant, e.AgentID}
-	k.slowMu.RLock()
-	same := k.slow[ak] == slow
-	k.slowMu.RUnlock()
-	if same {
-		return
-	}
-	k.slowMu.Lock()
-	if len(k.slow) > 1<<16 {
-		clear(k.slow)
-	}
-	if slow {
-		k.slow[ak] = true
-	} else {
-		delete(k.slow, ak)
-	}
-	k.slowMu.Unlock()
-	if slow {
-		k.ownersMu.Lock()
-		if _, ok := k.owners[e.ID]; !ok {
-			if len(k.owners) > 1<<16 {
-				clear(k.owners)
-			}
-			k.owners[e.ID] = owner{tenant: e.Tenant, agentID: e.AgentID}
-		}
-		k.ownersMu.Unlock()
-	}
 }
 
 // preread reads what the decision depends on; it sets pre.decision when the
@@ -516,13 +403,6 @@ func (k *Kernel) decide(ctx context.Context, req *PolicyRequest) (*Verdict, erro
 	if err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
-	return checkVerdict(v, start), nil
-}
-
-// checkVerdict completes a policy's verdict asked for at start: its
-// evaluation time when the policy left it out, and deny for an unknown
-// action.
-func checkVerdict(v Verdict, start time.Time) *Verdict {
 	if v.EvalTime == 0 {
 		v.EvalTime = time.Since(start)
 	}
@@ -530,7 +410,7 @@ func checkVerdict(v Verdict, start time.Time) *Verdict {
 		v.Reason = fmt.Sprintf("policy answered unknown action %q", v.Action)
 		v.Action = policy.Deny
 	}
-	return &v
+	return &v, nil
 }
 
 // writeStep re-checks what preread saw and records the decision. v is the
@@ -566,14 +446,6 @@ func (k *Kernel) writeStep(r *rec, sub *submission, pre *preread, v *Verdict) (*
 		}
 		s = cur
 	}
-	return k.recordStep(r, sub, pre, e, s, n, v)
-}
-
-// recordStep records the decision for sub: e and s (nil for a new step) as
-// read in this transaction, n the occurrence, v the verdict for a step
-// that needs policy (nil otherwise).
-func (k *Kernel) recordStep(r *rec, sub *submission, pre *preread, e *Execution, s *Step, n int, v *Verdict) (*StepDecision, error) {
-	var err error
 	base := &StepDecision{StepID: pre.stepID, Occurrence: n}
 	var d *StepDecision
 	switch {

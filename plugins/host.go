@@ -385,36 +385,23 @@ func (h *Host) get(tenant, name string) (*loaded, func()) {
 	}
 }
 
-// Quick implements kernel.QuickPolicy: an agent bound to no bundle, in a
-// tenant without guards, under an allow or deny default, is answered the
-// default at once (no engine runs); anything else is Decide's to evaluate.
-func (h *Host) Quick(req *kernel.PolicyRequest) (kernel.Verdict, bool) {
-	if req.Bundle != "" || len(req.Guards) != 0 {
-		return kernel.Verdict{}, false
-	}
-	switch h.opts.DefaultPolicy {
-	case "", "allow", "deny":
-		return kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}.Verdict(req.Input.Step.Kind), true
-	}
-	return kernel.Verdict{}, false
-}
-
 // Decide implements kernel.Policy: the tenant's guards, then the agent's
 // bundle, composed with policy.Combine; nothing matched means the agent
 // bundle's default_action (or the kernel default when the agent has no
 // bundle). A bundle that is not loaded or fails to answer denies the step.
 func (h *Host) Decide(ctx context.Context, req *kernel.PolicyRequest) (kernel.Verdict, error) {
 	start := time.Now()
-	if v, ok := h.Quick(req); ok {
-		v.EvalTime = time.Since(start)
-		return v, nil
-	}
 	in := req.Input
 	def := kernel.DefaultPolicy{Action: policy.Action(orAllow(h.opts.DefaultPolicy))}
 	agentBundle := req.Bundle
 	if agentBundle == "" {
 		switch h.opts.DefaultPolicy {
 		case "", "allow", "deny":
+			if len(req.Guards) == 0 {
+				v := def.Verdict(in.Step.Kind)
+				v.EvalTime = time.Since(start)
+				return v, nil
+			}
 		default:
 			agentBundle = h.opts.DefaultPolicy
 		}
