@@ -148,7 +148,7 @@ func agentCall(r *http.Request, cl class) bool {
 
 // headerValue is h.Get(key) for a key already in canonical form (every
 // header the server reads by name): the map is read without Get's
-// canonicalisation of the key. HeaderKeysCanonical tests the keys.
+// canonicalisation of the key (TestHeaderKeysCanonical checks the keys).
 func headerValue(h http.Header, key string) string {
 	if v := h[key]; len(v) > 0 {
 		return v[0]
