@@ -31,41 +31,8 @@ func TestAllocsStepPath(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts under the race detector are not the program's")
 	}
-	st, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	deliv := &deliverer{got: make(chan kernel.Delivery, 4)}
-	// With an Observer, as wicket serve runs the kernel (its metrics).
-	cfg := kernel.Config{ReapInterval: time.Hour, Observer: nopObserver{}}
-	k, err := kernel.New(st, deliv, &script{}, nil, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, call := stepPathKernel(t)
 	ctx := context.Background()
-	if err := k.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = k.Close(ctx); _ = st.Close() }()
-	if _, err := k.PutAgent(ctx, kernel.Agent{ID: agentID, WebhookURL: "http://127.0.0.1:1/webhook", Secret: agentSecret}); err != nil {
-		t.Fatal(err)
-	}
-	e, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: agentID, Input: json.RawMessage(`{"task":"allocs"}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var call kernel.AgentCall
-	select {
-	case d := <-deliv.got:
-		call = kernel.AgentCall{Tenant: d.Tenant, ExecutionID: d.ExecutionID, AgentID: d.AgentID,
-			Lease: kernel.Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no delivery")
-	}
-	if call.ExecutionID != e.ID {
-		t.Fatalf("delivered %s, created %s", call.ExecutionID, e.ID)
-	}
-
 	const runs = 200
 	args := make([]json.RawMessage, runs+1)
 	results := make([]json.RawMessage, runs+1)
@@ -97,6 +64,69 @@ func TestAllocsStepPath(t *testing.T) {
 	if complete > maxCompleteAllocs {
 		t.Errorf("CompleteStep allocates %.0f times, ceiling %d", complete, maxCompleteAllocs)
 	}
+}
+
+// BenchmarkStepPath measures a step's two calls (SubmitStep of a new
+// allowed step, CompleteStep) on a bbolt store without fsync, one at a
+// time (each its own commit).
+func BenchmarkStepPath(b *testing.B) {
+	k, call := stepPathKernel(b)
+	ctx := context.Background()
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		n++
+		d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: call, Kind: "tool_call", Target: "search",
+			Args: json.RawMessage(`{"n":` + strconv.Itoa(n) + `,"q":"bench"}`)})
+		if err != nil || d.Decision != kernel.DecisionProceed {
+			b.Fatalf("submit %d: %v %+v", n, err, d)
+		}
+		if _, err := k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: call, StepID: d.StepID, Result: json.RawMessage(`{"hits":1}`)}); err != nil {
+			b.Fatalf("complete %d: %v", n, err)
+		}
+	}
+}
+
+// stepPathKernel starts a kernel on a bbolt store without fsync, with an
+// Observer as wicket serve runs it, and returns the call of an
+// execution's first dispatch. The kernel stops when tb ends.
+func stepPathKernel(tb testing.TB) (*kernel.Kernel, kernel.AgentCall) {
+	t := tb
+	st, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliv := &deliverer{got: make(chan kernel.Delivery, 4)}
+	// With an Observer, as wicket serve runs the kernel (its metrics).
+	cfg := kernel.Config{ReapInterval: time.Hour, Observer: nopObserver{}}
+	k, err := kernel.New(st, deliv, &script{}, nil, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := k.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = k.Close(ctx); _ = st.Close() })
+	if _, err := k.PutAgent(ctx, kernel.Agent{ID: agentID, WebhookURL: "http://127.0.0.1:1/webhook", Secret: agentSecret}); err != nil {
+		t.Fatal(err)
+	}
+	e, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: agentID, Input: json.RawMessage(`{"task":"allocs"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var call kernel.AgentCall
+	select {
+	case d := <-deliv.got:
+		call = kernel.AgentCall{Tenant: d.Tenant, ExecutionID: d.ExecutionID, AgentID: d.AgentID,
+			Lease: kernel.Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no delivery")
+	}
+	if call.ExecutionID != e.ID {
+		t.Fatalf("delivered %s, created %s", call.ExecutionID, e.ID)
+	}
+	return k, call
 }
 
 // nopObserver observes nothing: the kernel's own bookkeeping for an

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel"
@@ -75,8 +76,8 @@ func sha256Sum(s string) [32]byte { return sha256.Sum256([]byte(s)) }
 // that admits bearer principals, the request acts as admin.
 func (s *Server) authenticate(c *call, cl class) error {
 	r := c.r
-	agentID := r.Header.Get(wire.HeaderAgentID)
-	authz := r.Header.Get("Authorization")
+	agentID := headerValue(r.Header, wire.HeaderAgentID)
+	authz := headerValue(r.Header, "Authorization")
 	switch {
 	case agentID != "" && (cl == classAgent || cl == classExecRead) && authz == "":
 		return s.authenticateAgent(c, agentID)
@@ -142,7 +143,17 @@ func (s *Server) authenticateBearer(c *call, authz string) error {
 // agentCall reports whether r authenticates as an agent on a route of
 // class cl: the test authenticate makes.
 func agentCall(r *http.Request, cl class) bool {
-	return r.Header.Get(wire.HeaderAgentID) != "" && (cl == classAgent || cl == classExecRead) && r.Header.Get("Authorization") == ""
+	return (cl == classAgent || cl == classExecRead) && headerValue(r.Header, wire.HeaderAgentID) != "" && headerValue(r.Header, "Authorization") == ""
+}
+
+// headerValue is h.Get(key) for a key already in canonical form (every
+// header the server reads by name): the map is read without Get's
+// canonicalisation of the key (TestHeaderKeysCanonical checks the keys).
+func headerValue(h http.Header, key string) string {
+	if v := h[key]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
 }
 
 // agentOf finds the agent a request names, from its headers alone (the
@@ -150,7 +161,7 @@ func agentCall(r *http.Request, cl class) bool {
 // there; the execution in the path fixes the tenant; an agent that is not
 // the execution's own gets not_found, like an unknown execution.
 func (s *Server) agentOf(c *call, agentID string) (*kernel.Agent, string, error) {
-	if c.r.Header.Get(wire.HeaderWicketSignature) == "" && c.r.Header.Get(wire.HeaderSignature) == "" {
+	if headerValue(c.r.Header, wire.HeaderWicketSignature) == "" && headerValue(c.r.Header, wire.HeaderSignature) == "" {
 		return nil, "", errorf(kernel.CodeUnauthenticated, "missing %s (or %s for agents registered with signing: body)", wire.HeaderWicketSignature, wire.HeaderSignature)
 	}
 	id := c.vars("id")
@@ -179,12 +190,15 @@ func (s *Server) agentOf(c *call, agentID string) (*kernel.Agent, string, error)
 // accepting both would leave v1 agents open to the body scheme's replays.
 // See agentOf for who the agent may be.
 func (s *Server) authenticateAgent(c *call, agentID string) error {
-	a, tenant, err := s.agentOf(c, agentID)
-	if err != nil {
-		return err
+	a, tenant := c.agent, c.agentTenant
+	if a == nil || a.ID != agentID {
+		var err error
+		if a, tenant, err = s.agentOf(c, agentID); err != nil {
+			return err
+		}
 	}
-	v1Header := c.r.Header.Get(wire.HeaderWicketSignature)
-	bodyHeader := c.r.Header.Get(wire.HeaderSignature)
+	v1Header := headerValue(c.r.Header, wire.HeaderWicketSignature)
+	bodyHeader := headerValue(c.r.Header, wire.HeaderSignature)
 	switch scheme := a.SigningScheme(); scheme {
 	case kernel.SigningBody:
 		if bodyHeader == "" {
@@ -197,7 +211,9 @@ func (s *Server) authenticateAgent(c *call, agentID string) error {
 		if v1Header == "" {
 			return errorf(kernel.CodeUnauthenticated, "agent %s is registered with signing: v1 and must send %s; this request carries only %s", agentID, wire.HeaderWicketSignature, wire.HeaderSignature)
 		}
-		if err := wire.VerifyV1([]byte(a.Secret), v1Header, wire.SignedRequestOf(c.r, c.body), time.Now(), s.cfg.SignatureTolerance); err != nil {
+		m := wire.SignedRequest{Method: c.r.Method, Target: wire.RequestTarget(c.r), DispatchID: headerValue(c.r.Header, wire.HeaderDispatchID),
+			DispatchAttempt: headerValue(c.r.Header, wire.HeaderDispatchAttempt), Body: c.body}
+		if err := s.verifiers.get(a.Secret).Verify(v1Header, m, time.Now(), s.cfg.SignatureTolerance); err != nil {
 			return errorf(kernel.CodeUnauthenticated, "%s: %v", wire.HeaderWicketSignature, err)
 		}
 	}
@@ -253,8 +269,8 @@ func (s *Server) authorize(c *call, cl class) error {
 
 // leaseOf reads the caller's lease from the dispatch headers.
 func leaseOf(r *http.Request) (kernel.Lease, error) {
-	id := r.Header.Get(wire.HeaderDispatchID)
-	at := r.Header.Get(wire.HeaderDispatchAttempt)
+	id := headerValue(r.Header, wire.HeaderDispatchID)
+	at := headerValue(r.Header, wire.HeaderDispatchAttempt)
 	if id == "" || at == "" {
 		return kernel.Lease{}, errorf(kernel.CodeValidation, "%s and %s are required on agent mutations", wire.HeaderDispatchID, wire.HeaderDispatchAttempt)
 	}
@@ -263,4 +279,34 @@ func leaseOf(r *http.Request) (kernel.Lease, error) {
 		return kernel.Lease{}, errorf(kernel.CodeValidation, "%s must be a positive integer, got %q", wire.HeaderDispatchAttempt, at)
 	}
 	return kernel.Lease{DispatchID: id, Attempt: n}, nil
+}
+
+// verifiers keeps a wire.Verifier per agent secret, so that checking a
+// request reuses MACs keyed with its secret (wire.Verifier).
+type verifiers struct {
+	mu sync.RWMutex
+	m  map[string]*wire.Verifier // by secret
+}
+
+// maxVerifiers bounds the verifiers kept; when full it starts over.
+const maxVerifiers = 4096
+
+// get returns the verifier of secret.
+func (vs *verifiers) get(secret string) *wire.Verifier {
+	vs.mu.RLock()
+	v := vs.m[secret]
+	vs.mu.RUnlock()
+	if v != nil {
+		return v
+	}
+	vs.mu.Lock()
+	defer vs.mu.Unlock()
+	if v = vs.m[secret]; v == nil {
+		if vs.m == nil || len(vs.m) >= maxVerifiers {
+			vs.m = make(map[string]*wire.Verifier)
+		}
+		v = wire.NewVerifier([]byte(secret))
+		vs.m[secret] = v
+	}
+	return v
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -288,4 +289,37 @@ func TestAuthDisabled(t *testing.T) {
 	var k wire.CreatedKey
 	e.do("POST", "/v0/tenants/default/keys", map[string]any{"role": "client", "principal": "ci"}, nil).want(t, http.StatusCreated).decode(t, &k)
 	e.do("GET", "/v0/tenants", nil, bearer(k.Key)).wantErr(t, http.StatusForbidden, wire.CodeForbidden)
+}
+
+// TestHeaderKeysCanonical: headerValue reads the header map by the key as
+// given, so every key the server reads with it must be in the canonical
+// form net/http stores request headers under.
+func TestHeaderKeysCanonical(t *testing.T) {
+	for _, k := range []string{wire.HeaderAgentID, wire.HeaderSignature, wire.HeaderWicketSignature, wire.HeaderDispatchID,
+		wire.HeaderDispatchAttempt, wire.HeaderStepID, "Authorization"} {
+		if c := http.CanonicalHeaderKey(k); c != k {
+			t.Errorf("header key %q is not canonical (%q)", k, c)
+		}
+	}
+	h := http.Header{}
+	h.Set("rebuno-agent-id", "a")
+	if got := headerValue(h, wire.HeaderAgentID); got != "a" {
+		t.Errorf("headerValue = %q, want the value Set stored", got)
+	}
+}
+
+// TestVerifiersReuse: the server keeps one verifier per secret, and starts
+// over once it holds maxVerifiers.
+func TestVerifiersReuse(t *testing.T) {
+	var vs verifiers
+	a := vs.get("secret-a")
+	if vs.get("secret-a") != a || vs.get("secret-b") == a {
+		t.Fatal("one verifier per secret")
+	}
+	for i := range maxVerifiers {
+		vs.get(fmt.Sprint("s", i))
+	}
+	if n := len(vs.m); n > maxVerifiers {
+		t.Errorf("%d verifiers kept, at most %d", n, maxVerifiers)
+	}
 }

@@ -151,15 +151,15 @@ func buildSchema(t reflect.Type, seen map[reflect.Type]bool) *schema {
 
 // foldedField returns the field of sc whose name equals key without regard
 // to case, when key is not itself a field.
-func (sc *schema) foldedField(key string) (string, bool) {
+func (sc *schema) foldedField(key []byte) (string, bool) {
 	if sc == nil || sc.fields == nil {
 		return "", false
 	}
-	if _, ok := sc.fields[key]; ok {
+	if _, ok := sc.fields[string(key)]; ok {
 		return "", false
 	}
 	for _, n := range sc.names {
-		if strings.EqualFold(n, key) {
+		if strings.EqualFold(n, string(key)) {
 			return n, true
 		}
 	}
@@ -168,12 +168,12 @@ func (sc *schema) foldedField(key string) (string, bool) {
 
 // child returns the schema of the value under key (objects) or of an
 // element (arrays).
-func (sc *schema) child(key string, obj bool) *schema {
+func (sc *schema) child(key []byte, obj bool) *schema {
 	switch {
 	case sc == nil:
 		return nil
 	case obj:
-		return sc.fields[key]
+		return sc.fields[string(key)]
 	default:
 		return sc.elem
 	}
@@ -243,43 +243,38 @@ func jsonKind(c byte) string {
 // checkKeys scans valid JSON and reports the first object that has a key
 // twice, or a key that matches a field of sc (the schema of the top-level
 // value) only without regard to case, naming the path of that object.
+//
+// It runs on every request body, so it allocates nothing for a body of
+// usual shape: keys are compared as slices of b (unescaped only when they
+// hold an escape), an object's keys sit in one buffer shared by the
+// nesting (a set only past 16 keys), and a path is spelled out only for
+// an error (keyPath).
 func checkKeys(b []byte, sc *schema) error {
-	type frame struct {
-		obj  bool
-		keys []string       // the object's keys so far, while few
-		set  map[string]int // the same, once there are many
-		path string
-		idx  int     // array index
-		sc   *schema // what the object's keys or the array's elements are
-	}
-	var stack []frame
-	var lastKey string
-	i := 0
-	childPath := func() string {
-		if len(stack) == 0 {
-			return ""
-		}
-		f := &stack[len(stack)-1]
-		if f.obj {
-			return joinPath(f.path, lastKey)
-		}
-		return fmt.Sprintf("%s[%d]", f.path, f.idx)
-	}
+	var stackBuf [8]keyFrame
+	stack := stackBuf[:0]
+	var keyBuf [32][]byte
+	keys := keyBuf[:0] // the keys of the open objects, innermost last
+	var lastKey []byte
 	expectKey := false
-	for i < len(b) {
+	for i := 0; i < len(b); {
 		c := b[i]
 		switch c {
 		case '{', '[':
-			p := childPath()
-			vsc := sc // the top-level value
+			fr := keyFrame{obj: c == '{', keys0: len(keys), sc: sc}
 			if len(stack) > 0 {
 				f := &stack[len(stack)-1]
-				vsc = f.sc.child(lastKey, f.obj)
+				fr.sc = f.sc.child(lastKey, f.obj)
+				if f.obj {
+					fr.via = lastKey
+				} else {
+					fr.at = f.idx
+				}
 			}
-			stack = append(stack, frame{obj: c == '{', path: p, sc: vsc})
+			stack = append(stack, fr)
 			expectKey = c == '{'
 			i++
 		case '}', ']':
+			keys = keys[:stack[len(stack)-1].keys0]
 			stack = stack[:len(stack)-1]
 			expectKey = false
 			i++
@@ -305,40 +300,36 @@ func checkKeys(b []byte, sc *schema) error {
 				}
 			}
 			if expectKey {
-				key := string(b[i+1 : j])
+				key := b[i+1 : j]
 				if esc {
 					var s string
 					if err := json.Unmarshal(b[i:j+1], &s); err == nil {
-						key = s
+						key = []byte(s)
 					}
 				}
 				f := &stack[len(stack)-1]
 				dup := false
 				if f.set != nil {
-					_, dup = f.set[key]
-					f.set[key] = 0
+					_, dup = f.set[string(key)]
+					f.set[string(key)] = struct{}{}
 				} else {
-					for _, k := range f.keys {
-						dup = dup || k == key
+					for _, k := range keys[f.keys0:] {
+						dup = dup || bytes.Equal(k, key)
 					}
-					f.keys = append(f.keys, key)
-					if len(f.keys) > 16 {
-						f.set = make(map[string]int, 2*len(f.keys))
-						for _, k := range f.keys {
-							f.set[k] = 0
+					keys = append(keys, key)
+					if len(keys)-f.keys0 > 16 {
+						f.set = make(map[string]struct{}, 2*(len(keys)-f.keys0))
+						for _, k := range keys[f.keys0:] {
+							f.set[string(k)] = struct{}{}
 						}
-						f.keys = nil
+						keys = keys[:f.keys0]
 					}
-				}
-				where := f.path
-				if where == "" {
-					where = "the top-level object"
 				}
 				if dup {
-					return errorf(kernel.CodeValidation, "malformed JSON: duplicate key %q in %s at byte offset %d", key, where, i)
+					return errorf(kernel.CodeValidation, "malformed JSON: duplicate key %q in %s at byte offset %d", key, where(stack), i)
 				}
 				if name, ok := f.sc.foldedField(key); ok {
-					return errorf(kernel.CodeValidation, "field %q in %s is not %q: field names are case-sensitive", key, where, name)
+					return errorf(kernel.CodeValidation, "field %q in %s is not %q: field names are case-sensitive", key, where(stack), name)
 				}
 				lastKey = key
 				expectKey = false
@@ -349,6 +340,40 @@ func checkKeys(b []byte, sc *schema) error {
 		}
 	}
 	return nil
+}
+
+// keyFrame is an open object or array of checkKeys.
+type keyFrame struct {
+	obj   bool
+	keys0 int                 // where the object's keys start in checkKeys' buffer
+	set   map[string]struct{} // the object's keys, once there are many
+	idx   int                 // array index
+	sc    *schema             // what the object's keys or the array's elements are
+	via   []byte              // the key this value is under (in an object)
+	at    int                 // the index this value is at (in an array)
+}
+
+// where names the innermost frame of stack for an error: its path, or
+// "the top-level object".
+func where(stack []keyFrame) string {
+	if p := keyPath(stack); p != "" {
+		return p
+	}
+	return "the top-level object"
+}
+
+// keyPath is the path of the innermost frame of stack: keys joined with
+// ".", array indexes as "[n]".
+func keyPath(stack []keyFrame) string {
+	if len(stack) <= 1 {
+		return ""
+	}
+	parent := keyPath(stack[:len(stack)-1])
+	f := &stack[len(stack)-1]
+	if stack[len(stack)-2].obj {
+		return joinPath(parent, string(f.via))
+	}
+	return fmt.Sprintf("%s[%d]", parent, f.at)
 }
 
 func joinPath(parent, key string) string {

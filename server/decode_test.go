@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
 	"strings"
@@ -337,5 +338,146 @@ func FuzzDecodeFast(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		checkFast[wire.StepSubmitRequest](t, body)
 		checkFast[wire.StepCompleteRequest](t, body)
+	})
+}
+
+// checkKeysRef is checkKeys as first written (keys as strings, paths built
+// as objects open): the reference checkKeys must match, error text
+// included (FuzzCheckKeys).
+func checkKeysRef(b []byte, sc *schema) error {
+	type frame struct {
+		obj  bool
+		keys []string
+		set  map[string]int
+		path string
+		idx  int
+		sc   *schema
+	}
+	var stack []frame
+	var lastKey string
+	i := 0
+	childPath := func() string {
+		if len(stack) == 0 {
+			return ""
+		}
+		f := &stack[len(stack)-1]
+		if f.obj {
+			return joinPath(f.path, lastKey)
+		}
+		return fmt.Sprintf("%s[%d]", f.path, f.idx)
+	}
+	expectKey := false
+	for i < len(b) {
+		c := b[i]
+		switch c {
+		case '{', '[':
+			p := childPath()
+			vsc := sc
+			if len(stack) > 0 {
+				f := &stack[len(stack)-1]
+				vsc = f.sc.child([]byte(lastKey), f.obj)
+			}
+			stack = append(stack, frame{obj: c == '{', path: p, sc: vsc})
+			expectKey = c == '{'
+			i++
+		case '}', ']':
+			stack = stack[:len(stack)-1]
+			expectKey = false
+			i++
+		case ',':
+			f := &stack[len(stack)-1]
+			if f.obj {
+				expectKey = true
+			} else {
+				f.idx++
+			}
+			i++
+		case '"':
+			j := i + 1
+			esc := false
+			for ; j < len(b); j++ {
+				if b[j] == '\\' {
+					esc = true
+					j++
+					continue
+				}
+				if b[j] == '"' {
+					break
+				}
+			}
+			if expectKey {
+				key := string(b[i+1 : j])
+				if esc {
+					var s string
+					if err := json.Unmarshal(b[i:j+1], &s); err == nil {
+						key = s
+					}
+				}
+				f := &stack[len(stack)-1]
+				dup := false
+				if f.set != nil {
+					_, dup = f.set[key]
+					f.set[key] = 0
+				} else {
+					for _, k := range f.keys {
+						dup = dup || k == key
+					}
+					f.keys = append(f.keys, key)
+					if len(f.keys) > 16 {
+						f.set = make(map[string]int, 2*len(f.keys))
+						for _, k := range f.keys {
+							f.set[k] = 0
+						}
+						f.keys = nil
+					}
+				}
+				where := f.path
+				if where == "" {
+					where = "the top-level object"
+				}
+				if dup {
+					return errorf(kernel.CodeValidation, "malformed JSON: duplicate key %q in %s at byte offset %d", key, where, i)
+				}
+				if name, ok := f.sc.foldedField([]byte(key)); ok {
+					return errorf(kernel.CodeValidation, "field %q in %s is not %q: field names are case-sensitive", key, where, name)
+				}
+				lastKey = key
+				expectKey = false
+			}
+			i = j + 1
+		default:
+			i++
+		}
+	}
+	return nil
+}
+
+// FuzzCheckKeys compares checkKeys with checkKeysRef on valid JSON, under
+// no schema and the schemas of request types with nested fields.
+func FuzzCheckKeys(f *testing.F) {
+	for _, s := range []string{
+		`{"kind":"x","args":{"a":1,"a":2}}`,
+		`{"Kind":"x"}`,
+		`{"agent_id":"a","limits":{"Max_Steps":1}}`,
+		`{"a":[{"b":1},{"c":[{"d":1,"d":2}]}]}`,
+		`{"k\u0069nd":1,"kind":2}`,
+		`{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"a":18}`,
+		`{"x":{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"r":{"s":1,"s":1}}}`,
+		`[{"a":{"b":[[{"c":1,"c":1}]]}}]`,
+	} {
+		f.Add([]byte(s))
+	}
+	schemas := []*schema{nil, schemaOf(reflect.TypeOf(&wire.StepSubmitRequest{})), schemaOf(reflect.TypeOf(&wire.CreateExecutionRequest{})),
+		schemaOf(reflect.TypeOf(&wire.StepCompleteRequest{}))}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if !json.Valid(body) {
+			return
+		}
+		for _, sc := range schemas {
+			got, want := checkKeys(body, sc), checkKeysRef(body, sc)
+			if (got == nil) != (want == nil) || got != nil && got.Error() != want.Error() {
+				t.Fatalf("%q: checkKeys %v, reference %v", body, got, want)
+			}
+		}
 	})
 }

@@ -136,7 +136,7 @@ func (s *Server) submitStep(c *call) (int, any, error) {
 		return 0, nil, err
 	}
 	d, err := s.k.SubmitStep(c.ctx, kernel.StepRequest{AgentCall: s.agentCall(c), Kind: req.Kind, Target: req.Target,
-		Args: req.Args, Idempotency: kernel.Idempotency(req.Idempotency), Effect: req.Effect, ClaimedStepID: c.r.Header.Get(wire.HeaderStepID),
+		Args: req.Args, Idempotency: kernel.Idempotency(req.Idempotency), Effect: req.Effect, ClaimedStepID: headerValue(c.r.Header, wire.HeaderStepID),
 		Reconcile: req.Reconcile, Value: req.Result})
 	if err != nil {
 		return 0, nil, err

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"container/list"
 	"context"
 	"fmt"
 	"net"
@@ -55,9 +54,20 @@ func (s *Server) Listener(ln net.Listener) net.Listener {
 type connGuard struct {
 	high int
 
-	mu   sync.Mutex                 // guards the rest
-	open map[net.Conn]*list.Element // open connections → their place in idle (nil: active)
-	idle *list.List                 // of net.Conn: StateNew or StateIdle, oldest first
+	mu   sync.Mutex             // guards the rest
+	open map[net.Conn]*connNode // open connections
+	// head and tail are the idle list: connections in StateNew or
+	// StateIdle, oldest first.
+	head, tail *connNode
+}
+
+// connNode is an open connection, linked into the idle list while idle.
+// It is made once per connection: a request moving it off the list and
+// back allocates nothing.
+type connNode struct {
+	c          net.Conn
+	prev, next *connNode
+	idle       bool
 }
 
 func newConnGuard(maxConns int) *connGuard {
@@ -65,7 +75,36 @@ func newConnGuard(maxConns int) *connGuard {
 	if high < 1 {
 		high = 1
 	}
-	return &connGuard{high: high, idle: list.New(), open: map[net.Conn]*list.Element{}}
+	return &connGuard{high: high, open: map[net.Conn]*connNode{}}
+}
+
+// pushIdle puts n at the end of the idle list.
+func (g *connGuard) pushIdle(n *connNode) {
+	n.prev, n.next, n.idle = g.tail, nil, true
+	if g.tail != nil {
+		g.tail.next = n
+	} else {
+		g.head = n
+	}
+	g.tail = n
+}
+
+// unidle takes n off the idle list, if it is on it.
+func (g *connGuard) unidle(n *connNode) {
+	if !n.idle {
+		return
+	}
+	if n.prev != nil {
+		n.prev.next = n.next
+	} else {
+		g.head = n.next
+	}
+	if n.next != nil {
+		n.next.prev = n.prev
+	} else {
+		g.tail = n.prev
+	}
+	n.prev, n.next, n.idle = nil, nil, false
 }
 
 // state is the http.Server ConnState hook.
@@ -75,30 +114,27 @@ func (g *connGuard) state(c net.Conn, st http.ConnState) {
 	switch st {
 	case http.StateNew:
 		if len(g.open) >= g.high {
-			if e := g.idle.Front(); e != nil {
-				evict = e.Value.(net.Conn)
-				g.idle.Remove(e)
+			if n := g.head; n != nil {
+				evict = n.c
+				g.unidle(n)
 				delete(g.open, evict) // closed below: it no longer counts
 			}
 		}
-		g.open[c] = g.idle.PushBack(c)
+		n := &connNode{c: c}
+		g.open[c] = n
+		g.pushIdle(n)
 	case http.StateIdle:
-		if e, ok := g.open[c]; ok {
-			if e != nil {
-				g.idle.Remove(e)
-			}
-			g.open[c] = g.idle.PushBack(c)
+		if n, ok := g.open[c]; ok {
+			g.unidle(n)
+			g.pushIdle(n)
 		}
 	case http.StateActive:
-		if e, ok := g.open[c]; ok && e != nil {
-			g.idle.Remove(e)
-			g.open[c] = nil
+		if n, ok := g.open[c]; ok {
+			g.unidle(n)
 		}
 	case http.StateHijacked, http.StateClosed:
-		if e, ok := g.open[c]; ok {
-			if e != nil {
-				g.idle.Remove(e)
-			}
+		if n, ok := g.open[c]; ok {
+			g.unidle(n)
 			delete(g.open, c)
 		}
 	}

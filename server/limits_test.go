@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -272,4 +273,54 @@ func TestRevokedKeyEndsItsStreams(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	e.do("GET", path, nil, bearer(k.Key)).wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
+}
+
+// fakeConn is a net.Conn that only records Close.
+type fakeConn struct {
+	net.Conn
+	name   string
+	closed bool
+}
+
+func (c *fakeConn) Close() error { c.closed = true; return nil }
+
+// TestConnGuardOrder: past the high mark a new connection evicts the
+// connection idle the longest; an active one is never evicted, and one
+// that goes idle again moves to the end of the line.
+func TestConnGuardOrder(t *testing.T) {
+	g := newConnGuard(4) // high: 4 - 4/8 = 4
+	conns := make([]*fakeConn, 7)
+	for i := range conns {
+		conns[i] = &fakeConn{name: fmt.Sprint("c", i)}
+	}
+	for _, c := range conns[:4] {
+		g.state(c, http.StateNew)
+	}
+	g.state(conns[0], http.StateActive) // c0 serves a request
+	g.state(conns[1], http.StateActive)
+	g.state(conns[1], http.StateIdle) // c1 done: now the newest idle
+	g.state(conns[4], http.StateNew)  // evicts c2, the oldest idle
+	g.state(conns[5], http.StateNew)  // evicts c3
+	g.state(conns[6], http.StateNew)  // evicts c1 (c0 is active)
+	for i, want := range []bool{false, true, true, true, false, false, false} {
+		if conns[i].closed != want {
+			t.Errorf("%s closed %v, want %v", conns[i].name, conns[i].closed, want)
+		}
+	}
+	if n := g.count(); n != 4 {
+		t.Errorf("%d open, want 4", n)
+	}
+	g.state(conns[0], http.StateClosed)
+	g.state(conns[4], http.StateHijacked)
+	if n := g.count(); n != 2 {
+		t.Errorf("%d open after a close and a hijack, want 2", n)
+	}
+	// The list still holds c5, c6 in order: two new connections past the
+	// mark evict them oldest first.
+	g.state(&fakeConn{}, http.StateNew)
+	g.state(&fakeConn{}, http.StateNew)
+	g.state(&fakeConn{}, http.StateNew)
+	if !conns[5].closed || conns[6].closed {
+		t.Errorf("c5 closed %v, c6 closed %v: want the older idle one evicted first", conns[5].closed, conns[6].closed)
+	}
 }

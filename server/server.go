@@ -110,6 +110,8 @@ type Server struct {
 	storeCheck writeCheck
 	// table is every route with its class (GET /v0/whoami lists a key's).
 	table []route
+	// verifiers check agents' v1 signatures, one per secret.
+	verifiers verifiers
 }
 
 // New builds a server for k.
@@ -330,7 +332,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
 		if rest, ok := strings.CutPrefix(r.URL.Path, "/v0/executions/"); ok {
 			if h, pv := s.hotRoute(rest); h != nil {
-				h.serve(w, r, pv)
+				h.serve(w, r, &pv)
 				return
 			}
 		}
@@ -340,7 +342,7 @@ func (s *Server) serveRoute(w http.ResponseWriter, r *http.Request) {
 
 // hotRoute matches rest, the path after /v0/executions/, against the hot
 // routes.
-func (s *Server) hotRoute(rest string) (*routeHandler, *pathVars) {
+func (s *Server) hotRoute(rest string) (*routeHandler, pathVars) {
 	var seg [5]string
 	n := 0
 	for n < len(seg) {
@@ -353,25 +355,25 @@ func (s *Server) hotRoute(rest string) (*routeHandler, *pathVars) {
 		seg[n], rest = rest[:i], rest[i+1:]
 		n++
 		if n == len(seg) {
-			return nil, nil // too many segments for a hot route
+			return nil, pathVars{} // too many segments for a hot route
 		}
 	}
 	for _, v := range seg[:n] {
 		if v == "" || v == "." || v == ".." {
-			return nil, nil
+			return nil, pathVars{}
 		}
 	}
 	switch {
 	case n == 2 && seg[1] == "steps":
-		return s.hot[0], &pathVars{id: seg[0]}
+		return s.hot[0], pathVars{id: seg[0]}
 	case n == 4 && seg[1] == "steps" && seg[3] == "complete":
-		return s.hot[1], &pathVars{id: seg[0], stepID: seg[2]}
+		return s.hot[1], pathVars{id: seg[0], stepID: seg[2]}
 	case n == 4 && seg[1] == "steps" && seg[3] == "fail":
-		return s.hot[2], &pathVars{id: seg[0], stepID: seg[2]}
+		return s.hot[2], pathVars{id: seg[0], stepID: seg[2]}
 	case n == 2 && seg[1] == "heartbeat":
-		return s.hot[3], &pathVars{id: seg[0]}
+		return s.hot[3], pathVars{id: seg[0]}
 	}
-	return nil, nil
+	return nil, pathVars{}
 }
 
 // pathVars are the path variables of a hot route.
@@ -430,8 +432,15 @@ type call struct {
 	bodyRead bool
 	// token is the bearer key as sent (bearer principals only).
 	token string
-	// pv are the path variables of a hot route (nil: the router's).
-	pv *pathVars
+	// pv are the path variables of a hot route (nil: the router's),
+	// pointing at hot.
+	pv  *pathVars
+	hot pathVars
+	// agent and agentTenant are the agent an agent call names and its
+	// execution's tenant, found from the headers before the body is read
+	// (agentOf); the signature is not checked yet.
+	agent       *kernel.Agent
+	agentTenant string
 }
 
 // vars returns a path variable.
@@ -473,13 +482,17 @@ type routeHandler struct {
 func (rh *routeHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) { rh.serve(w, r, nil) }
 
 // serve serves a request; pv are its path variables when Server.route
-// matched it (nil: the router's).
+// matched it (nil: the router's), copied into the call.
 func (rh *routeHandler) serve(w http.ResponseWriter, r *http.Request, pv *pathVars) {
 	s := rh.s
 	if rec, ok := w.(*recorder); ok {
 		rec.route = rh.template
 	}
-	c := &call{w: w, r: r, ctx: r.Context(), pv: pv}
+	c := &call{w: w, r: r, ctx: r.Context()}
+	if pv != nil {
+		c.hot = *pv
+		c.pv = &c.hot
+	}
 	if err := s.admit(c, rh.cl, rh.o); err != nil {
 		s.refuse(c, err)
 		return
@@ -511,9 +524,11 @@ func (s *Server) admit(c *call, cl class, o routeOpts) error {
 	}
 	agent := agentCall(c.r, cl)
 	if agent {
-		if _, _, err := s.agentOf(c, c.r.Header.Get(wire.HeaderAgentID)); err != nil {
+		a, tenant, err := s.agentOf(c, headerValue(c.r.Header, wire.HeaderAgentID))
+		if err != nil {
 			return err
 		}
+		c.agent, c.agentTenant = a, tenant // authenticateAgent checks its signature
 		if err := s.readBody(c, s.cfg.MaxBodyBytes); err != nil {
 			return err
 		}

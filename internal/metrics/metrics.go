@@ -55,6 +55,28 @@ type Metrics struct {
 	// and methods a fixed set, so the map stays small.
 	reqMu    sync.RWMutex
 	requests map[requestKey]requestSeries
+
+	// decided and submitted cache the series of StepDecided and
+	// StepSubmitted by the values they are called with (at most
+	// maxCachedSeries each), as requests does for ObserveRequest: a
+	// step's metrics then cost no label hashing.
+	decMu     sync.RWMutex
+	decided   map[decidedKey]decidedSeries
+	subMu     sync.RWMutex
+	submitted map[string]prometheus.Counter
+}
+
+// maxCachedSeries bounds each cache of series looked up by label values.
+const maxCachedSeries = 64
+
+type decidedKey struct {
+	engine   string
+	decision policy.Action
+}
+
+type decidedSeries struct {
+	count prometheus.Counter
+	eval  prometheus.Observer
 }
 
 type requestKey struct {
@@ -168,7 +190,21 @@ func (m *Metrics) ObserveRequest(route, method string, status int, d time.Durati
 
 // StepSubmitted counts one step submission by the answer it got.
 func (m *Metrics) StepSubmitted(decision string) {
-	m.submissions.WithLabelValues(m.answers.get(decision)).Inc()
+	m.subMu.RLock()
+	c, ok := m.submitted[decision]
+	m.subMu.RUnlock()
+	if !ok {
+		c = m.submissions.WithLabelValues(m.answers.get(decision))
+		m.subMu.Lock()
+		if m.submitted == nil {
+			m.submitted = make(map[string]prometheus.Counter)
+		}
+		if len(m.submitted) < maxCachedSeries {
+			m.submitted[decision] = c
+		}
+		m.subMu.Unlock()
+	}
+	c.Inc()
 }
 
 // Commit records one store commit: how long it took and how many update
@@ -250,12 +286,27 @@ func status(s kernel.ExecStatus) string {
 
 // StepDecided implements kernel.Observer.
 func (m *Metrics) StepDecided(engine string, decision policy.Action, eval time.Duration) {
-	if engine == "" {
-		engine = "none"
+	k := decidedKey{engine, decision}
+	m.decMu.RLock()
+	ds, ok := m.decided[k]
+	m.decMu.RUnlock()
+	if !ok {
+		if engine == "" {
+			engine = "none"
+		}
+		engine = m.engines.get(engine)
+		ds = decidedSeries{m.decisions.WithLabelValues(engine, m.decisionsSeen.get(string(decision))), m.evalSeconds.WithLabelValues(engine)}
+		m.decMu.Lock()
+		if m.decided == nil {
+			m.decided = make(map[decidedKey]decidedSeries)
+		}
+		if len(m.decided) < maxCachedSeries {
+			m.decided[k] = ds
+		}
+		m.decMu.Unlock()
 	}
-	engine = m.engines.get(engine)
-	m.decisions.WithLabelValues(engine, m.decisionsSeen.get(string(decision))).Inc()
-	m.evalSeconds.WithLabelValues(engine).Observe(eval.Seconds())
+	ds.count.Inc()
+	ds.eval.Observe(eval.Seconds())
 }
 
 // Delivery implements kernel.Observer.

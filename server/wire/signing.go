@@ -5,9 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"hash"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -69,10 +71,14 @@ type SignedRequest struct {
 //	"v1\n" + t + "\n" + Method + "\n" + Target + "\n" + DispatchID + "\n" +
 //	DispatchAttempt + "\n" + Body
 func (m SignedRequest) Message(t int64) []byte {
-	ts := strconv.FormatInt(t, 10)
-	b := make([]byte, 0, 3+len(ts)+len(m.Method)+len(m.Target)+len(m.DispatchID)+len(m.DispatchAttempt)+5+len(m.Body))
+	b := make([]byte, 0, 3+20+len(m.Method)+len(m.Target)+len(m.DispatchID)+len(m.DispatchAttempt)+5+len(m.Body))
+	return append(m.appendPrefix(b, t), m.Body...)
+}
+
+// appendPrefix appends the message at t up to the body to b.
+func (m SignedRequest) appendPrefix(b []byte, t int64) []byte {
 	b = append(b, "v1\n"...)
-	b = append(b, ts...)
+	b = strconv.AppendInt(b, t, 10)
 	b = append(b, '\n')
 	b = append(b, m.Method...)
 	b = append(b, '\n')
@@ -81,8 +87,7 @@ func (m SignedRequest) Message(t int64) []byte {
 	b = append(b, m.DispatchID...)
 	b = append(b, '\n')
 	b = append(b, m.DispatchAttempt...)
-	b = append(b, '\n')
-	return append(b, m.Body...)
+	return append(b, '\n')
 }
 
 func (m SignedRequest) mac(secret []byte, t int64) []byte {
@@ -105,16 +110,42 @@ func SignV1(secret []byte, t time.Time, m SignedRequest) string {
 // schemes can be sent alongside. It returns nil or an error matching one of
 // the ErrSignature* values.
 func VerifyV1(secret []byte, header string, m SignedRequest, now time.Time, tolerance time.Duration) error {
+	return (&Verifier{secret: secret}).Verify(header, m, now, tolerance)
+}
+
+// A Verifier checks v1 signatures under one secret, as VerifyV1 does. It
+// keeps the MACs keyed with the secret for reuse, so that a check does not
+// key a new one (two SHA-256 blocks and their allocations); it is safe for
+// concurrent use.
+type Verifier struct {
+	secret []byte
+	macs   sync.Pool // of *keyedMAC
+}
+
+// NewVerifier returns a Verifier for secret (kept, not copied).
+func NewVerifier(secret []byte) *Verifier { return &Verifier{secret: secret} }
+
+// keyedMAC is an HMAC-SHA256 keyed with a Verifier's secret, with room
+// for what one check writes and sums.
+type keyedMAC struct {
+	h      hash.Hash
+	prefix []byte // the message up to the body
+	sum    [sha256.Size]byte
+}
+
+// Verify is VerifyV1 under v's secret.
+func (v *Verifier) Verify(header string, m SignedRequest, now time.Time, tolerance time.Duration) error {
 	if header == "" {
 		return ErrSignatureMissing
 	}
-	if len(secret) == 0 {
+	if len(v.secret) == 0 {
 		return ErrSignatureMismatch
 	}
 	if tolerance <= 0 {
 		tolerance = DefaultSignatureTolerance
 	}
-	ts, sigs, err := parseV1(header)
+	var sigs [maxV1Values][sha256.Size]byte
+	ts, n, err := parseV1Into(header, &sigs)
 	if err != nil {
 		return err
 	}
@@ -123,10 +154,22 @@ func VerifyV1(secret []byte, header string, m SignedRequest, now time.Time, tole
 		return &sigError{ErrSignatureExpired, "t=" + strconv.FormatInt(ts, 10) + " is " + skew.Round(time.Second).String() +
 			" from the verifier's clock (tolerance " + tolerance.String() + ")"}
 	}
-	want := m.mac(secret, ts)
+	k, _ := v.macs.Get().(*keyedMAC)
+	if k == nil {
+		k = &keyedMAC{h: hmac.New(sha256.New, v.secret)}
+	} else {
+		k.h.Reset()
+	}
+	k.prefix = m.appendPrefix(k.prefix[:0], ts)
+	k.h.Write(k.prefix)
+	k.h.Write(m.Body)
+	want := k.h.Sum(k.sum[:0])
 	ok := false
-	for _, s := range sigs {
-		ok = hmac.Equal(s, want) || ok // every value is compared: no early exit
+	for i := range n {
+		ok = hmac.Equal(sigs[i][:], want) || ok // every value is compared: no early exit
+	}
+	if cap(k.prefix) <= maxPooledPrefix {
+		v.macs.Put(k)
 	}
 	if !ok {
 		return ErrSignatureMismatch
@@ -134,38 +177,83 @@ func VerifyV1(secret []byte, header string, m SignedRequest, now time.Time, tole
 	return nil
 }
 
+// maxPooledPrefix bounds the message prefix a pooled MAC keeps room for.
+const maxPooledPrefix = 4 << 10
+
 // parseV1 splits "t=<ts>,v1=<hex>[,v1=<hex>...]" (other keys ignored).
 func parseV1(header string) (int64, [][]byte, error) {
-	var ts int64
+	var sigs [maxV1Values][sha256.Size]byte
+	ts, n, err := parseV1Into(header, &sigs)
+	if err != nil {
+		return 0, nil, err
+	}
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = sigs[i][:]
+	}
+	return ts, out, nil
+}
+
+// parseV1Into is parseV1 into sigs, without allocating for a header it
+// accepts: it returns the timestamp and how many values it decoded.
+func parseV1Into(header string, sigs *[maxV1Values][sha256.Size]byte) (ts int64, n int, err error) {
 	seenT := false
-	var sigs [][]byte
-	for _, part := range strings.Split(header, ",") {
+	rest := header
+	for more := true; more; {
+		var part string
+		part, rest, more = strings.Cut(rest, ",")
 		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
 		if !ok {
-			return 0, nil, &sigError{ErrSignatureMalformed, "element " + strconv.Quote(part) + " is not key=value"}
+			return 0, 0, &sigError{ErrSignatureMalformed, "element " + strconv.Quote(part) + " is not key=value"}
 		}
 		switch k {
 		case "t":
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || seenT || n < 0 || len(v) > 12 {
-				return 0, nil, &sigError{ErrSignatureMalformed, "t must be one decimal unix time in seconds"}
+			t, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || seenT || t < 0 || len(v) > 12 {
+				return 0, 0, &sigError{ErrSignatureMalformed, "t must be one decimal unix time in seconds"}
 			}
-			ts, seenT = n, true
+			ts, seenT = t, true
 		case "v1":
-			if len(v) != 2*sha256.Size || len(sigs) == maxV1Values {
-				return 0, nil, &sigError{ErrSignatureMalformed, "v1 must be 64 hex digits (at most " + strconv.Itoa(maxV1Values) + " values)"}
+			if len(v) != 2*sha256.Size || n == maxV1Values {
+				return 0, 0, &sigError{ErrSignatureMalformed, "v1 must be 64 hex digits (at most " + strconv.Itoa(maxV1Values) + " values)"}
 			}
-			b, err := hex.DecodeString(v)
-			if err != nil {
-				return 0, nil, &sigError{ErrSignatureMalformed, "v1 must be 64 hex digits"}
+			if !decodeHex(sigs[n][:], v) {
+				return 0, 0, &sigError{ErrSignatureMalformed, "v1 must be 64 hex digits"}
 			}
-			sigs = append(sigs, b)
+			n++
 		}
 	}
-	if !seenT || len(sigs) == 0 {
-		return 0, nil, &sigError{ErrSignatureMalformed, `want "t=<unix seconds>,v1=<hex>"`}
+	if !seenT || n == 0 {
+		return 0, 0, &sigError{ErrSignatureMalformed, `want "t=<unix seconds>,v1=<hex>"`}
 	}
-	return ts, sigs, nil
+	return ts, n, nil
+}
+
+// decodeHex decodes the hex digits of s (either case, as encoding/hex
+// reads them) into dst, len(dst) == len(s)/2; it reports false for any
+// other character.
+func decodeHex(dst []byte, s string) bool {
+	for i := range dst {
+		hi, ok1 := hexDigit(s[2*i])
+		lo, ok2 := hexDigit(s[2*i+1])
+		if !ok1 || !ok2 {
+			return false
+		}
+		dst[i] = hi<<4 | lo
+	}
+	return true
+}
+
+func hexDigit(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
 }
 
 // sigError is a signature error with detail; errors.Is matches its kind.

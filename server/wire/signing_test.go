@@ -1,11 +1,15 @@
 package wire
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -211,6 +215,97 @@ func BenchmarkVerify(b *testing.B) {
 			if err := VerifyV1(secret, sig, m, now, 0); err != nil {
 				b.Fatal(err)
 			}
+		}
+	})
+}
+
+// refVerifyV1 is VerifyV1 written the plain way (split the header, decode
+// with encoding/hex, key a new HMAC): the reference the Verifier, which
+// parses without allocating and reuses keyed MACs, must match exactly,
+// error messages included (they reach the client in the 401).
+func refVerifyV1(secret []byte, header string, m SignedRequest, now time.Time, tolerance time.Duration) error {
+	if header == "" {
+		return ErrSignatureMissing
+	}
+	if len(secret) == 0 {
+		return ErrSignatureMismatch
+	}
+	if tolerance <= 0 {
+		tolerance = DefaultSignatureTolerance
+	}
+	var ts int64
+	seenT := false
+	var sigs [][]byte
+	for _, part := range strings.Split(header, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		if !ok {
+			return &sigError{ErrSignatureMalformed, "element " + strconv.Quote(part) + " is not key=value"}
+		}
+		switch k {
+		case "t":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || seenT || n < 0 || len(v) > 12 {
+				return &sigError{ErrSignatureMalformed, "t must be one decimal unix time in seconds"}
+			}
+			ts, seenT = n, true
+		case "v1":
+			if len(v) != 2*sha256.Size || len(sigs) == maxV1Values {
+				return &sigError{ErrSignatureMalformed, "v1 must be 64 hex digits (at most " + strconv.Itoa(maxV1Values) + " values)"}
+			}
+			b, err := hex.DecodeString(v)
+			if err != nil {
+				return &sigError{ErrSignatureMalformed, "v1 must be 64 hex digits"}
+			}
+			sigs = append(sigs, b)
+		}
+	}
+	if !seenT || len(sigs) == 0 {
+		return &sigError{ErrSignatureMalformed, `want "t=<unix seconds>,v1=<hex>"`}
+	}
+	skew := now.Sub(time.Unix(ts, 0))
+	if skew > tolerance || skew < -tolerance {
+		return &sigError{ErrSignatureExpired, "t=" + strconv.FormatInt(ts, 10) + " is " + skew.Round(time.Second).String() +
+			" from the verifier's clock (tolerance " + tolerance.String() + ")"}
+	}
+	mac := hmac.New(sha256.New, secret)
+	mac.Write(m.Message(ts))
+	want := mac.Sum(nil)
+	ok := false
+	for _, s := range sigs {
+		ok = hmac.Equal(s, want) || ok
+	}
+	if !ok {
+		return ErrSignatureMismatch
+	}
+	return nil
+}
+
+// FuzzVerifierMatchesReference: one Verifier, reused across inputs (its
+// pooled MACs), answers every header and request as refVerifyV1 does, with
+// the same error text; a header signed for the request is accepted.
+func FuzzVerifierMatchesReference(f *testing.F) {
+	secret := []byte("wicket-test-secret-0123456789")
+	now := time.Unix(1_800_000_000, 0)
+	good := SignV1(secret, now, SignedRequest{Method: "POST", Target: "/v0/x", DispatchID: "d", DispatchAttempt: "1", Body: []byte(`{"a":1}`)})
+	f.Add(good, "/v0/x", []byte(`{"a":1}`), int64(0))
+	f.Add(good, "/v0/y", []byte(`{"a":1}`), int64(0))
+	f.Add(good+",v1="+strings.Repeat("AB", 32), "/v0/x", []byte(`{"a":1}`), int64(0))
+	f.Add(strings.ToUpper(good), "/v0/x", []byte(`{"a":1}`), int64(0))
+	f.Add(good, "/v0/x", []byte(`{"a":1}`), int64(301))
+	f.Add("t=1,v1=,v1=", "/", []byte(nil), int64(0))
+	f.Add(",,,=", "/", []byte(nil), int64(0))
+	f.Add(" t=1800000000 , v1="+strings.Repeat("zz", 32), "/", []byte("x"), int64(0))
+	f.Add("t=+1800000000,v1="+strings.Repeat("ab", 32)+",x=y", "/", []byte("x"), int64(-5))
+	v := NewVerifier(secret)
+	f.Fuzz(func(t *testing.T, header, target string, body []byte, skew int64) {
+		m := SignedRequest{Method: "POST", Target: target, DispatchID: "d", DispatchAttempt: "1", Body: body}
+		at := now.Add(time.Duration(skew) * time.Second)
+		got, want := v.Verify(header, m, at, 0), refVerifyV1(secret, header, m, at, 0)
+		if (got == nil) != (want == nil) || got != nil && got.Error() != want.Error() {
+			t.Fatalf("header %q: Verifier %v, reference %v", header, got, want)
+		}
+		if err := v.Verify(SignV1(secret, now, m), m, now, 0); err != nil {
+			t.Fatalf("a header signed for the request: %v", err)
 		}
 	})
 }
