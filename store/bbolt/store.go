@@ -36,9 +36,11 @@ var (
 	// ErrInsecureFile is returned by Open for an existing file that group or
 	// others may write.
 	ErrInsecureFile = errors.New("store file is writable by group or others")
-	// ErrUnclean is returned by a read-only Open of a file whose
-	// write-ahead log is still there: the kernel using it is running, or
-	// did not stop cleanly and the log holds commits the file lacks.
+	// ErrUnclean is returned by a read-only Open (and CheckClean, Compact,
+	// Space) of a file whose write-ahead log is still there although no
+	// kernel holds the file: the last one did not stop cleanly, and the
+	// log holds commits the file lacks. (Beside a running kernel they
+	// return ErrLocked.)
 	ErrUnclean = errors.New("store has a write-ahead log (a kernel runs on it, or did not stop cleanly: start `wicket serve` on it once to apply the log)")
 )
 

@@ -24,7 +24,7 @@ const walSegmentSize = 8 << 20
 // walMmapReserve is the address space bbolt maps up front with a log: a
 // checkpoint's base is protected by a read transaction, and bbolt cannot
 // remap (grow its mapping) while one is open. Past half of it the store
-// stops using the log (disableWAL) rather than wait.
+// stops using the log (stopWAL) rather than wait.
 var walMmapReserve = func() int {
 	if strconv.IntSize == 64 {
 		return 1 << 40
