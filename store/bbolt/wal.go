@@ -242,15 +242,28 @@ func (w *wal) append(b *walBatch) error {
 		}
 	}
 	if _, err := w.f.WriteAt(rec, w.off); err != nil {
-		return fmt.Errorf("wal: write record %d: %w", lsn, err)
+		return fmt.Errorf("wal: write record %d to %s: %w", lsn, w.segmentPath(), bareError(err))
 	}
 	if err := fdatasync(w.f); err != nil {
-		return fmt.Errorf("wal: sync record %d: %w", lsn, err)
+		return fmt.Errorf("wal: sync record %d in %s: %w", lsn, w.segmentPath(), err)
 	}
 	w.lsn = lsn
 	w.off += int64(len(rec))
 	w.prepareSpare()
 	return nil
+}
+
+// segmentPath is the active segment's name (its *os.File still carries
+// the spare's name it was made under).
+func (w *wal) segmentPath() string { return filepath.Join(w.dir, segmentName(w.first)) }
+
+// bareError drops the path from a file error: the file was renamed.
+func bareError(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // close closes the active segment and waits for a spare being made.

@@ -44,7 +44,7 @@ func TestWALWriteFailureFailsTheStore(t *testing.T) {
 	}
 	full.Close()
 	err = put("lost")
-	if err == nil || !strings.Contains(err.Error(), "wal") {
+	if err == nil || !strings.Contains(err.Error(), "wal: write record") || !strings.Contains(err.Error(), ".wal: no space left") {
 		t.Fatalf("Update with the log failing: %v, want the log's error", err)
 	}
 	if err := put("after"); err == nil || !strings.Contains(err.Error(), "store failed") {
