@@ -150,9 +150,9 @@ func TestAgentSignaturesBindTheRequest(t *testing.T) {
 	}
 	// ... and not after 300 s: the same GET signed 301 s ago (a capture
 	// replayed later) or 302 s ahead. (A v1 timestamp is in whole seconds:
-	// one signed 301 s ahead of a clock at x.9 s carries x+301, which the
-	// kernel, a few ms later, sees 300.1 s ahead at the least and 300 s
-	// ahead at worst — inside the tolerance. Behind, truncation only adds.)
+	// one signed 301 s ahead of a clock at x.9 s carries x+301, which is
+	// 300.1 s ahead of that clock, and inside the tolerance of the
+	// kernel's once 0.1 s has passed. Behind, truncation only adds.)
 	for _, skew := range []time.Duration{-301 * time.Second, 302 * time.Second} {
 		if st, body := agentRequest("bot", secret, kernel.SigningV1, "GET", "/v0/executions/"+x1.ID, nil, nil, now.Add(skew)).send(t, p.url); st != http.StatusUnauthorized || !strings.Contains(body, "tolerance") {
 			t.Errorf("GET signed %s from now: %d %s, want 401 naming the tolerance", skew, st, body)
