@@ -189,6 +189,14 @@ func ReadAndRecord(ctx context.Context, rec Recorder, stepID string, status int,
 // at EOF, as its error when the stream breaks off or passes MaxBody.
 // Closing it early drains the rest first: the provider call happened, and
 // a replay must return all of it.
+//
+// The stream's terminal event (OpenAI's "data: [DONE]", Anthropic's
+// message_stop, the Responses API's response.completed and its failures)
+// is held back until the step is recorded: a caller that stops reading at
+// that event, as the providers' own clients do, and goes on to its next
+// step or ends its execution, must find this step already on the record.
+// If the record fails, the reader gets the error instead of the terminal
+// event, so it never takes an unrecorded answer for a whole one.
 type Stream struct {
 	ctx         context.Context
 	rec         Recorder
@@ -201,6 +209,8 @@ type Stream struct {
 	mu      sync.Mutex // guards the fields below (Read and Close may race)
 	all     bytes.Buffer
 	pending bytes.Buffer // bytes after the last complete event
+	handed  int          // bytes of all handed to the reader
+	hold    int          // where the terminal event starts in all, or -1
 	seq     int64
 	done    bool
 	broken  bool // the source failed or overran MaxBody (not the record)
@@ -211,7 +221,7 @@ type Stream struct {
 
 // NewStream wraps a streamed answer's body.
 func NewStream(ctx context.Context, rec Recorder, stepID string, status int, contentType string, src io.ReadCloser, usage UsageFunc) *Stream {
-	return &Stream{ctx: ctx, rec: rec, usage: usage, stepID: stepID, src: src, status: status, contentType: contentType}
+	return &Stream{ctx: ctx, rec: rec, usage: usage, stepID: stepID, src: src, status: status, contentType: contentType, hold: -1}
 }
 
 // deltaQueue is how many deltas may wait for the sender; beyond it they are
@@ -245,28 +255,57 @@ func (s *Stream) flush() {
 	}
 }
 
-// Read implements io.Reader.
+// Read implements io.Reader. It hands out the answer's bytes as they
+// arrive, except the terminal event, which comes only once the step is
+// recorded (see Stream).
 func (s *Stream) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.done {
-		if s.err != nil {
-			return 0, s.err
+	for {
+		if n := s.give(p); n > 0 {
+			return n, nil
 		}
-		return 0, io.EOF
-	}
-	n, err := s.src.Read(p)
-	if n > 0 {
-		s.take(p[:n])
-	}
-	if err != nil {
-		s.finish(err)
-		if s.err != nil {
-			return n, s.err // the stream broke, or its record failed
+		if s.done {
+			if s.err != nil {
+				return 0, s.err // the stream broke, or its record failed
+			}
+			return 0, io.EOF
 		}
-		return n, io.EOF
+		n, err := s.src.Read(p) // p is scratch here: give copies from all
+		if n > 0 {
+			s.take(p[:n])
+		}
+		if err != nil {
+			s.finish(err)
+		}
 	}
-	return n, nil
+}
+
+// give copies into p what the reader may have next: every complete event
+// before the terminal one while the stream runs (a client acts on whole
+// events only, and an incomplete one may turn out to be terminal), all of
+// it once recorded, and what came before the terminal event if the stream
+// broke or its record failed.
+func (s *Stream) give(p []byte) int {
+	end := s.all.Len()
+	switch {
+	case !s.done:
+		end -= s.pending.Len()
+		if s.hold >= 0 {
+			end = s.hold
+		}
+	case s.err != nil && s.hold >= 0:
+		end = s.hold
+	}
+	if s.handed >= end {
+		return 0
+	}
+	n := copy(p, s.all.Bytes()[s.handed:end])
+	s.handed += n
+	return n
 }
 
 // Close drains and records what is left, then closes the source.
@@ -306,9 +345,13 @@ func (s *Stream) take(p []byte) {
 		if i < 0 {
 			return
 		}
+		start := s.all.Len() - len(b) // pending is a suffix of all
 		ev := string(b[:i])
 		s.pending.Next(i + sep)
 		data := EventData(ev)
+		if s.hold < 0 && terminal(ev, data) {
+			s.hold = start
+		}
 		if data == "" {
 			continue
 		}
@@ -369,6 +412,27 @@ func eventEnd(b []byte) (int, int) {
 		}
 	}
 	return best, sepLen
+}
+
+// terminalEvents are the event names that end a provider's stream.
+var terminalEvents = map[string]bool{
+	"message_stop":        true, // Anthropic
+	"response.completed":  true, // OpenAI Responses
+	"response.incomplete": true,
+	"response.failed":     true,
+}
+
+// terminal reports whether an event (ev, its data joined) ends a stream.
+func terminal(ev, data string) bool {
+	if data == "[DONE]" {
+		return true // OpenAI chat and completions, and most compatible servers
+	}
+	for _, line := range strings.Split(ev, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSuffix(line, "\r"), "event:"); ok {
+			return terminalEvents[strings.TrimSpace(v)]
+		}
+	}
+	return false
 }
 
 // EventData joins the data lines of one server-sent event.

@@ -1,9 +1,11 @@
 package llmrec
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -159,5 +161,116 @@ func TestStreamBroken(t *testing.T) {
 	}
 	if m.result != nil || !strings.Contains(string(m.err), "stream broken: connection reset") {
 		t.Fatalf("result %s err %s", m.result, m.err)
+	}
+}
+
+// chunks is a source that gives one chunk per Read, then EOF.
+type chunks []string
+
+func (c *chunks) Read(p []byte) (int, error) {
+	if len(*c) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, (*c)[0])
+	(*c)[0] = (*c)[0][n:]
+	if (*c)[0] == "" {
+		*c = (*c)[1:]
+	}
+	return n, nil
+}
+
+// seenRecorder is a Recorder that notes, when the step is recorded, what
+// the stream's reader had been handed by then; fail makes the record fail.
+type seenRecorder struct {
+	memRecorder
+	got     *bytes.Buffer
+	atEnd   string
+	records int
+	fail    error
+}
+
+func (s *seenRecorder) Complete(ctx context.Context, id string, r json.RawMessage, u *wire.Usage) error {
+	s.atEnd = s.got.String()
+	s.records++
+	if s.fail != nil {
+		return s.fail
+	}
+	return s.memRecorder.Complete(ctx, id, r, u)
+}
+
+// readAll reads s to its end into got, a few bytes at a time.
+func readAll(s *Stream, got *bytes.Buffer) error {
+	buf := make([]byte, 7) // small: every event takes several reads
+	for {
+		n, err := s.Read(buf)
+		got.Write(buf[:n])
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// A reader that stops at the terminal event, as the providers' clients do,
+// finds the step recorded: the event is handed out only after the record,
+// and not at all when the record fails.
+func TestStreamHoldsTheTerminalEventUntilRecorded(t *testing.T) {
+	cases := []struct {
+		name   string
+		chunks []string // as the source gives them
+		held   string   // the terminal event and what follows it
+	}{
+		{"openai chat", []string{"data: {\"n\":1}\n\n", "data: {\"n\":2,\"usage\":{}}\n\n", "data: [DONE]\n\n"}, "data: [DONE]\n\n"},
+		{"one chunk", []string{"data: {\"n\":1}\n\ndata: [DONE]\n\n"}, "data: [DONE]\n\n"},
+		{"crlf, trailing bytes", []string{"data: {\"n\":1}\r\n\r\n", "data: [DONE]\r\n\r\n", ": bye\n"}, "data: [DONE]\r\n\r\n: bye\n"},
+		{"anthropic", []string{"event: message_start\ndata: {\"type\":\"message_start\"}\n\n", "event: message_delta\ndata: {}\n\n",
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"}, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"},
+		{"responses", []string{"event: response.created\ndata: {}\n\n", "event: response.completed\ndata: {}\n\n"}, "event: response.completed\ndata: {}\n\n"},
+		{"responses failed", []string{"event: response.created\ndata: {}\n\n", "event: response.failed\ndata: {}\n\n"}, "event: response.failed\ndata: {}\n\n"},
+	}
+	for _, tc := range cases {
+		for _, fail := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/fail=%v", tc.name, fail), func(t *testing.T) {
+				src := strings.Join(tc.chunks, "")
+				before := strings.TrimSuffix(src, tc.held)
+				var got bytes.Buffer
+				rec := &seenRecorder{got: &got}
+				if fail {
+					rec.fail = errors.New("execution ended")
+				}
+				c := chunks(append([]string(nil), tc.chunks...))
+				err := readAll(NewStream(context.Background(), rec, "s1", 200, "text/event-stream", io.NopCloser(&c), Usage), &got)
+				if rec.records != 1 || rec.atEnd != before {
+					t.Fatalf("recorded %d times; the reader had %q when the step was recorded, want %q", rec.records, rec.atEnd, before)
+				}
+				if fail {
+					if err == io.EOF || !strings.Contains(err.Error(), "execution ended") || got.String() != before {
+						t.Fatalf("record failed: the reader got %q, %v", got.String(), err)
+					}
+					return
+				}
+				if err != io.EOF || got.String() != src {
+					t.Fatalf("the reader got %q, %v; want all of %q", got.String(), err, src)
+				}
+			})
+		}
+	}
+}
+
+// An event named like a terminal one only in its data is not terminal,
+// and a stream without one is handed out whole before it is recorded.
+func TestStreamWithoutTerminalEvent(t *testing.T) {
+	for _, ev := range []string{"data: {\"type\":\"message_stop\"}", "event: ping\ndata: [DONE] later", "event: message_stopped\ndata: {}"} {
+		if terminal(ev, EventData(ev)) {
+			t.Errorf("%q taken as terminal", ev)
+		}
+	}
+	var got bytes.Buffer
+	rec := &seenRecorder{got: &got}
+	c := chunks{"data: {\"n\":1}\n\n", "data: {\"n\":2}\n\n"}
+	if err := readAll(NewStream(context.Background(), rec, "s1", 200, "text/event-stream", io.NopCloser(&c), Usage), &got); err != io.EOF {
+		t.Fatal(err)
+	}
+	if rec.atEnd != "data: {\"n\":1}\n\ndata: {\"n\":2}\n\n" || got.String() != rec.atEnd {
+		t.Fatalf("at the record the reader had %q; in all %q", rec.atEnd, got.String())
 	}
 }

@@ -423,7 +423,8 @@ func noAnswer(w http.ResponseWriter, dialect, msg string) {
 }
 
 // stream passes a streamed answer through as it arrives. The stream is
-// read to its end whatever the caller does, and recorded.
+// read to its end whatever the caller does, and recorded; its terminal
+// event reaches the caller only once the record is made (llmrec.Stream).
 func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, rc *recorder, stepID string, resp *http.Response, ct string) {
 	s := llmrec.NewStream(ctx, rc, stepID, resp.StatusCode, ct, resp.Body, rc.usageOf)
 	h := w.Header()
@@ -444,17 +445,19 @@ func (g *Gateway) stream(ctx context.Context, w http.ResponseWriter, rc *recorde
 			}
 		}
 		if err != nil {
-			if err != io.EOF && s.Broken() {
-				g.log.Warn("llm gateway: a provider stream broke off", "step_id", stepID, "err", err)
-				_ = s.Close()
-				// The caller gets a cut stream, as the provider cut it:
-				// the connection ends without a clean end of the body.
-				panic(http.ErrAbortHandler)
-			}
 			if err != io.EOF {
-				// The caller got the whole answer; the record failed
-				// (the execution ended meanwhile, the store failed).
-				g.log.Warn("llm gateway: record a stream", "step_id", stepID, "err", err)
+				if s.Broken() {
+					g.log.Warn("llm gateway: a provider stream broke off", "step_id", stepID, "err", err)
+				} else {
+					// The answer came whole but is not on the record (the
+					// execution ended meanwhile, the store failed): the
+					// terminal event was held back, and is not sent.
+					g.log.Warn("llm gateway: record a stream", "step_id", stepID, "err", err)
+				}
+				_ = s.Close()
+				// The caller gets a cut stream: the connection ends
+				// without a clean end of the body.
+				panic(http.ErrAbortHandler)
 			}
 			break
 		}

@@ -816,6 +816,41 @@ func TestStreamRecordedWhenTheCallerLeaves(t *testing.T) {
 	}
 }
 
+// A caller that stops reading at the stream's last event, as the OpenAI
+// client does at "data: [DONE]", and goes on finds the call on the
+// record: the gateway sends that event only once the step is recorded.
+func TestStreamRecordedBeforeItsLastEvent(t *testing.T) {
+	g := startGW(t, kernel.Config{})
+	g.setHandler(func(ctx context.Context, r *testkit.Run) (any, error) {
+		var statuses []string
+		for i := 0; i < 5; i++ {
+			req, _ := http.NewRequestWithContext(ctx, "POST", g.env.URL+"/llm/openai/v1/chat/completions",
+				strings.NewReader(fmt.Sprintf(`{"model":"gpt-fake","stream":true,"messages":[{"role":"user","content":"story %d"}]}`, i)))
+			req.Header.Set("Authorization", "Bearer "+r.LLMGatewayToken)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return nil, err
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() && sc.Text() != "data: [DONE]" {
+			}
+			var s kernel.Step
+			_, err = g.env.Admin("GET", "/v0/executions/"+r.ExecutionID+"/steps/"+resp.Header.Get(llmrec.HeaderStepID), nil, &s)
+			resp.Body.Close()
+			if err != nil {
+				return nil, err
+			}
+			statuses = append(statuses, string(s.Status))
+		}
+		return statuses, nil
+	})
+	id := g.env.CreateExecution(g.agent.ID, map[string]any{})
+	x := g.env.WaitTerminal(id, 30*time.Second)
+	if x.Status != kernel.ExecCompleted || string(x.Output) != `["succeeded","succeeded","succeeded","succeeded","succeeded"]` {
+		t.Fatalf("execution %s: %s %s", x.Status, x.Output, x.Error)
+	}
+}
+
 // Providers are per tenant: tenant acme's agent reaches only acme's
 // provider (with acme's key, even for a model name the default tenant also
 // configures) and none of the default tenant's models; the default
