@@ -322,6 +322,10 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 		float64(s1.Updates-s0.Updates)/float64(commits),
 		float64(s1.DB.TxStats.GetWrite()-s0.DB.TxStats.GetWrite())/float64(commits),
 		(res.Elapsed / time.Duration(commits)).Round(time.Microsecond))
+	fn, lg, fl := s1.Functions-s0.Functions, s1.Log-s0.Log, s1.File-s0.File
+	per := func(d time.Duration) time.Duration { return (d / time.Duration(commits)).Round(time.Microsecond) }
+	fmt.Fprintf(stdout, "store writer:    %.0f%% busy; per commit %s in Update functions, %s appending and syncing the log, %s in bbolt's commit\n",
+		100*(fn+lg+fl).Seconds()/res.Elapsed.Seconds(), per(fn), per(lg), per(fl))
 	if c0.ok && c1.ok {
 		cpu := c1.total() - c0.total()
 		who := "kernel process"

@@ -143,10 +143,13 @@ type Store struct {
 	readOnly  bool // Options.ReadOnly: no writer runs
 	onCommit  func(time.Duration, int)
 
-	waiting atomic.Int64  // Updates waiting for the writer to take them
-	commits atomic.Uint64 // committed write transactions
-	updates atomic.Uint64 // Update functions committed
-	retries atomic.Uint64 // batches rolled back because one function failed
+	waiting  atomic.Int64  // Updates waiting for the writer to take them
+	commits  atomic.Uint64 // committed write transactions
+	updates  atomic.Uint64 // Update functions committed
+	retries  atomic.Uint64 // batches rolled back because one function failed
+	fnTime   atomic.Int64  // writer nanoseconds in Begin and the Update functions
+	logTime  atomic.Int64  // writer nanoseconds appending and syncing the log
+	fileTime atomic.Int64  // writer nanoseconds in bbolt's Commit
 
 	agents agentCache // decoded agent records, for read transactions
 
@@ -365,6 +368,14 @@ type Stats struct {
 	Retries uint64
 	// Waiting is the number of Updates now waiting for the writer.
 	Waiting int64
+	// Functions, Log and File are how long the writer spent, over the
+	// commits counted, in a transaction's Begin and its Update functions,
+	// in appending and syncing the write-ahead log's record (zero without
+	// the log), and in bbolt's Commit (its page writes, and its fsyncs
+	// without the log; with the log, also the checkpoint's bookkeeping
+	// after it). Their sum over wall time is how busy the writer
+	// was; the rest it waited for Updates.
+	Functions, Log, File time.Duration
 	// Size is the high-water mark of the file in bytes: the pages bbolt
 	// has used so far, free ones included (the file itself may be longer:
 	// bbolt grows it ahead of use).
@@ -384,5 +395,9 @@ func (s *Store) Stats() Stats {
 		Retries: s.retries.Load(),
 		Waiting: s.waiting.Load(),
 		DB:      s.db.Stats(),
+
+		Functions: time.Duration(s.fnTime.Load()),
+		Log:       time.Duration(s.logTime.Load()),
+		File:      time.Duration(s.fileTime.Load()),
 	}
 }

@@ -1,6 +1,7 @@
 package bbolt
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -419,6 +420,36 @@ func TestGroupCommit(t *testing.T) {
 				if (err != nil) != c.fail[i] {
 					t.Errorf("update %d: %v", i, err)
 				}
+			}
+		})
+	}
+}
+
+// TestStatsTimeTheWriter: the writer's time is split between the Update
+// functions, the log (only with one) and bbolt's commit, and the functions'
+// share covers at least the time they took themselves.
+func TestStatsTimeTheWriter(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		opts Options
+	}{{"wal", walOptions}, {"bbolt fsync", Options{}}} {
+		t.Run(c.name, func(t *testing.T) {
+			s := openStore(t, c.opts, true)
+			before := s.Stats()
+			var inside time.Duration
+			for i := range 20 {
+				if err := s.Update(t.Context(), func(tx kernel.Tx) error {
+					start := time.Now()
+					defer func() { inside += time.Since(start) }()
+					return tx.PutCounter("t", fmt.Sprint(i), bytes.Repeat([]byte{byte(i)}, 512))
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			st := s.Stats()
+			fn, lg, fl := st.Functions-before.Functions, st.Log-before.Log, st.File-before.File
+			if fn < inside || fl <= 0 || (lg > 0) != c.opts.WAL {
+				t.Fatalf("functions %s (they took %s), log %s, file %s", fn, inside, lg, fl)
 			}
 		})
 	}

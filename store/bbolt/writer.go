@@ -155,6 +155,7 @@ func (s *Store) commit(batch []*request) {
 // it. It returns the index and error of the first function that failed (the
 // transaction is then rolled back), or -1 and the commit's error.
 func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
+	begin := time.Now()
 	btx, err := s.db.Begin(true)
 	if err != nil {
 		return -1, nil, fmt.Errorf("bbolt: update %s: begin: %w", s.path, err)
@@ -172,6 +173,8 @@ func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
 		}
 	}
 	t0 := time.Now()
+	s.fnTime.Add(int64(t0.Sub(begin)))
+	t1 := t0
 	if w != nil && w.batch.ops > 0 {
 		// Durable before visible: the record is synced before bbolt's
 		// commit (without fsync) shows the writes to readers.
@@ -180,6 +183,8 @@ func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
 			s.fail(err)
 			return -1, nil, fmt.Errorf("bbolt: update %s: %w", s.path, err)
 		}
+		t1 = time.Now()
+		s.logTime.Add(int64(t1.Sub(t0)))
 	}
 	size := btx.Size()
 	if err := btx.Commit(); err != nil {
@@ -195,6 +200,7 @@ func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
 		}
 	}
 	took := time.Since(t0)
+	s.fileTime.Add(int64(took - t1.Sub(t0)))
 	s.lastCommit = took
 	if s.onCommit != nil {
 		s.onCommit(took, len(batch))
