@@ -100,8 +100,9 @@ func recoverFile(path string) (*checkpoint, error) {
 		return nil, err
 	}
 	if cp == nil {
-		// Created without its first checkpoint, or removed all but the
-		// directory: no record in it was ever acknowledged.
+		// Created without its first checkpoint (no record written yet),
+		// or a removal cut short after the checkpoint went (removeWAL:
+		// the file, synced, holds every record left): nothing to apply.
 		return nil, removeWAL(dir)
 	}
 	if err := restoreMeta(path, cp); err != nil {
