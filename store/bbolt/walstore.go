@@ -88,6 +88,20 @@ func checkLog(path string, readOnly bool) (*checkpoint, error) {
 	return recoverFile(path)
 }
 
+// logLeft reports whether a log is beside the file at path. Open asks
+// once bbolt holds the file's lock, when checkLog applied no log: a log
+// is then one left by a kernel that held the lock when checkLog looked
+// (a supervisor restarting a kernel while the old process is still being
+// killed) and died since without stopping cleanly. Used as it is, the
+// file would lack the records the log holds beyond it, a log of its own
+// could not be made (the directory exists), and without one the stale
+// log, left beside a file written since, would make the next Open take
+// the file back to its checkpoint (TestWALOpenWhileTheKernelDies).
+func logLeft(path string) bool {
+	_, err := os.Stat(WALDir(path))
+	return err == nil
+}
+
 // recoverFile brings the file at path back to the state its log
 // describes, before bbolt opens it: when the log's directory holds a
 // checkpoint, the checkpoint's meta page goes back in place; replayWAL
