@@ -29,11 +29,13 @@ import (
 // directory through several lives, each ended by a SIGKILL at a random
 // instant: under load (sessions of the Go SDK submitting and completing
 // steps as fast as they can), during the start (the recovery of the
-// previous life's log included), or during a graceful stop (SIGTERM, then
-// SIGKILL a moment later: the file's sync and the log's removal). Some
-// lives run with --no-wal, so a log left by a killed life is applied by a
-// kernel without one, and the next life's log starts over a file written
-// with bbolt's own fsyncs. After every restart, every step any life was
+// previous life's log included), during a graceful stop (SIGTERM, then
+// SIGKILL a moment later: the file's sync and the log's removal), or
+// after the next life's kernel was started and waits for the dying one's
+// lock (a supervisor's overlapping restart). Some lives run with
+// --no-wal, so a log left by a killed life is applied by a kernel without
+// one, and the next life's log starts over a file written with bbolt's
+// own fsyncs. After every restart, every step any life was
 // answered proceed for is recorded (executing or done), every step whose
 // completion was answered is succeeded with the result sent, no execution
 // has a step nobody submitted (one per session at most: a submission the
@@ -75,31 +77,50 @@ func TestKillAtRandomInstants(t *testing.T) {
 			_ = running.cmd.Wait()
 		}
 	})
-	lastBoot, loaded, completions := time.Duration(0), false, 0
-	for life := range lives {
+	// Each life's end, and whether it runs without a log. The kill
+	// instants are random; the order makes sure each kind comes, and
+	// after the one it needs: a start killed while it applies a log, a
+	// log applied by a kernel without one, an overlapping restart whose
+	// kernel waits for the lock of a dying one with a log, and without.
+	type lifeKind struct {
+		how   string
+		noWAL bool
+	}
+	schedule := []lifeKind{{"load", false}, {"start", false}, {"restart", false}, {"load", true},
+		{"restart", false}, {"stop", false}, {"load", true}}
+	kind := func(life int) lifeKind {
+		if life == lives-1 {
+			return lifeKind{"clean stop", false}
+		}
+		if life < len(schedule) {
+			return schedule[life]
+		}
+		return schedule[1+(life-1)%(len(schedule)-1)]
+	}
+	spawn := func(life int) (*process, string) {
 		var extra []string
-		noWAL := life%4 == 2
-		if noWAL {
+		if kind(life).noWAL {
 			extra = append(extra, "--no-wal")
 		}
-		how := "load"
-		switch r := rng.IntN(4); {
-		case life == lives-1:
-			how = "clean stop"
-		case r == 0 && loaded && lastBoot > 0:
-			how = "start"
-		case r == 1:
-			how = "stop"
+		return spawnServe(t, dir, addr, extra...)
+	}
+	var next *process // the next life's, started before this one died
+	var nextReady string
+	lastBoot, completions := time.Duration(0), 0
+	for life := range lives {
+		how, noWAL := kind(life).how, kind(life).noWAL
+		p, ready := next, nextReady
+		if p == nil {
+			p, ready = spawn(life)
 		}
-		p, ready := spawnServe(t, dir, addr, extra...)
+		next = nil
 		running = p
 		if how == "start" {
 			// A random instant of the start, whose recovery applies the
 			// log the last life left: nothing is answered in this life.
 			time.Sleep(between(0, lastBoot))
 			p.kill(t, false)
-			t.Logf("life %d (no-wal %v): killed %s", life, noWAL, how)
-			loaded = true // its log, if any, is still to apply
+			t.Logf("life %d (no-wal %v): killed at %s", life, noWAL, how)
 			continue
 		}
 		p.awaitReady(t, ready)
@@ -127,6 +148,14 @@ func TestKillAtRandomInstants(t *testing.T) {
 		switch how {
 		case "load":
 			p.kill(t, false)
+		case "restart":
+			// A supervisor restarts the kernel while the old process is
+			// still being killed: the new one finds the file locked (no
+			// log to apply yet) and waits for the lock, which the old
+			// one gives up by dying, its log left.
+			next, nextReady = spawn(life + 1)
+			next.waitOpening(t, filepath.Join(dir, "wicket.db"))
+			p.kill(t, false)
 		case "stop", "clean stop":
 			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
@@ -149,7 +178,6 @@ func TestKillAtRandomInstants(t *testing.T) {
 			n += c
 		}
 		completions += n
-		loaded = true
 		t.Logf("life %d (no-wal %v): killed at %s after %s of boot; %d completions answered", life, noWAL, how, p.boot.Round(time.Millisecond), n)
 		if e := l.failure(); e != nil {
 			t.Fatalf("life %d: %v", life, e)
@@ -324,6 +352,40 @@ func (p *process) kill(t *testing.T, stopping bool) {
 		return
 	}
 	t.Fatalf("the kernel ended %v before the kill; its log:\n%s", p.cmd.ProcessState, p.stderrString())
+}
+
+// waitOpening waits until p has its store file open for writing: bbolt's
+// Open, past the look at the log, waiting for the lock.
+func (p *process) waitOpening(t *testing.T, path string) {
+	t.Helper()
+	fds := fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ents, err := os.ReadDir(fds)
+		if err != nil {
+			t.Skipf("%s: %v", fds, err) // not Linux
+		}
+		for _, e := range ents {
+			if target, err := os.Readlink(filepath.Join(fds, e.Name())); err != nil || target != path {
+				continue
+			}
+			info, err := os.ReadFile(filepath.Join(fds, "..", "fdinfo", e.Name()))
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(info), "\n") {
+				if v, ok := strings.CutPrefix(line, "flags:"); ok {
+					if flags, err := strconv.ParseUint(strings.TrimSpace(v), 8, 64); err == nil && flags&uint64(os.O_RDWR|os.O_WRONLY) == uint64(os.O_RDWR) {
+						return
+					}
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new kernel never opened %s; its log:\n%s", path, p.stderrString())
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // exited waits for p, stopped by SIGTERM, to exit cleanly.
