@@ -134,7 +134,9 @@
 // bbolt cannot remap its memory map while a read transaction is open, so
 // with a log it maps 1 TiB of address space up front (address space, not
 // memory); past half of it the store syncs, drops its log and goes on
-// with bbolt's own fsyncs. A failed log write or a commit that failed
+// with bbolt's own fsyncs. A record holds at most 1 GiB of writes (a
+// longer one would read back as damage): a batch past it is committed
+// one Update at a time, and an Update past it alone fails. A failed log write or a commit that failed
 // after its record was written fails the store (every later Update
 // returns the error); the next Open recovers from the log.
 //

@@ -32,7 +32,6 @@ const (
 	walMagic           = "WKTWAL01"
 	ckptMagic          = "WKTCKP01"
 	walHeaderSize      = 16
-	walMaxRecord       = 1 << 30 // a larger length is damage, not a record
 	ckptName           = "checkpoint"
 	walSegmentExt      = ".wal"
 	walOpPut      byte = 'P'
@@ -40,6 +39,10 @@ const (
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// walMaxRecord is the largest record payload: a larger length read back
+// is damage, not a record. (A variable for tests.)
+var walMaxRecord = 1 << 30
 
 // WALDir returns the directory of the write-ahead log of the store at
 // path.
@@ -344,7 +347,7 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 				break // the end of what was written in this segment
 			}
 			n := binary.LittleEndian.Uint32(rest[0:4])
-			if n > walMaxRecord || int(n) > len(rest)-walHeaderSize {
+			if int64(n) > int64(walMaxRecord) || int(n) > len(rest)-walHeaderSize {
 				if final {
 					break
 				}
