@@ -371,6 +371,10 @@ func (s *Store) stopWAL(keep bool) error {
 	s.wal = nil
 	close(w.jobs)
 	<-w.stopped
+	// Closing the log waits for a spare segment being made: made in the
+	// directory while removeWAL deletes it, it could make the removal
+	// fail (directory not empty).
+	_ = w.log.close()
 	var err error
 	if !keep && s.failure.Load() == nil {
 		if err = s.db.Sync(); err == nil {
@@ -381,7 +385,6 @@ func (s *Store) stopWAL(keep bool) error {
 	if w.base != nil {
 		_ = w.base.Rollback()
 	}
-	_ = w.log.close()
 	_ = w.metaFile.Close()
 	return err
 }
