@@ -125,6 +125,10 @@ func recoverFile(path string) (*checkpoint, error) {
 	return cp, nil
 }
 
+// walReplayOps is how many operations a recovery commits at a time (a
+// variable for tests).
+var walReplayOps = 100_000
+
 // replayWAL applies the log's records after cp to db, syncs the file and
 // removes the log. It returns the last lsn applied.
 func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
@@ -183,7 +187,7 @@ func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 		if err != nil {
 			return fmt.Errorf("wal: replay record %d: %w", lsn, err)
 		}
-		if ops >= 100_000 {
+		if ops >= walReplayOps {
 			return commit()
 		}
 		return nil
@@ -353,7 +357,7 @@ func removeCovered(dir string, lsn uint64) error {
 		return fmt.Errorf("wal: list %s: %w", dir, err)
 	}
 	for i := 0; i+1 < len(segs) && segs[i+1] <= lsn+1; i++ {
-		if err := os.Remove(filepath.Join(dir, segmentName(segs[i]))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := walRemove(filepath.Join(dir, segmentName(segs[i]))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("wal: remove segment: %w", err)
 		}
 	}
