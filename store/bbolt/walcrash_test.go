@@ -364,3 +364,29 @@ func TestWALSegmentTail(t *testing.T) {
 		})
 	}
 }
+
+// TestWALCrashMakingASegment: a crash while the next segment is made
+// leaves a spare (not yet named a segment, zeros) and maybe the newest
+// segment renamed into place with no record yet: recovery ignores the
+// one and ends the log at the other.
+func TestWALCrashMakingASegment(t *testing.T) {
+	s := openStore(t, walOptions, false)
+	walWorkload(t, s, 0, 2)
+	want := dump(t, s.db)
+	for _, named := range []bool{false, true} {
+		t.Run(fmt.Sprint("renamed ", named), func(t *testing.T) {
+			path := crashCopy(t, s, nil)
+			sp := makeSegment(WALDir(path), 64<<10)
+			if sp.err != nil {
+				t.Fatal(sp.err)
+			}
+			sp.f.Close()
+			if named {
+				if err := os.Rename(sp.f.Name(), filepath.Join(WALDir(path), segmentName(s.wal.log.lsn+1))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sameDump(t, recovered(t, path), want)
+		})
+	}
+}
