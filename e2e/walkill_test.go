@@ -355,7 +355,8 @@ func (p *process) kill(t *testing.T, stopping bool) {
 }
 
 // waitOpening waits until p has its store file open for writing: bbolt's
-// Open, past the look at the log, waiting for the lock.
+// Open, past the look at the log, waiting for the lock. (Without /proc it
+// returns at once.)
 func (p *process) waitOpening(t *testing.T, path string) {
 	t.Helper()
 	fds := fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid)
@@ -363,7 +364,7 @@ func (p *process) waitOpening(t *testing.T, path string) {
 	for {
 		ents, err := os.ReadDir(fds)
 		if err != nil {
-			t.Skipf("%s: %v", fds, err) // not Linux
+			return // no /proc: the kill may come before the new Open
 		}
 		for _, e := range ents {
 			if target, err := os.Readlink(filepath.Join(fds, e.Name())); err != nil || target != path {
