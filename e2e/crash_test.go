@@ -50,8 +50,10 @@ type process struct {
 	cmd    *exec.Cmd
 	url    string
 	stderr *syncBuffer
-	// boot is how long the process took to become ready.
-	boot time.Duration
+	// started is when it was started; boot how long it took to become
+	// ready.
+	started time.Time
+	boot    time.Duration
 }
 
 // stderrString is what the process has logged so far.
@@ -70,26 +72,39 @@ func freeAddr(t *testing.T) string {
 
 func startServe(t *testing.T, dir, addr string, extra ...string) *process {
 	t.Helper()
+	p, ready := spawnServe(t, dir, addr, extra...)
+	p.awaitReady(t, ready)
+	return p
+}
+
+// spawnServe starts `wicket serve` and returns at once, with the file
+// that appears once it is ready.
+func spawnServe(t *testing.T, dir, addr string, extra ...string) (*process, string) {
+	t.Helper()
 	ready := filepath.Join(t.TempDir(), "ready")
 	args := append([]string{"serve", "--data", dir, "--addr", addr, "--admin-key", testkit.AdminKey,
 		"--ready-file", ready, "--lease-timeout", "1s", "--dispatch-timeout", "300ms", "--log-level", "warn"}, extra...)
 	cmd := exec.Command(wicketBinary(t), args...)
 	stderr := &syncBuffer{}
 	cmd.Stderr = stderr
-	start := time.Now()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &process{cmd: cmd, url: "http://" + addr, stderr: stderr}
-	deadline := start.Add(20 * time.Second)
+	return &process{cmd: cmd, url: "http://" + addr, stderr: stderr, started: time.Now()}, ready
+}
+
+// awaitReady waits until the process has written its ready file.
+func (p *process) awaitReady(t *testing.T, ready string) {
+	t.Helper()
+	deadline := p.started.Add(20 * time.Second)
 	for {
 		if _, err := os.Stat(ready); err == nil {
-			p.boot = time.Since(start)
-			return p
+			p.boot = time.Since(p.started)
+			return
 		}
 		if time.Now().After(deadline) {
-			_ = cmd.Process.Kill()
-			t.Fatalf("wicket serve did not become ready: %s", stderr.String())
+			_ = p.cmd.Process.Kill()
+			t.Fatalf("wicket serve did not become ready: %s", p.stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

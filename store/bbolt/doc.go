@@ -124,13 +124,19 @@
 // exactly the checkpoint's state — and applies every record after it, in
 // lsn order (a record cut short or failing its CRC ends the log only in
 // the last segment; anywhere else it is damage, and Open refuses). It
-// syncs the result and removes the log. Close syncs the file and removes
-// the log: a store closed cleanly is one file, as without a log.
+// syncs the result and removes the log, the checkpoint first (a crash
+// part way then leaves records the file holds, and no checkpoint to take
+// it back to). Close syncs the file and removes the log: a store closed
+// cleanly is one file, as without a log. An Open that found the lock held
+// and got it once the kernel holding it died (a restart racing the old
+// process's death) starts again, and so applies the log that kernel left.
 //
 // bbolt cannot remap its memory map while a read transaction is open, so
 // with a log it maps 1 TiB of address space up front (address space, not
 // memory); past half of it the store syncs, drops its log and goes on
-// with bbolt's own fsyncs. A failed log write or a commit that failed
+// with bbolt's own fsyncs. A record holds at most 1 GiB of writes (a
+// longer one would read back as damage): a batch past it is committed
+// one Update at a time, and an Update past it alone fails. A failed log write or a commit that failed
 // after its record was written fails the store (every later Update
 // returns the error); the next Open recovers from the log.
 //

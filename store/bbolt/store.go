@@ -225,6 +225,16 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
+	if cp == nil && logLeft(path) {
+		// checkLog found the file locked, and the kernel holding it died
+		// before bbolt took the lock, its log left (see logLeft): that
+		// log must be applied first, and the lock is free now.
+		_ = db.Close()
+		if opts.ReadOnly {
+			return nil, fmt.Errorf("bbolt: open %s: %w", path, ErrUnclean)
+		}
+		return Open(path, opts)
+	}
 	var lsn uint64
 	if cp != nil {
 		lsn, err = replayWAL(db, path, cp)

@@ -32,7 +32,6 @@ const (
 	walMagic           = "WKTWAL01"
 	ckptMagic          = "WKTCKP01"
 	walHeaderSize      = 16
-	walMaxRecord       = 1 << 30 // a larger length is damage, not a record
 	ckptName           = "checkpoint"
 	walSegmentExt      = ".wal"
 	walOpPut      byte = 'P'
@@ -40,6 +39,10 @@ const (
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// walMaxRecord is the largest record payload: a larger length read back
+// is damage, not a record. (A variable for tests.)
+var walMaxRecord = 1 << 30
 
 // WALDir returns the directory of the write-ahead log of the store at
 // path.
@@ -335,7 +338,9 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 		for off < len(data) {
 			rest := data[off:]
 			if len(rest) < walHeaderSize {
-				if final {
+				// Zeros too short for a header end a segment whose
+				// next record did not fit (TestWALSegmentTail).
+				if final || allZero(rest) {
 					break
 				}
 				return 0, damaged(off, "record header cut short")
@@ -344,7 +349,7 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 				break // the end of what was written in this segment
 			}
 			n := binary.LittleEndian.Uint32(rest[0:4])
-			if n > walMaxRecord || int(n) > len(rest)-walHeaderSize {
+			if int64(n) > int64(walMaxRecord) || int(n) > len(rest)-walHeaderSize {
 				if final {
 					break
 				}
@@ -469,27 +474,39 @@ func readCheckpoint(dir string) (*checkpoint, error) {
 	return c, nil
 }
 
-// removeWAL deletes dir: the segments first and the checkpoint last, so
-// that a directory without a checkpoint never holds a record that
-// matters (see recoverFile).
+// removeWAL deletes dir, the log of a file that holds all of it and is
+// synced. The checkpoint goes first, durably, then the segments: a crash
+// in between leaves segments without a checkpoint, which the next Open
+// removes (recoverFile), rightly, for the file holds their records. The
+// other order would leave a checkpoint without the records after it, and
+// the next Open would take the file back to the checkpoint: every commit
+// since lost (TestWALCrashWhileRemovingTheLog).
 func removeWAL(dir string) error {
+	err := walRemove(filepath.Join(dir, ckptName))
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("wal: remove: %w", err)
+	}
 	segs, err := segments(dir)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("wal: list %s: %w", dir, err)
 	}
 	for _, s := range segs {
-		if err := os.Remove(filepath.Join(dir, segmentName(s))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := walRemove(filepath.Join(dir, segmentName(s))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("wal: remove: %w", err)
 		}
-	}
-	if err := syncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("wal: remove %s: %w", dir, err)
 	}
 	return syncDir(filepath.Dir(dir))
 }
+
+// walRemove removes a file of the log: tests stop it part way, as a
+// crash would.
+var walRemove = os.Remove
 
 // syncDir makes the entries of dir durable.
 func syncDir(dir string) error {

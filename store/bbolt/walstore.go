@@ -88,6 +88,20 @@ func checkLog(path string, readOnly bool) (*checkpoint, error) {
 	return recoverFile(path)
 }
 
+// logLeft reports whether a log is beside the file at path. Open asks
+// once bbolt holds the file's lock, when checkLog applied no log: a log
+// is then one left by a kernel that held the lock when checkLog looked
+// (a supervisor restarting a kernel while the old process is still being
+// killed) and died since without stopping cleanly. Used as it is, the
+// file would lack the records the log holds beyond it, a log of its own
+// could not be made (the directory exists), and without one the stale
+// log, left beside a file written since, would make the next Open take
+// the file back to its checkpoint (TestWALOpenWhileTheKernelDies).
+func logLeft(path string) bool {
+	_, err := os.Stat(WALDir(path))
+	return err == nil
+}
+
 // recoverFile brings the file at path back to the state its log
 // describes, before bbolt opens it: when the log's directory holds a
 // checkpoint, the checkpoint's meta page goes back in place; replayWAL
@@ -100,8 +114,9 @@ func recoverFile(path string) (*checkpoint, error) {
 		return nil, err
 	}
 	if cp == nil {
-		// Created without its first checkpoint, or removed all but the
-		// directory: no record in it was ever acknowledged.
+		// Created without its first checkpoint (no record written yet),
+		// or a removal cut short after the checkpoint went (removeWAL:
+		// the file, synced, holds every record left): nothing to apply.
 		return nil, removeWAL(dir)
 	}
 	if err := restoreMeta(path, cp); err != nil {
@@ -109,6 +124,10 @@ func recoverFile(path string) (*checkpoint, error) {
 	}
 	return cp, nil
 }
+
+// walReplayOps is how many operations a recovery commits at a time (a
+// variable for tests).
+var walReplayOps = 100_000
 
 // replayWAL applies the log's records after cp to db, syncs the file and
 // removes the log. It returns the last lsn applied.
@@ -168,7 +187,7 @@ func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 		if err != nil {
 			return fmt.Errorf("wal: replay record %d: %w", lsn, err)
 		}
-		if ops >= 100_000 {
+		if ops >= walReplayOps {
 			return commit()
 		}
 		return nil
@@ -338,7 +357,7 @@ func removeCovered(dir string, lsn uint64) error {
 		return fmt.Errorf("wal: list %s: %w", dir, err)
 	}
 	for i := 0; i+1 < len(segs) && segs[i+1] <= lsn+1; i++ {
-		if err := os.Remove(filepath.Join(dir, segmentName(segs[i]))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := walRemove(filepath.Join(dir, segmentName(segs[i]))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("wal: remove segment: %w", err)
 		}
 	}
@@ -356,6 +375,10 @@ func (s *Store) stopWAL(keep bool) error {
 	s.wal = nil
 	close(w.jobs)
 	<-w.stopped
+	// Closing the log waits for a spare segment being made: made in the
+	// directory while removeWAL deletes it, it could make the removal
+	// fail (directory not empty).
+	_ = w.log.close()
 	var err error
 	if !keep && s.failure.Load() == nil {
 		if err = s.db.Sync(); err == nil {
@@ -366,7 +389,6 @@ func (s *Store) stopWAL(keep bool) error {
 	if w.base != nil {
 		_ = w.base.Rollback()
 	}
-	_ = w.log.close()
 	_ = w.metaFile.Close()
 	return err
 }

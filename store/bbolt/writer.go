@@ -2,12 +2,17 @@ package bbolt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel"
 )
+
+// errRecordTooLarge is the error of an Update whose writes exceed the
+// largest record of the write-ahead log (walMaxRecord).
+var errRecordTooLarge = fmt.Errorf("more than one commit of the write-ahead log can hold (%d MiB)", walMaxRecord>>20)
 
 // request is one Update waiting for the writer.
 type request struct {
@@ -134,6 +139,13 @@ func (s *Store) commit(batch []*request) {
 	}
 	for len(live) > 0 {
 		failed, ferr, err := s.try(live)
+		if errors.Is(err, errRecordTooLarge) && len(live) > 1 {
+			// Together past the log's largest record: each alone.
+			for _, r := range live {
+				s.commit([]*request{r})
+			}
+			return
+		}
 		if failed >= 0 {
 			s.retries.Add(1)
 			live[failed].done <- ferr
@@ -174,6 +186,12 @@ func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
 	}
 	t0 := time.Now()
 	s.fnTime.Add(int64(t0.Sub(begin)))
+	if w != nil && len(w.batch.buf)-walHeaderSize > walMaxRecord {
+		// Recovery would take its record for a write the crash cut
+		// short, and end the log there (TestWALRecordTooLarge).
+		_ = btx.Rollback()
+		return -1, nil, fmt.Errorf("bbolt: update %s: %d bytes of writes: %w", s.path, len(w.batch.buf)-walHeaderSize, errRecordTooLarge)
+	}
 	t1 := t0
 	if w != nil && w.batch.ops > 0 {
 		// Durable before visible: the record is synced before bbolt's
