@@ -1,0 +1,100 @@
+package kernel_test
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/store/bbolt"
+)
+
+// BenchmarkWriterFunctions runs a step's two calls (SubmitStep of a new
+// allowed step, CompleteStep) from 10 executions at once on a bbolt store
+// with fsync and its write-ahead log, as wicket bench does without HTTP,
+// so that commits carry several Update functions as they do in service.
+// Besides ns/op (wall time of a step, all executions together) it reports
+// the store writer's time in the Update functions per function
+// (fn-µs/update): the serial part of the kernel's work, which caps
+// throughput when the writer is busy.
+func BenchmarkWriterFunctions(b *testing.B) {
+	const executions = 10
+	st, err := bbolt.Open(filepath.Join(b.TempDir(), "wicket.db"), bbolt.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	deliv := &deliverer{got: make(chan kernel.Delivery, executions)}
+	cfg := kernel.Config{ReapInterval: time.Hour, Observer: nopObserver{}, Logger: discard()}
+	k, err := kernel.New(st, deliv, &script{}, nil, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := k.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = k.Close(ctx); _ = st.Close() })
+	if _, err := k.PutAgent(ctx, kernel.Agent{ID: agentID, WebhookURL: "http://127.0.0.1:1/webhook", Secret: agentSecret}); err != nil {
+		b.Fatal(err)
+	}
+	calls := make([]kernel.AgentCall, 0, executions)
+	for i := range executions {
+		if _, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: agentID, Input: json.RawMessage(strconv.Itoa(i))}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range executions {
+		select {
+		case d := <-deliv.got:
+			calls = append(calls, kernel.AgentCall{Tenant: d.Tenant, ExecutionID: d.ExecutionID, AgentID: d.AgentID,
+				Lease: kernel.Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}})
+		case <-time.After(20 * time.Second):
+			b.Fatal("no delivery")
+		}
+	}
+	b.ReportAllocs()
+	s0 := st.Stats()
+	b.ResetTimer()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, executions)
+	for _, call := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var args, res []byte
+			for n := next.Add(1); n <= int64(b.N); n = next.Add(1) {
+				args = append(strconv.AppendInt(append(args[:0], `{"n":`...), n, 10), `,"q":"bench"}`...)
+				d, err := k.SubmitStep(ctx, kernel.StepRequest{AgentCall: call, Kind: "tool_call", Target: "search", Args: args})
+				if err == nil && d.Decision != kernel.DecisionProceed {
+					err = &kernel.Error{Code: kernel.CodeInternal, Message: "decision " + string(d.Decision)}
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+				res = append(strconv.AppendInt(append(res[:0], `{"n":`...), n, 10), '}')
+				if _, err := k.CompleteStep(ctx, kernel.StepOutcome{AgentCall: call, StepID: d.StepID, Result: res}); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	close(errc)
+	for err := range errc {
+		b.Fatal(err)
+	}
+	s1 := st.Stats()
+	if updates := s1.Updates - s0.Updates; updates > 0 {
+		b.ReportMetric((s1.Functions-s0.Functions).Seconds()*1e6/float64(updates), "fn-µs/update")
+		b.ReportMetric(float64(updates)/float64(s1.Commits-s0.Commits), "updates/commit")
+	}
+}
