@@ -31,7 +31,7 @@ func TestAllocsStepPath(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts under the race detector are not the program's")
 	}
-	k, call := stepPathKernel(t)
+	k, call, _ := stepPathKernel(t, false)
 	ctx := context.Background()
 	const runs = 200
 	args := make([]json.RawMessage, runs+1)
@@ -68,11 +68,14 @@ func TestAllocsStepPath(t *testing.T) {
 
 // BenchmarkStepPath measures a step's two calls (SubmitStep of a new
 // allowed step, CompleteStep) on a bbolt store without fsync, one at a
-// time (each its own commit).
+// time (each its own commit). Besides ns/op it reports the store writer's
+// time in the Update functions per function (fn-µs/update), and their CPU
+// time (fn-cpu-µs/update, on Linux).
 func BenchmarkStepPath(b *testing.B) {
-	k, call := stepPathKernel(b)
+	k, call, st := stepPathKernel(b, true)
 	ctx := context.Background()
 	b.ReportAllocs()
+	s0, ns0, runs0 := st.Stats(), st.ns.Load(), st.runs.Load()
 	n := 0
 	for b.Loop() {
 		n++
@@ -85,21 +88,30 @@ func BenchmarkStepPath(b *testing.B) {
 			b.Fatalf("complete %d: %v", n, err)
 		}
 	}
+	s1 := st.Stats()
+	b.ReportMetric((s1.Functions-s0.Functions).Seconds()*1e6/float64(s1.Updates-s0.Updates), "fn-µs/update")
+	st.report(b, ns0, runs0)
 }
 
 // stepPathKernel starts a kernel on a bbolt store without fsync, with an
 // Observer as wicket serve runs it, and returns the call of an
 // execution's first dispatch. The kernel stops when tb ends.
-func stepPathKernel(tb testing.TB) (*kernel.Kernel, kernel.AgentCall) {
+// With cpu set, the kernel's store is wrapped in a cpuStore.
+func stepPathKernel(tb testing.TB, cpu bool) (*kernel.Kernel, kernel.AgentCall, *cpuStore) {
 	t := tb
-	st, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
+	bst, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
 	if err != nil {
 		t.Fatal(err)
+	}
+	st := &cpuStore{Store: bst}
+	var ks kernel.Store = bst
+	if cpu {
+		ks = st
 	}
 	deliv := &deliverer{got: make(chan kernel.Delivery, 4)}
 	// With an Observer, as wicket serve runs the kernel (its metrics).
 	cfg := kernel.Config{ReapInterval: time.Hour, Observer: nopObserver{}}
-	k, err := kernel.New(st, deliv, &script{}, nil, cfg)
+	k, err := kernel.New(ks, deliv, &script{}, nil, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +119,7 @@ func stepPathKernel(tb testing.TB) (*kernel.Kernel, kernel.AgentCall) {
 	if err := k.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = k.Close(ctx); _ = st.Close() })
+	t.Cleanup(func() { _ = k.Close(ctx); _ = bst.Close() })
 	if _, err := k.PutAgent(ctx, kernel.Agent{ID: agentID, WebhookURL: "http://127.0.0.1:1/webhook", Secret: agentSecret}); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +138,7 @@ func stepPathKernel(tb testing.TB) (*kernel.Kernel, kernel.AgentCall) {
 	if call.ExecutionID != e.ID {
 		t.Fatalf("delivered %s, created %s", call.ExecutionID, e.ID)
 	}
-	return k, call
+	return k, call, st
 }
 
 // nopObserver observes nothing: the kernel's own bookkeeping for an
