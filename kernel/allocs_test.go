@@ -19,8 +19,8 @@ import (
 // little above what the code does today (see the test's log), so that a
 // change of the Go runtime does not trip them.
 const (
-	maxSubmitAllocs   = 270
-	maxCompleteAllocs = 187
+	maxSubmitAllocs   = 245
+	maxCompleteAllocs = 177
 )
 
 // TestAllocsStepPath counts the allocations of SubmitStep (a new step,

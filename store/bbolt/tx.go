@@ -28,33 +28,36 @@ type readTx struct {
 	agents *agentCache
 	// cur are the cursors lookup keeps for the transaction, by hot bucket.
 	cur [nHot]*bolt.Cursor
-	// memo holds, in a write transaction, the last lookups of each hot
-	// bucket (see lookup); nil until the first.
+	// memo holds, in a write transaction, the last lookups of the hot
+	// buckets that are read again (see lookup); nil until the first.
 	memo *lookupMemo
 }
 
 // The buckets of the step path, whose point lookups go through lookup.
+// The first nMemo are those an Update function reads a record of and
+// later writes it back (the execution and its input, a step's slot).
 const (
 	hotExecutions = iota
-	hotExecTenant
 	hotSteps
+	hotExecTenant
 	hotEvents
 	nHot
+	nMemo = hotSteps + 1
 )
 
-var hotBuckets = [nHot][]byte{bExecutions, bExecTenant, bSteps, bEvents}
+var hotBuckets = [nHot][]byte{bExecutions, bSteps, bExecTenant, bEvents}
 
-// memoSize is how many lookups of each hot bucket a write transaction
-// remembers: an Update function reads a record and later writes it back
-// (the execution and its input, a step's slot), a few lookups apart.
+// memoSize is how many lookups of each of the first nMemo hot buckets a
+// write transaction remembers: a record is read and written back a few
+// lookups apart.
 const memoSize = 4
 
 // lookupMemo is what lookup remembers in a write transaction: its last
-// memoSize answers for each hot bucket, and where each bucket's next one
-// goes.
+// memoSize answers for each of the first nMemo hot buckets, and where
+// each bucket's next one goes.
 type lookupMemo struct {
-	e    [nHot][memoSize]memoEntry
-	next [nHot]uint8
+	e    [nMemo][memoSize]memoEntry
+	next [nMemo]uint8
 }
 
 // memoEntry is a lookup of a write transaction: the value stored under k
@@ -69,12 +72,16 @@ type memoEntry struct{ k, v []byte }
 // transaction (bbolt's guarantee: a write replaces a value, never changes
 // its bytes).
 //
-// In a write transaction, lookup remembers its last few answers for each
-// bucket, and every write of the transaction keeps them true (wbucket
+// In a write transaction, lookup remembers its last few answers for the
+// buckets read again (nMemo), and every write of the transaction keeps them true (wbucket
 // calls wrote), so that reading a record again, as PutExecution does
 // after Execution, does not walk the tree again. k is kept: the caller
 // must not change it afterwards.
 func (r *readTx) lookup(i int, k []byte) []byte {
+	if i >= nMemo {
+		v, _ := r.seek(i, k)
+		return v
+	}
 	m := r.memo
 	if m == nil && r.tx.Writable() {
 		m = new(lookupMemo)
@@ -115,7 +122,7 @@ func (r *readTx) seek(i int, k []byte) (v, after []byte) {
 // wrote keeps the memo of hot bucket i true after v was stored under k
 // (v nil: k was deleted).
 func (r *readTx) wrote(i int, k, v []byte) {
-	if r.memo == nil {
+	if i >= nMemo || r.memo == nil {
 		return
 	}
 	for j := range r.memo.e[i] {
@@ -139,7 +146,8 @@ type writeTx struct {
 	// (see inGap). gapFrom nil: none known.
 	gapFrom, gapTo []byte
 	gapAfter       bool
-	gapKey         []byte // gapFrom's own copy of a key written
+	gapKey         []byte // gapFrom's own copy of a key written, in gapBuf
+	gapBuf         [128]byte
 }
 
 // inGap reports whether k is in the events bucket's known gap.
@@ -178,7 +186,7 @@ func (b wbucket) Put(k, v []byte) error {
 		b.w.wrote(b.hot, k, v)
 		if b.hot == hotEvents && b.w.inGap(k) {
 			// The keys after k are still free.
-			b.w.gapKey = append(b.w.gapKey[:0], k...)
+			b.w.gapKey = append(b.w.gapBuf[:0], k...)
 			b.w.gapFrom, b.w.gapAfter = b.w.gapKey, true
 		}
 	}
@@ -279,15 +287,16 @@ func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
 	if !readable(tenant, id) {
 		return nil, missing("execution", tenant, id)
 	}
-	k := key(tenant, id)
+	k, ik := execKeys(tenant, id)
 	raw := r.lookup(hotExecutions, k)
 	if raw == nil {
 		return nil, missing("execution", tenant, id)
 	}
-	e, err := r.decodeExecutionIn(k, raw)
+	e, err := decodeExecution(raw)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: execution %s/%s: %w", tenant, id, err)
 	}
+	r.readInputAt(ik, e)
 	return e, nil
 }
 
@@ -303,8 +312,11 @@ func (r *readTx) decodeExecutionIn(k, raw []byte) (*kernel.Execution, error) {
 }
 
 // readInput sets e.Input to the input stored for the execution under k.
-func (r *readTx) readInput(k []byte, e *kernel.Execution) {
-	if in := r.lookup(hotExecutions, inputKey(k)); in != nil {
+func (r *readTx) readInput(k []byte, e *kernel.Execution) { r.readInputAt(inputKey(k), e) }
+
+// readInputAt sets e.Input to the input stored under ik (inputKey).
+func (r *readTx) readInputAt(ik []byte, e *kernel.Execution) {
+	if in := r.lookup(hotExecutions, ik); in != nil {
 		e.Input = bytes.Clone(in)
 	}
 }
@@ -828,7 +840,7 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 		}
 		ikHeld = cur != nil
 	}
-	k := key(e.Tenant, e.ID)
+	k, inKey := execKeys(e.Tenant, e.ID)
 	dk, lk := dueKey(e), leaseKey(e)
 	var oldDK, oldLK []byte
 	if raw := w.lookup(hotExecutions, k); raw != nil {
@@ -842,7 +854,7 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 			return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
 		}
 	}
-	if err := w.putExecution(k, e); err != nil {
+	if err := w.putExecution(k, inKey, e); err != nil {
 		return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
 	}
 	// Entries that are already right are not written again: a Put dirties
@@ -870,12 +882,12 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 	return nil
 }
 
-// putExecution writes e under k: its input under inputKey(k), when it
-// changed (an input is written once, when the execution is created,
+// putExecution writes e under k: its input under ik (inputKey(k)), when
+// it changed (an input is written once, when the execution is created,
 // instead of with the record at every commit), and the rest of the record
 // under k.
-func (w *writeTx) putExecution(k []byte, e *kernel.Execution) error {
-	execs, ik := w.bucket(bExecutions), inputKey(k)
+func (w *writeTx) putExecution(k, ik []byte, e *kernel.Execution) error {
+	execs := w.bucket(bExecutions)
 	cur := w.lookup(hotExecutions, ik)
 	switch in := e.Input; {
 	case len(in) == 0 || string(in) == "null":
