@@ -3,6 +3,7 @@ package kernel_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -98,19 +99,28 @@ func BenchmarkStepPath(b *testing.B) {
 // execution's first dispatch. The kernel stops when tb ends.
 // With cpu set, the kernel's store is wrapped in a cpuStore.
 func stepPathKernel(tb testing.TB, cpu bool) (*kernel.Kernel, kernel.AgentCall, *cpuStore) {
-	t := tb
-	bst, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
+	bst, err := bbolt.Open(filepath.Join(tb.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	st := &cpuStore{Store: bst}
 	var ks kernel.Store = bst
 	if cpu {
 		ks = st
 	}
-	deliv := &deliverer{got: make(chan kernel.Delivery, 4)}
+	k, calls := runningKernel(tb, bst, ks, 1, nil)
+	return k, calls[0], st
+}
+
+// runningKernel starts a kernel on ks (st, or a store wrapping it), with
+// an Observer as wicket serve runs it, and logger (nil: the default),
+// creates n executions of an agent and returns the calls of their first
+// dispatches. The kernel and st close when tb ends.
+func runningKernel(tb testing.TB, st *bbolt.Store, ks kernel.Store, n int, logger *slog.Logger) (*kernel.Kernel, []kernel.AgentCall) {
+	t := tb
+	deliv := &deliverer{got: make(chan kernel.Delivery, n)}
 	// With an Observer, as wicket serve runs the kernel (its metrics).
-	cfg := kernel.Config{ReapInterval: time.Hour, Observer: nopObserver{}}
+	cfg := kernel.Config{ReapInterval: time.Hour, Observer: nopObserver{}, Logger: logger}
 	k, err := kernel.New(ks, deliv, &script{}, nil, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -119,26 +129,32 @@ func stepPathKernel(tb testing.TB, cpu bool) (*kernel.Kernel, kernel.AgentCall, 
 	if err := k.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = k.Close(ctx); _ = bst.Close() })
+	t.Cleanup(func() { _ = k.Close(ctx); _ = st.Close() })
 	if _, err := k.PutAgent(ctx, kernel.Agent{ID: agentID, WebhookURL: "http://127.0.0.1:1/webhook", Secret: agentSecret}); err != nil {
 		t.Fatal(err)
 	}
-	e, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: agentID, Input: json.RawMessage(`{"task":"allocs"}`)})
-	if err != nil {
-		t.Fatal(err)
+	created := make(map[string]bool, n)
+	for i := range n {
+		e, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: agentID, Input: json.RawMessage(`{"task":` + strconv.Itoa(i) + `}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		created[e.ID] = true
 	}
-	var call kernel.AgentCall
-	select {
-	case d := <-deliv.got:
-		call = kernel.AgentCall{Tenant: d.Tenant, ExecutionID: d.ExecutionID, AgentID: d.AgentID,
-			Lease: kernel.Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}}
-	case <-time.After(20 * time.Second):
-		t.Fatal("no delivery")
+	calls := make([]kernel.AgentCall, 0, n)
+	for range n {
+		select {
+		case d := <-deliv.got:
+			if !created[d.ExecutionID] {
+				t.Fatalf("delivered %s, not one of the executions created", d.ExecutionID)
+			}
+			calls = append(calls, kernel.AgentCall{Tenant: d.Tenant, ExecutionID: d.ExecutionID, AgentID: d.AgentID,
+				Lease: kernel.Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}})
+		case <-time.After(20 * time.Second):
+			t.Fatal("no delivery")
+		}
 	}
-	if call.ExecutionID != e.ID {
-		t.Fatalf("delivered %s, created %s", call.ExecutionID, e.ID)
-	}
-	return k, call, st
+	return k, calls
 }
 
 // nopObserver observes nothing: the kernel's own bookkeeping for an

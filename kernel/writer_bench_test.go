@@ -2,13 +2,11 @@ package kernel_test
 
 import (
 	"context"
-	"encoding/json"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/store/bbolt"
@@ -30,35 +28,8 @@ func BenchmarkWriterFunctions(b *testing.B) {
 		b.Fatal(err)
 	}
 	st := &cpuStore{Store: bst}
-	deliv := &deliverer{got: make(chan kernel.Delivery, executions)}
-	cfg := kernel.Config{ReapInterval: time.Hour, Observer: nopObserver{}, Logger: discard()}
-	k, err := kernel.New(st, deliv, &script{}, nil, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	k, calls := runningKernel(b, bst, st, executions, discard())
 	ctx := context.Background()
-	if err := k.Start(ctx); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = k.Close(ctx); _ = st.Close() })
-	if _, err := k.PutAgent(ctx, kernel.Agent{ID: agentID, WebhookURL: "http://127.0.0.1:1/webhook", Secret: agentSecret}); err != nil {
-		b.Fatal(err)
-	}
-	calls := make([]kernel.AgentCall, 0, executions)
-	for i := range executions {
-		if _, _, err := k.CreateExecution(ctx, kernel.CreateExecution{AgentID: agentID, Input: json.RawMessage(strconv.Itoa(i))}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for range executions {
-		select {
-		case d := <-deliv.got:
-			calls = append(calls, kernel.AgentCall{Tenant: d.Tenant, ExecutionID: d.ExecutionID, AgentID: d.AgentID,
-				Lease: kernel.Lease{DispatchID: d.DispatchID, Attempt: d.Attempt}})
-		case <-time.After(20 * time.Second):
-			b.Fatal("no delivery")
-		}
-	}
 	b.ReportAllocs()
 	s0, ns0, runs0 := st.Stats(), st.ns.Load(), st.runs.Load()
 	b.ResetTimer()
