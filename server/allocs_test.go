@@ -20,8 +20,8 @@ import (
 // decoding, the kernel and its store, the answer). They sit a little
 // above what the code does today (see the test's log).
 const (
-	maxSubmitRequestAllocs   = 285
-	maxCompleteRequestAllocs = 200
+	maxSubmitRequestAllocs   = 258
+	maxCompleteRequestAllocs = 180
 )
 
 // TestAllocsStepRequests counts the allocations of POST …/steps (a new

@@ -181,6 +181,14 @@ func inputKey(k []byte) []byte {
 	return append(b, k...)
 }
 
+// execKeys returns an execution's key, key(tenant, id), and its input's,
+// inputKey of it, in one allocation.
+func execKeys(tenant, id string) (k, ik []byte) {
+	ik = make([]byte, 0, 2+len(tenant)+len(id))
+	ik = append(append(append(append(ik, sep), tenant...), sep), id...)
+	return ik[1:len(ik):len(ik)], ik
+}
+
 // isInputKey reports whether k, a key of the executions bucket, is an
 // input's (inputKey).
 func isInputKey(k []byte) bool { return len(k) > 0 && k[0] == sep }

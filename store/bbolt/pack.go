@@ -122,6 +122,21 @@ var packByFirst = func() (t [256][]packEntry) {
 	return t
 }()
 
+// packByFirstFourth lists the same entries by their first and fourth
+// bytes (every word has seven or more), longest first: nil for a first
+// byte that starts no word.
+var packByFirstFourth = func() (t [256]*[256][]packEntry) {
+	for c, es := range packByFirst {
+		for _, e := range es {
+			if t[c] == nil {
+				t[c] = new([256][]packEntry)
+			}
+			t[c][e.s[3]] = append(t[c][e.s[3]], e)
+		}
+	}
+	return t
+}()
+
 func init() {
 	if len(packWords) != int(packExt)-1 || len(packWordsExt) > 256 {
 		panic("bbolt: packWords must fill the tokens 0x01…0x1b")
@@ -133,87 +148,123 @@ func init() {
 	}
 }
 
-func isLowerHex(c byte) bool { return c-'0' < 10 || c-'a' < 6 }
+func isLowerHex(c byte) bool { return hexValue[c] < 16 }
 
-// hexVal is the value of the lowercase hex digit c.
-func hexVal(c byte) byte {
-	if c <= '9' {
-		return c - '0'
+// hexValue is the value of each lowercase hex digit, 0xff for every other
+// byte.
+var hexValue = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
 	}
-	return c - 'a' + 10
-}
+	for i, c := range "0123456789abcdef" {
+		t[c] = byte(i)
+	}
+	return t
+}()
 
-// lowerHexRun reports whether b starts with n lowercase hex digits.
-func lowerHexRun[S ~string | ~[]byte](b S, n int) bool {
-	if len(b) < n {
-		return false
+// packSpecial marks the bytes at which packJSON cannot copy on: control
+// bytes (which stop it), '"' (after which hex digits and UUIDs pack) and
+// the first bytes of packByFirst's words. Every other byte stands for
+// itself, so runs of them are copied at once.
+var packSpecial = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
 	}
-	for i := range n {
-		if !isLowerHex(b[i]) {
-			return false
+	t['"'] = true
+	for c, ws := range packByFirst {
+		if len(ws) > 0 {
+			t[c] = true
 		}
 	}
-	return true
+	return t
+}()
+
+// decodeHex writes the bytes of the len(dst)*2 hex digits at the start of
+// h to dst; ok is false when one of them is not a lowercase hex digit (dst
+// then holds garbage). h must hold that many bytes.
+func decodeHex[S ~string | ~[]byte](dst []byte, h S) (ok bool) {
+	h = h[:2*len(dst)]
+	bad := byte(0)
+	for i := range dst {
+		hi, lo := hexValue[h[2*i]], hexValue[h[2*i+1]]
+		bad |= hi | lo
+		dst[i] = hi<<4 | lo
+	}
+	return bad < 16
 }
 
-// appendHexBytes appends the bytes of the lowercase hex digits h.
-func appendHexBytes[S ~string | ~[]byte](dst []byte, h S) []byte {
-	for i := 0; i+1 < len(h); i += 2 {
-		dst = append(dst, hexVal(h[i])<<4|hexVal(h[i+1]))
+// packHexAt appends the packed form of the 64 hex digits or the UUID that
+// src starts with, and how many bytes of src that was: 64, 36, or 0 (dst
+// unchanged) when src starts with neither.
+func packHexAt[S ~string | ~[]byte](dst []byte, src S) (_ []byte, read int) {
+	n := len(dst)
+	if len(src) >= 64 {
+		dst = slices.Grow(dst, 33)[:n+33]
+		if decodeHex(dst[n+1:], src) {
+			dst[n] = packHex
+			return dst, 64
+		}
+		dst = dst[:n]
 	}
-	return dst
-}
-
-// isLowerUUID reports whether b starts with a lowercase 8-4-4-4-12 UUID.
-func isLowerUUID[S ~string | ~[]byte](b S) bool {
-	if len(b) < 36 || b[8] != '-' || b[13] != '-' || b[18] != '-' || b[23] != '-' {
-		return false
+	if len(src) < 36 || src[8] != '-' || src[13] != '-' || src[18] != '-' || src[23] != '-' {
+		return dst, 0
 	}
-	return lowerHexRun(b, 8) && lowerHexRun(b[9:], 4) && lowerHexRun(b[14:], 4) && lowerHexRun(b[19:], 4) && lowerHexRun(b[24:], 12)
+	dst = slices.Grow(dst, 17)[:n+17]
+	u := dst[n+1:]
+	if decodeHex(u[:4], src) && decodeHex(u[4:6], src[9:]) && decodeHex(u[6:8], src[14:]) &&
+		decodeHex(u[8:10], src[19:]) && decodeHex(u[10:], src[24:]) {
+		dst[n] = packUUID
+		return dst, 36
+	}
+	return dst[:n], 0
 }
 
 // packJSON appends the packed form of src to dst; ok is false (and dst
 // unchanged) when src holds a byte below 0x20 or packing saves nothing.
 // Hex digits and UUIDs are packed after a '"' only (JSON strings), or at
-// the start too when atStart is set (a string field, packStr).
+// the start too when atStart is set (a string field, packStr). It never
+// writes more bytes than it has read.
 func packJSON[S ~string | ~[]byte](dst []byte, src S, atStart bool) (_ []byte, ok bool) {
 	start := len(dst)
+	hexNext := atStart // src[i] follows a '"' (or starts a string)
 	for i := 0; i < len(src); {
 		c := src[i]
+		if hexNext && isLowerHex(c) {
+			var read int
+			if dst, read = packHexAt(dst, src[i:]); read > 0 {
+				i, hexNext = i+read, false
+				continue
+			}
+		}
+		if !packSpecial[c] {
+			// A run of bytes that stand for themselves (none is '"').
+			j := i + 1
+			for j < len(src) && !packSpecial[src[j]] {
+				j++
+			}
+			dst = append(dst, src[i:j]...)
+			i, hexNext = j, false
+			continue
+		}
 		if c < 0x20 {
 			return dst[:start], false
 		}
-		if ((i == 0 && atStart) || (i > 0 && src[i-1] == '"')) && isLowerHex(c) {
-			if lowerHexRun(src[i:], 64) {
-				dst = append(dst, packHex)
-				dst = appendHexBytes(dst, src[i:i+64])
-				i += 64
-				continue
-			}
-			if isLowerUUID(src[i:]) {
-				dst = append(dst, packUUID)
-				for _, part := range [...][2]int{{0, 8}, {9, 13}, {14, 18}, {19, 23}, {24, 36}} {
-					dst = appendHexBytes(dst, src[i+part[0]:i+part[1]])
-				}
-				i += 36
-				continue
-			}
-		}
 		matched := false
-		for _, e := range packByFirst[c] {
-			// Every word is 7 bytes or more: its fourth byte tells most
-			// candidates apart before a full comparison.
-			if len(src)-i >= len(e.s) && src[i+3] == e.s[3] && string(src[i:i+len(e.s)]) == e.s {
-				dst = append(dst, e.tok...)
-				i += len(e.s)
-				matched = true
-				break
+		if ws := packByFirstFourth[c]; ws != nil && len(src)-i >= 7 {
+			for _, e := range ws[src[i+3]] {
+				if len(src)-i >= len(e.s) && string(src[i:i+len(e.s)]) == e.s {
+					dst = append(dst, e.tok...)
+					i += len(e.s)
+					matched = true
+					break
+				}
 			}
 		}
 		if !matched {
 			dst = append(dst, c)
 			i++
 		}
+		hexNext = src[i-1] == '"'
 	}
 	if len(dst)-start >= len(src) {
 		return dst[:start], false

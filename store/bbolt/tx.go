@@ -28,35 +28,108 @@ type readTx struct {
 	agents *agentCache
 	// cur are the cursors lookup keeps for the transaction, by hot bucket.
 	cur [nHot]*bolt.Cursor
+	// memo holds, in a write transaction, the last lookups of the hot
+	// buckets that are read again (see lookup); nil until the first.
+	memo *lookupMemo
 }
 
 // The buckets of the step path, whose point lookups go through lookup.
+// The first nMemo are those an Update function reads a record of and
+// later writes it back (the execution and its input, a step's slot).
 const (
 	hotExecutions = iota
-	hotExecTenant
 	hotSteps
+	hotExecTenant
 	hotEvents
 	nHot
+	nMemo = hotSteps + 1
 )
 
-var hotBuckets = [nHot][]byte{bExecutions, bExecTenant, bSteps, bEvents}
+var hotBuckets = [nHot][]byte{bExecutions, bSteps, bExecTenant, bEvents}
+
+// memoSize is how many lookups of each of the first nMemo hot buckets a
+// write transaction remembers: a record is read and written back a few
+// lookups apart.
+const memoSize = 4
+
+// lookupMemo is what lookup remembers in a write transaction: its last
+// memoSize answers for each of the first nMemo hot buckets, and where
+// each bucket's next one goes.
+type lookupMemo struct {
+	e    [nMemo][memoSize]memoEntry
+	next [nMemo]uint8
+}
+
+// memoEntry is a lookup of a write transaction: the value stored under k
+// (nil: none). k is nil in an unused entry.
+type memoEntry struct{ k, v []byte }
 
 // lookup returns the value stored under k in hot bucket i, or nil. It is
 // bbolt's Bucket.Get through a cursor kept for the transaction: Get makes
 // a new cursor, and grows its stack, on every call, which is most of a
 // lookup's allocations. A cursor moved by Seek is valid after writes (Seek
-// starts from the root). The value is valid until the next write.
+// starts from the root). The value is valid for the life of the
+// transaction (bbolt's guarantee: a write replaces a value, never changes
+// its bytes).
+//
+// In a write transaction, lookup remembers its last few answers for the
+// buckets read again (nMemo), and every write of the transaction keeps them true (wbucket
+// calls wrote), so that reading a record again, as PutExecution does
+// after Execution, does not walk the tree again. k is kept: the caller
+// must not change it afterwards.
 func (r *readTx) lookup(i int, k []byte) []byte {
+	if i >= nMemo {
+		v, _ := r.seek(i, k)
+		return v
+	}
+	m := r.memo
+	if m == nil && r.tx.Writable() {
+		m = new(lookupMemo)
+		r.memo = m
+	}
+	if m != nil {
+		for j := range m.e[i] {
+			if e := &m.e[i][j]; e.k != nil && bytes.Equal(e.k, k) {
+				return e.v
+			}
+		}
+	}
+	v, _ := r.seek(i, k)
+	if m != nil {
+		j := m.next[i]
+		m.e[i][j] = memoEntry{k: k, v: v}
+		m.next[i] = (j + 1) % memoSize
+	}
+	return v
+}
+
+// seek is lookup without the memo. When there is no value under k, after
+// is the first key after k in the bucket (nil: none), valid for the life
+// of the transaction.
+func (r *readTx) seek(i int, k []byte) (v, after []byte) {
 	c := r.cur[i]
 	if c == nil {
 		c = r.tx.Bucket(hotBuckets[i]).Cursor()
 		r.cur[i] = c
 	}
 	kk, v := c.Seek(k)
-	if v == nil || !bytes.Equal(kk, k) {
-		return nil
+	if kk == nil || !bytes.Equal(kk, k) {
+		return nil, kk
 	}
-	return v
+	return v, nil
+}
+
+// wrote keeps the memo of hot bucket i true after v was stored under k
+// (v nil: k was deleted).
+func (r *readTx) wrote(i int, k, v []byte) {
+	if i >= nMemo || r.memo == nil {
+		return
+	}
+	for j := range r.memo.e[i] {
+		if e := &r.memo.e[i][j]; e.k != nil && bytes.Equal(e.k, k) {
+			e.v = v
+		}
+	}
 }
 
 // writeTx implements kernel.Tx. Writes are visible to later reads in the
@@ -66,17 +139,39 @@ type writeTx struct {
 	// log, when the store keeps a write-ahead log, records every write of
 	// the transaction (see wbucket).
 	log *walBatch
+	// gap is a key range of the events bucket known to hold no key:
+	// [gapFrom, gapTo), or (gapFrom, gapTo) when gapAfter is set; gapTo nil
+	// is the end of the bucket. AppendEvent learns it when it looks for an
+	// execution's next seq, and need not look again for the ones after
+	// (see inGap). gapFrom nil: none known.
+	gapFrom, gapTo []byte
+	gapAfter       bool
+	gapKey         []byte // gapFrom's own copy of a key written, in gapBuf
+	gapBuf         [128]byte
+}
+
+// inGap reports whether k is in the events bucket's known gap.
+func (w *writeTx) inGap(k []byte) bool {
+	if w.gapFrom == nil {
+		return false
+	}
+	c := bytes.Compare(k, w.gapFrom)
+	return (c > 0 || c == 0 && !w.gapAfter) && (w.gapTo == nil || bytes.Compare(k, w.gapTo) < 0)
 }
 
 // wbucket is a bucket of a write transaction. Every write of the store
 // goes through its Put and Delete, which also record the write for the
 // write-ahead log: a write that bypassed them would be lost by a crash
 // that the log is there to survive (TestWALReplayMatchesConformance
-// replays the log of every conformance test and compares).
+// replays the log of every conformance test and compares). They also
+// keep what the transaction remembers of the hot buckets true (lookup,
+// inGap).
 type wbucket struct {
 	*bolt.Bucket
 	name []byte
 	log  *walBatch
+	w    *writeTx // nil: not a hot bucket
+	hot  int      // the hot bucket's index, with w
 }
 
 // Put stores v under k.
@@ -86,6 +181,14 @@ func (b wbucket) Put(k, v []byte) error {
 	}
 	if b.log != nil {
 		b.log.put(b.name, k, v)
+	}
+	if b.w != nil {
+		b.w.wrote(b.hot, k, v)
+		if b.hot == hotEvents && b.w.inGap(k) {
+			// The keys after k are still free.
+			b.w.gapKey = append(b.w.gapBuf[:0], k...)
+			b.w.gapFrom, b.w.gapAfter = b.w.gapKey, true
+		}
 	}
 	return nil
 }
@@ -98,12 +201,22 @@ func (b wbucket) Delete(k []byte) error {
 	if b.log != nil {
 		b.log.del(b.name, k)
 	}
+	if b.w != nil {
+		b.w.wrote(b.hot, k, nil)
+	}
 	return nil
 }
 
 // bucket returns the named bucket for writing.
 func (w *writeTx) bucket(name []byte) wbucket {
-	return wbucket{Bucket: w.tx.Bucket(name), name: name, log: w.log}
+	b := wbucket{Bucket: w.tx.Bucket(name), name: name, log: w.log}
+	for i, h := range hotBuckets {
+		if bytes.Equal(name, h) {
+			b.w, b.hot = w, i
+			break
+		}
+	}
+	return b
 }
 
 var (
@@ -174,15 +287,16 @@ func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
 	if !readable(tenant, id) {
 		return nil, missing("execution", tenant, id)
 	}
-	k := key(tenant, id)
+	k, ik := execKeys(tenant, id)
 	raw := r.lookup(hotExecutions, k)
 	if raw == nil {
 		return nil, missing("execution", tenant, id)
 	}
-	e, err := r.decodeExecutionIn(k, raw)
+	e, err := decodeExecution(raw)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: execution %s/%s: %w", tenant, id, err)
 	}
+	r.readInputAt(ik, e)
 	return e, nil
 }
 
@@ -198,8 +312,11 @@ func (r *readTx) decodeExecutionIn(k, raw []byte) (*kernel.Execution, error) {
 }
 
 // readInput sets e.Input to the input stored for the execution under k.
-func (r *readTx) readInput(k []byte, e *kernel.Execution) {
-	if in := r.lookup(hotExecutions, inputKey(k)); in != nil {
+func (r *readTx) readInput(k []byte, e *kernel.Execution) { r.readInputAt(inputKey(k), e) }
+
+// readInputAt sets e.Input to the input stored under ik (inputKey).
+func (r *readTx) readInputAt(ik []byte, e *kernel.Execution) {
+	if in := r.lookup(hotExecutions, ik); in != nil {
 		e.Input = bytes.Clone(in)
 	}
 }
@@ -723,7 +840,7 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 		}
 		ikHeld = cur != nil
 	}
-	k := key(e.Tenant, e.ID)
+	k, inKey := execKeys(e.Tenant, e.ID)
 	dk, lk := dueKey(e), leaseKey(e)
 	var oldDK, oldLK []byte
 	if raw := w.lookup(hotExecutions, k); raw != nil {
@@ -737,7 +854,7 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 			return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
 		}
 	}
-	if err := w.putExecution(k, e); err != nil {
+	if err := w.putExecution(k, inKey, e); err != nil {
 		return fmt.Errorf("bbolt: put execution %s/%s: %w", e.Tenant, e.ID, err)
 	}
 	// Entries that are already right are not written again: a Put dirties
@@ -765,12 +882,12 @@ func (w *writeTx) PutExecution(e *kernel.Execution) error {
 	return nil
 }
 
-// putExecution writes e under k: its input under inputKey(k), when it
-// changed (an input is written once, when the execution is created,
+// putExecution writes e under k: its input under ik (inputKey(k)), when
+// it changed (an input is written once, when the execution is created,
 // instead of with the record at every commit), and the rest of the record
 // under k.
-func (w *writeTx) putExecution(k []byte, e *kernel.Execution) error {
-	execs, ik := w.bucket(bExecutions), inputKey(k)
+func (w *writeTx) putExecution(k, ik []byte, e *kernel.Execution) error {
+	execs := w.bucket(bExecutions)
 	cur := w.lookup(hotExecutions, ik)
 	switch in := e.Input; {
 	case len(in) == 0 || string(in) == "null":
@@ -899,7 +1016,15 @@ func (w *writeTx) AppendEvent(tenant string, ev kernel.Event) error {
 	b := w.bucket(bEvents)
 	b.FillPercent = eventsFill
 	k := eventKey(tenant, ev.ExecutionID, ev.Seq)
-	if w.lookup(hotEvents, k) != nil {
+	if !w.inGap(k) {
+		v, after := w.seek(hotEvents, k)
+		if v == nil {
+			// Nothing is stored from k up to after: the events the
+			// transaction appends next to this execution's log are free.
+			w.gapFrom, w.gapTo, w.gapAfter = k, after, false
+		}
+	}
+	if !w.inGap(k) {
 		return fmt.Errorf("bbolt: append event %s/%s seq %d (%s): already recorded: %w",
 			tenant, ev.ExecutionID, ev.Seq, ev.Type, kernel.ErrConflict)
 	}
