@@ -191,7 +191,8 @@ func ReadAndRecord(ctx context.Context, rec Recorder, stepID string, status int,
 // a replay must return all of it.
 //
 // The stream's terminal event (OpenAI's "data: [DONE]", Anthropic's
-// message_stop, the Responses API's response.completed and its failures)
+// message_stop, the Responses API's response.completed and its failures,
+// an error event)
 // is held back until the step is recorded: a caller that stops reading at
 // that event, as the providers' own clients do, and goes on to its next
 // step or ends its execution, must find this step already on the record.
@@ -420,6 +421,7 @@ var terminalEvents = map[string]bool{
 	"response.completed":  true, // OpenAI Responses
 	"response.incomplete": true,
 	"response.failed":     true,
+	"error":               true, // both: the providers' clients raise on it and stop reading
 }
 
 // terminal reports whether an event (ev, its data joined) ends a stream.

@@ -225,6 +225,7 @@ func TestStreamHoldsTheTerminalEventUntilRecorded(t *testing.T) {
 		{"anthropic", []string{"event: message_start\ndata: {\"type\":\"message_start\"}\n\n", "event: message_delta\ndata: {}\n\n",
 			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"}, "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"},
 		{"responses", []string{"event: response.created\ndata: {}\n\n", "event: response.completed\ndata: {}\n\n"}, "event: response.completed\ndata: {}\n\n"},
+		{"anthropic error", []string{"event: message_start\ndata: {}\n\n", "event: error\ndata: {\"type\":\"error\"}\n\n"}, "event: error\ndata: {\"type\":\"error\"}\n\n"},
 		{"responses failed", []string{"event: response.created\ndata: {}\n\n", "event: response.failed\ndata: {}\n\n"}, "event: response.failed\ndata: {}\n\n"},
 	}
 	for _, tc := range cases {
