@@ -53,21 +53,48 @@ type Metrics struct {
 	// and status: resolving labels (hashing them, a lock, a map) on every
 	// request was a visible share of a request's CPU. Routes are templates
 	// and methods a fixed set, so the map stays small.
-	reqMu    sync.RWMutex
-	requests map[requestKey]requestSeries
+	requests seriesCache[requestKey, requestSeries]
 
 	// decided and submitted cache the series of StepDecided and
 	// StepSubmitted by the values they are called with (at most
 	// maxCachedSeries each), as requests does for ObserveRequest: a
 	// step's metrics then cost no label hashing.
-	decMu     sync.RWMutex
-	decided   map[decidedKey]decidedSeries
-	subMu     sync.RWMutex
-	submitted map[string]prometheus.Counter
+	decided   seriesCache[decidedKey, decidedSeries]
+	submitted seriesCache[string, prometheus.Counter]
 }
 
-// maxCachedSeries bounds each cache of series looked up by label values.
+// maxCachedSeries bounds each cache of series looked up by label values
+// that callers pass (decisions, engines); past it, series are resolved
+// on every call.
 const maxCachedSeries = 64
+
+// seriesCache maps label values to the series they resolved to. max
+// bounds its size (0: none).
+type seriesCache[K comparable, V any] struct {
+	mu  sync.RWMutex
+	m   map[K]V
+	max int
+}
+
+// lookup returns the series cached for k.
+func (c *seriesCache[K, V]) lookup(k K) (V, bool) {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	return v, ok
+}
+
+// store caches v for k, unless the cache is full.
+func (c *seriesCache[K, V]) store(k K, v V) {
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = make(map[K]V)
+	}
+	if c.max <= 0 || len(c.m) < c.max {
+		c.m[k] = v
+	}
+	c.mu.Unlock()
+}
 
 type decidedKey struct {
 	engine   string
@@ -93,7 +120,9 @@ type requestSeries struct {
 // Wicket family.
 func New() *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
+		reg:       prometheus.NewRegistry(),
+		decided:   seriesCache[decidedKey, decidedSeries]{max: maxCachedSeries},
+		submitted: seriesCache[string, prometheus.Counter]{max: maxCachedSeries},
 		httpRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "wicket_http_requests_total", Help: "HTTP requests by route template, method and status.",
 		}, []string{"route", "method", "status"}),
@@ -172,17 +201,10 @@ func (m *Metrics) ObserveRequest(route, method string, status int, d time.Durati
 		method = "OTHER"
 	}
 	k := requestKey{route, method, status}
-	m.reqMu.RLock()
-	rs, ok := m.requests[k]
-	m.reqMu.RUnlock()
+	rs, ok := m.requests.lookup(k)
 	if !ok {
 		rs = requestSeries{m.httpRequests.WithLabelValues(route, method, strconv.Itoa(status)), m.httpDuration.WithLabelValues(route, method)}
-		m.reqMu.Lock()
-		if m.requests == nil {
-			m.requests = make(map[requestKey]requestSeries)
-		}
-		m.requests[k] = rs
-		m.reqMu.Unlock()
+		m.requests.store(k, rs)
 	}
 	rs.count.Inc()
 	rs.duration.Observe(d.Seconds())
@@ -190,19 +212,10 @@ func (m *Metrics) ObserveRequest(route, method string, status int, d time.Durati
 
 // StepSubmitted counts one step submission by the answer it got.
 func (m *Metrics) StepSubmitted(decision string) {
-	m.subMu.RLock()
-	c, ok := m.submitted[decision]
-	m.subMu.RUnlock()
+	c, ok := m.submitted.lookup(decision)
 	if !ok {
 		c = m.submissions.WithLabelValues(m.answers.get(decision))
-		m.subMu.Lock()
-		if m.submitted == nil {
-			m.submitted = make(map[string]prometheus.Counter)
-		}
-		if len(m.submitted) < maxCachedSeries {
-			m.submitted[decision] = c
-		}
-		m.subMu.Unlock()
+		m.submitted.store(decision, c)
 	}
 	c.Inc()
 }
@@ -287,23 +300,14 @@ func status(s kernel.ExecStatus) string {
 // StepDecided implements kernel.Observer.
 func (m *Metrics) StepDecided(engine string, decision policy.Action, eval time.Duration) {
 	k := decidedKey{engine, decision}
-	m.decMu.RLock()
-	ds, ok := m.decided[k]
-	m.decMu.RUnlock()
+	ds, ok := m.decided.lookup(k)
 	if !ok {
 		if engine == "" {
 			engine = "none"
 		}
 		engine = m.engines.get(engine)
 		ds = decidedSeries{m.decisions.WithLabelValues(engine, m.decisionsSeen.get(string(decision))), m.evalSeconds.WithLabelValues(engine)}
-		m.decMu.Lock()
-		if m.decided == nil {
-			m.decided = make(map[decidedKey]decidedSeries)
-		}
-		if len(m.decided) < maxCachedSeries {
-			m.decided[k] = ds
-		}
-		m.decMu.Unlock()
+		m.decided.store(k, ds)
 	}
 	ds.count.Inc()
 	ds.eval.Observe(eval.Seconds())

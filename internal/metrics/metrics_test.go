@@ -67,3 +67,24 @@ func TestStepSeriesCached(t *testing.T) {
 		t.Errorf("submissions %v", s)
 	}
 }
+
+// TestSeriesCacheBounded: past maxCachedSeries distinct values the caches
+// stop growing, and the values past it are still counted, each time.
+func TestSeriesCacheBounded(t *testing.T) {
+	m := New()
+	for i := range 2 * maxCachedSeries {
+		m.StepDecided(fmt.Sprint("e", i), policy.Action(fmt.Sprint("a", i)), 0)
+		m.StepSubmitted(fmt.Sprint("d", i))
+	}
+	m.StepSubmitted(fmt.Sprint("d", 2*maxCachedSeries-1))
+	if len(m.decided.m) > maxCachedSeries || len(m.submitted.m) > maxCachedSeries {
+		t.Fatalf("caches hold %d and %d series, bound %d", len(m.decided.m), len(m.submitted.m), maxCachedSeries)
+	}
+	var total float64
+	for _, v := range counts(t, m, "wicket_step_submissions_total") {
+		total += v
+	}
+	if total != 2*maxCachedSeries+1 {
+		t.Fatalf("%v submissions counted, want %d", total, 2*maxCachedSeries+1)
+	}
+}
