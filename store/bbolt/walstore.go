@@ -283,15 +283,16 @@ func (w *walState) prepare(db *bolt.DB) (*ckptJob, error) {
 }
 
 // maybeCheckpoint, called by the writer after a commit, hands a checkpoint
-// to the checkpointer when one is due and none is running, and starts a
-// new segment when the active one is full.
-func (s *Store) maybeCheckpoint(force bool) error {
+// to the checkpointer when one is due (the interval passed, or a segment
+// filled) and none is running.
+func (s *Store) maybeCheckpoint() error {
 	w := s.wal
 	select {
 	case <-w.idle:
 		w.busy = false
 	default:
 	}
+	force := false
 	if w.log.first > w.lastFirst {
 		// A segment filled: the checkpoint lets it go.
 		w.lastFirst = w.log.first
@@ -364,10 +365,10 @@ func removeCovered(dir string, lsn uint64) error {
 	return nil
 }
 
-// stopWAL, with the writer stopped, waits for the checkpointer and, when
-// keep is false and the store has not failed, syncs the file and removes
-// the log: the file alone is then the whole state.
-func (s *Store) stopWAL(keep bool) error {
+// stopWAL, with the writer stopped, waits for the checkpointer and, unless
+// the store has failed, syncs the file and removes the log: the file alone
+// is then the whole state.
+func (s *Store) stopWAL() error {
 	w := s.wal
 	if w == nil {
 		return nil
@@ -380,7 +381,7 @@ func (s *Store) stopWAL(keep bool) error {
 	// fail (directory not empty).
 	_ = w.log.close()
 	var err error
-	if !keep && s.failure.Load() == nil {
+	if s.failure.Load() == nil {
 		if err = s.db.Sync(); err == nil {
 			s.db.NoSync = false
 			err = removeWAL(w.log.dir)
@@ -457,7 +458,7 @@ func (s *Store) checkpointNow(take bool) error {
 // end of the log.
 func (s *Store) afterCommit(size int64) error {
 	if size > s.wal.limit {
-		return s.stopWAL(false)
+		return s.stopWAL()
 	}
-	return s.maybeCheckpoint(false)
+	return s.maybeCheckpoint()
 }
