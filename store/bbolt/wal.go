@@ -425,8 +425,15 @@ func decodeCheckpoint(b []byte) (*checkpoint, error) {
 	c := &checkpoint{lsn: binary.LittleEndian.Uint64(p[0:8]), txid: binary.LittleEndian.Uint64(p[8:16]),
 		rootSum: binary.LittleEndian.Uint32(p[16:20])}
 	n := binary.LittleEndian.Uint32(p[20:24])
-	if int(n) != len(p)-24 || n < metaTxidOffset+8 {
+	if int(n) != len(p)-24 {
 		return nil, errors.New("meta page length mismatch")
+	}
+	m, err := parseMeta(p[24:])
+	if err != nil {
+		return nil, fmt.Errorf("meta page: %w", err)
+	}
+	if int(m.pageSize) != int(n) || m.txid != c.txid {
+		return nil, errors.New("meta page does not match the checkpoint")
 	}
 	c.meta = bytes.Clone(p[24:])
 	return c, nil
@@ -523,28 +530,19 @@ func syncDir(dir string) error {
 
 // Meta pages. bbolt keeps two, in pages 0 and 1; a commit with
 // transaction id t writes page t%2, and Open uses the valid one with the
-// higher id. A page starts with its header (the page id, 8 bytes, native
-// order); the meta follows at metaOffset and its transaction id at
-// metaTxidOffset (bbolt's file format, stable since its first release).
-const (
-	metaOffset     = 16
-	metaRootOffset = metaOffset + 16
-	metaTxidOffset = metaOffset + 48
-)
-
-// metaTxid reads the transaction id of a meta page.
-func metaTxid(page []byte) uint64 {
-	return binary.NativeEndian.Uint64(page[metaTxidOffset:])
-}
+// higher id. parseMeta (filecheck.go) decodes them.
 
 // rootPageSum returns the CRC-32C of the first page of the root bucket the
 // meta page names, as f holds it.
 func rootPageSum(f *os.File, meta []byte) (uint32, error) {
+	m, err := parseMeta(meta)
+	if err != nil {
+		return 0, fmt.Errorf("wal: meta page: %w", err)
+	}
 	ps := len(meta)
-	root := binary.NativeEndian.Uint64(meta[metaRootOffset:])
 	page := make([]byte, ps)
-	if _, err := f.ReadAt(page, int64(root)*int64(ps)); err != nil {
-		return 0, fmt.Errorf("wal: read root page %d: %w", root, err)
+	if _, err := f.ReadAt(page, int64(m.root)*int64(ps)); err != nil {
+		return 0, fmt.Errorf("wal: read root page %d: %w", m.root, err)
 	}
 	return crc32.Checksum(page, crcTable), nil
 }
@@ -555,8 +553,12 @@ func readMeta(f *os.File, pageSize int, txid uint64) ([]byte, error) {
 	if _, err := f.ReadAt(page, int64(txid%2)*int64(pageSize)); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("wal: read meta page: %w", err)
 	}
-	if got := metaTxid(page); got != txid {
-		return nil, fmt.Errorf("wal: meta page %d holds transaction %d, not %d", txid%2, got, txid)
+	m, err := parseMeta(page)
+	if err != nil {
+		return nil, fmt.Errorf("wal: meta page %d: %w", txid%2, err)
+	}
+	if m.txid != txid {
+		return nil, fmt.Errorf("wal: meta page %d holds transaction %d, not %d", txid%2, m.txid, txid)
 	}
 	return page, nil
 }

@@ -377,6 +377,18 @@ func TestWALDamage(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "checkpoint"},
+		{"checkpoint with a meta page that is not one", func(dir string) {
+			// Its own checksum right: only the meta page's check sees it,
+			// before the page is written over the file's.
+			c, err := readCheckpoint(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.meta[pageHeaderSize] ^= 0xff // bbolt's magic
+			if err := os.WriteFile(filepath.Join(dir, ckptName), c.encode(), FileMode); err != nil {
+				t.Fatal(err)
+			}
+		}, "bad magic"},
 		{"another file's log", func(dir string) {
 			// A backup restored over the file, the old log left beside it.
 			other := openStore(t, Options{}, false)
