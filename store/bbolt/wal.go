@@ -364,12 +364,13 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 				return 0, damaged(off, "checksum mismatch")
 			}
 			lsn := binary.LittleEndian.Uint64(rest[8:16])
+			at := off
 			off += walHeaderSize + int(n)
 			if lsn <= after {
 				continue
 			}
 			if lsn != last+1 {
-				return 0, damaged(off, fmt.Sprintf("record %d follows %d", lsn, last))
+				return 0, damaged(at, fmt.Sprintf("record %d follows %d", lsn, last))
 			}
 			if err := fn(lsn, payload); err != nil {
 				return 0, err
