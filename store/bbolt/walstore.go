@@ -133,15 +133,6 @@ var walReplayOps = 100_000
 // removes the log. It returns the last lsn applied.
 func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 	dir := WALDir(path)
-	err := db.View(func(tx *bolt.Tx) error {
-		if got := uint64(tx.ID()); got != cp.txid {
-			return fmt.Errorf("wal: %s opened at transaction %d, its checkpoint is %d: %w", path, got, cp.txid, ErrDamaged)
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
 	// Until the log is gone, the checkpoint's pages must stay as they
 	// are, for the next Open should this one fail: a read transaction on
 	// them keeps bbolt from reusing them (see the package doc, Write-ahead log).
@@ -150,6 +141,9 @@ func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 		return 0, fmt.Errorf("wal: recover %s: %w", path, err)
 	}
 	defer func() { _ = guard.Rollback() }()
+	if got := uint64(guard.ID()); got != cp.txid {
+		return 0, fmt.Errorf("wal: %s opened at transaction %d, its checkpoint is %d: %w", path, got, cp.txid, ErrDamaged)
+	}
 	sync := db.NoSync
 	db.NoSync = true
 	defer func() { db.NoSync = sync }()
