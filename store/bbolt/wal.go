@@ -311,7 +311,8 @@ func segments(dir string) ([]uint64, error) {
 // above after, in lsn order, and returns the last lsn read (after when
 // none). A record cut short or failing its checksum ends the log when it
 // is in the last segment (a write the crash interrupted: never
-// acknowledged); anywhere else, and a gap in the lsns, is damage.
+// acknowledged) and no sound record follows it; anywhere else, and a gap
+// in the lsns, is damage.
 func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) error) (uint64, error) {
 	segs, err := segments(dir)
 	if err != nil {
@@ -348,17 +349,19 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 			if allZero(rest[:walHeaderSize]) {
 				break // the end of what was written in this segment
 			}
-			n := binary.LittleEndian.Uint32(rest[0:4])
-			if int64(n) > int64(walMaxRecord) || int(n) > len(rest)-walHeaderSize {
+			n, ok := recordAt(rest)
+			if !ok {
 				if final {
 					break
 				}
 				return 0, damaged(off, "record cut short")
 			}
-			payload := rest[walHeaderSize : walHeaderSize+int(n)]
+			payload := rest[walHeaderSize : walHeaderSize+n]
 			crc := crc32.Update(0, crcTable, rest[8:16])
 			if crc32.Update(crc, crcTable, payload) != binary.LittleEndian.Uint32(rest[4:8]) {
-				if final {
+				// A write the crash cut short is the last one written: a
+				// sound record after it means this one was acknowledged.
+				if final && !soundRecordAt(rest[walHeaderSize+n:]) {
 					break
 				}
 				return 0, damaged(off, "checksum mismatch")
@@ -379,6 +382,30 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 		}
 	}
 	return last, nil
+}
+
+// recordAt returns the payload length of the record whose header starts
+// p, and whether that length is one a record can have and fits in p.
+func recordAt(p []byte) (int, bool) {
+	if len(p) < walHeaderSize {
+		return 0, false
+	}
+	n := binary.LittleEndian.Uint32(p[0:4])
+	if int64(n) > int64(walMaxRecord) || int64(n) > int64(len(p)-walHeaderSize) {
+		return 0, false
+	}
+	return int(n), true
+}
+
+// soundRecordAt reports whether p starts with a whole record whose
+// checksum holds.
+func soundRecordAt(p []byte) bool {
+	n, ok := recordAt(p)
+	if !ok || allZero(p[:walHeaderSize]) {
+		return false
+	}
+	crc := crc32.Update(0, crcTable, p[8:16])
+	return crc32.Update(crc, crcTable, p[walHeaderSize:walHeaderSize+n]) == binary.LittleEndian.Uint32(p[4:8])
 }
 
 func allZero(b []byte) bool {
