@@ -123,7 +123,8 @@
 // checkpoint's meta page over both of the file's, opens the file — now
 // exactly the checkpoint's state — and applies every record after it, in
 // lsn order (a record cut short or failing its CRC ends the log only in
-// the last segment; anywhere else it is damage, and Open refuses). It
+// the last segment, with no sound record after it; anywhere else it is
+// damage, and Open refuses). It
 // syncs the result and removes the log, the checkpoint first (a crash
 // part way then leaves records the file holds, and no checkpoint to take
 // it back to). Close syncs the file and removes the log: a store closed

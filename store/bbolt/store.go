@@ -285,7 +285,7 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closing)
 		<-s.stopped
-		if err := s.stopWAL(false); err != nil {
+		if err := s.stopWAL(); err != nil {
 			s.closeErr = fmt.Errorf("bbolt: close %s: %w", s.path, err)
 		}
 		if err := s.db.Close(); err != nil && s.closeErr == nil {

@@ -311,7 +311,8 @@ func segments(dir string) ([]uint64, error) {
 // above after, in lsn order, and returns the last lsn read (after when
 // none). A record cut short or failing its checksum ends the log when it
 // is in the last segment (a write the crash interrupted: never
-// acknowledged); anywhere else, and a gap in the lsns, is damage.
+// acknowledged) and no sound record follows it; anywhere else, and a gap
+// in the lsns, is damage.
 func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) error) (uint64, error) {
 	segs, err := segments(dir)
 	if err != nil {
@@ -348,28 +349,31 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 			if allZero(rest[:walHeaderSize]) {
 				break // the end of what was written in this segment
 			}
-			n := binary.LittleEndian.Uint32(rest[0:4])
-			if int64(n) > int64(walMaxRecord) || int(n) > len(rest)-walHeaderSize {
+			n, ok := recordAt(rest)
+			if !ok {
 				if final {
 					break
 				}
 				return 0, damaged(off, "record cut short")
 			}
-			payload := rest[walHeaderSize : walHeaderSize+int(n)]
+			payload := rest[walHeaderSize : walHeaderSize+n]
 			crc := crc32.Update(0, crcTable, rest[8:16])
 			if crc32.Update(crc, crcTable, payload) != binary.LittleEndian.Uint32(rest[4:8]) {
-				if final {
+				// A write the crash cut short is the last one written: a
+				// sound record after it means this one was acknowledged.
+				if final && !soundRecordAt(rest[walHeaderSize+n:]) {
 					break
 				}
 				return 0, damaged(off, "checksum mismatch")
 			}
 			lsn := binary.LittleEndian.Uint64(rest[8:16])
+			at := off
 			off += walHeaderSize + int(n)
 			if lsn <= after {
 				continue
 			}
 			if lsn != last+1 {
-				return 0, damaged(off, fmt.Sprintf("record %d follows %d", lsn, last))
+				return 0, damaged(at, fmt.Sprintf("record %d follows %d", lsn, last))
 			}
 			if err := fn(lsn, payload); err != nil {
 				return 0, err
@@ -378,6 +382,30 @@ func readRecords(dir string, after uint64, fn func(lsn uint64, payload []byte) e
 		}
 	}
 	return last, nil
+}
+
+// recordAt returns the payload length of the record whose header starts
+// p, and whether that length is one a record can have and fits in p.
+func recordAt(p []byte) (int, bool) {
+	if len(p) < walHeaderSize {
+		return 0, false
+	}
+	n := binary.LittleEndian.Uint32(p[0:4])
+	if int64(n) > int64(walMaxRecord) || int64(n) > int64(len(p)-walHeaderSize) {
+		return 0, false
+	}
+	return int(n), true
+}
+
+// soundRecordAt reports whether p starts with a whole record whose
+// checksum holds.
+func soundRecordAt(p []byte) bool {
+	n, ok := recordAt(p)
+	if !ok || allZero(p[:walHeaderSize]) {
+		return false
+	}
+	crc := crc32.Update(0, crcTable, p[8:16])
+	return crc32.Update(crc, crcTable, p[walHeaderSize:walHeaderSize+n]) == binary.LittleEndian.Uint32(p[4:8])
 }
 
 func allZero(b []byte) bool {
@@ -425,8 +453,15 @@ func decodeCheckpoint(b []byte) (*checkpoint, error) {
 	c := &checkpoint{lsn: binary.LittleEndian.Uint64(p[0:8]), txid: binary.LittleEndian.Uint64(p[8:16]),
 		rootSum: binary.LittleEndian.Uint32(p[16:20])}
 	n := binary.LittleEndian.Uint32(p[20:24])
-	if int(n) != len(p)-24 || n < metaTxidOffset+8 {
+	if int(n) != len(p)-24 {
 		return nil, errors.New("meta page length mismatch")
+	}
+	m, err := parseMeta(p[24:])
+	if err != nil {
+		return nil, fmt.Errorf("meta page: %w", err)
+	}
+	if int(m.pageSize) != int(n) || m.txid != c.txid {
+		return nil, errors.New("meta page does not match the checkpoint")
 	}
 	c.meta = bytes.Clone(p[24:])
 	return c, nil
@@ -523,28 +558,19 @@ func syncDir(dir string) error {
 
 // Meta pages. bbolt keeps two, in pages 0 and 1; a commit with
 // transaction id t writes page t%2, and Open uses the valid one with the
-// higher id. A page starts with its header (the page id, 8 bytes, native
-// order); the meta follows at metaOffset and its transaction id at
-// metaTxidOffset (bbolt's file format, stable since its first release).
-const (
-	metaOffset     = 16
-	metaRootOffset = metaOffset + 16
-	metaTxidOffset = metaOffset + 48
-)
-
-// metaTxid reads the transaction id of a meta page.
-func metaTxid(page []byte) uint64 {
-	return binary.NativeEndian.Uint64(page[metaTxidOffset:])
-}
+// higher id. parseMeta (filecheck.go) decodes them.
 
 // rootPageSum returns the CRC-32C of the first page of the root bucket the
 // meta page names, as f holds it.
 func rootPageSum(f *os.File, meta []byte) (uint32, error) {
+	m, err := parseMeta(meta)
+	if err != nil {
+		return 0, fmt.Errorf("wal: meta page: %w", err)
+	}
 	ps := len(meta)
-	root := binary.NativeEndian.Uint64(meta[metaRootOffset:])
 	page := make([]byte, ps)
-	if _, err := f.ReadAt(page, int64(root)*int64(ps)); err != nil {
-		return 0, fmt.Errorf("wal: read root page %d: %w", root, err)
+	if _, err := f.ReadAt(page, int64(m.root)*int64(ps)); err != nil {
+		return 0, fmt.Errorf("wal: read root page %d: %w", m.root, err)
 	}
 	return crc32.Checksum(page, crcTable), nil
 }
@@ -555,8 +581,12 @@ func readMeta(f *os.File, pageSize int, txid uint64) ([]byte, error) {
 	if _, err := f.ReadAt(page, int64(txid%2)*int64(pageSize)); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("wal: read meta page: %w", err)
 	}
-	if got := metaTxid(page); got != txid {
-		return nil, fmt.Errorf("wal: meta page %d holds transaction %d, not %d", txid%2, got, txid)
+	m, err := parseMeta(page)
+	if err != nil {
+		return nil, fmt.Errorf("wal: meta page %d: %w", txid%2, err)
+	}
+	if m.txid != txid {
+		return nil, fmt.Errorf("wal: meta page %d holds transaction %d, not %d", txid%2, m.txid, txid)
 	}
 	return page, nil
 }

@@ -369,6 +369,21 @@ func TestWALDamage(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "checksum mismatch"},
+		{"flipped byte in the last segment's first record", func(dir string) {
+			// Records follow it: it was acknowledged, not cut short.
+			segs, _ := segments(dir)
+			p := filepath.Join(dir, segmentName(segs[len(segs)-1]))
+			b, _ := os.ReadFile(p)
+			rest := b[len(walMagic):]
+			n, ok := recordAt(rest)
+			if !ok || !soundRecordAt(rest[walHeaderSize+n:]) {
+				t.Fatal("the last segment holds fewer than two records: the case proves nothing")
+			}
+			b[len(walMagic)+walHeaderSize+3] ^= 0xff
+			if err := os.WriteFile(p, b, FileMode); err != nil {
+				t.Fatal(err)
+			}
+		}, "checksum mismatch"},
 		{"checkpoint", func(dir string) {
 			p := filepath.Join(dir, ckptName)
 			b, _ := os.ReadFile(p)
@@ -377,6 +392,18 @@ func TestWALDamage(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, "checkpoint"},
+		{"checkpoint with a meta page that is not one", func(dir string) {
+			// Its own checksum right: only the meta page's check sees it,
+			// before the page is written over the file's.
+			c, err := readCheckpoint(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.meta[pageHeaderSize] ^= 0xff // bbolt's magic
+			if err := os.WriteFile(filepath.Join(dir, ckptName), c.encode(), FileMode); err != nil {
+				t.Fatal(err)
+			}
+		}, "bad magic"},
 		{"another file's log", func(dir string) {
 			// A backup restored over the file, the old log left beside it.
 			other := openStore(t, Options{}, false)

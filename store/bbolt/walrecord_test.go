@@ -2,6 +2,7 @@ package bbolt
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -74,5 +75,38 @@ func TestWALRecordTooLarge(t *testing.T) {
 		if strings.HasPrefix(r, "counters ") && strings.Contains(r, fmt.Sprintf("%x", "t\x00huge")) {
 			t.Error("the refused Update was committed")
 		}
+	}
+}
+
+// TestWALRecordGap: records whose lsns skip one are damage, reported at
+// the offset of the record after the gap; the records a checkpoint covers
+// are skipped, and so are not a gap.
+func TestWALRecordGap(t *testing.T) {
+	dir := t.TempDir()
+	w := &wal{dir: dir, segSize: 1 << 16, spare: make(chan spareSegment, 1)}
+	defer w.close()
+	if err := w.createSegment(0); err != nil {
+		t.Fatal(err)
+	}
+	var b walBatch
+	at := int64(0)
+	for i, lsn := range []uint64{1, 3} {
+		b.reset()
+		b.put([]byte("b"), []byte(fmt.Sprint("k", i)), []byte("v"))
+		w.lsn = lsn - 1
+		at = w.off
+		if err := w.append(&b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := readRecords(dir, 0, func(uint64, []byte) error { return nil })
+	want := fmt.Sprintf("offset %d: record 3 follows 1", at)
+	if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("readRecords after 0 = %v, want ErrDamaged naming %q", err, want)
+	}
+	var got []uint64
+	last, err := readRecords(dir, 2, func(lsn uint64, _ []byte) error { got = append(got, lsn); return nil })
+	if err != nil || last != 3 || len(got) != 1 || got[0] != 3 {
+		t.Fatalf("readRecords after 2 = %d, %v, applied %v; want 3, nil, [3]", last, err, got)
 	}
 }

@@ -133,15 +133,6 @@ var walReplayOps = 100_000
 // removes the log. It returns the last lsn applied.
 func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 	dir := WALDir(path)
-	err := db.View(func(tx *bolt.Tx) error {
-		if got := uint64(tx.ID()); got != cp.txid {
-			return fmt.Errorf("wal: %s opened at transaction %d, its checkpoint is %d: %w", path, got, cp.txid, ErrDamaged)
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, err
-	}
 	// Until the log is gone, the checkpoint's pages must stay as they
 	// are, for the next Open should this one fail: a read transaction on
 	// them keeps bbolt from reusing them (see the package doc, Write-ahead log).
@@ -150,6 +141,9 @@ func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 		return 0, fmt.Errorf("wal: recover %s: %w", path, err)
 	}
 	defer func() { _ = guard.Rollback() }()
+	if got := uint64(guard.ID()); got != cp.txid {
+		return 0, fmt.Errorf("wal: %s opened at transaction %d, its checkpoint is %d: %w", path, got, cp.txid, ErrDamaged)
+	}
 	sync := db.NoSync
 	db.NoSync = true
 	defer func() { db.NoSync = sync }()
@@ -283,15 +277,16 @@ func (w *walState) prepare(db *bolt.DB) (*ckptJob, error) {
 }
 
 // maybeCheckpoint, called by the writer after a commit, hands a checkpoint
-// to the checkpointer when one is due and none is running, and starts a
-// new segment when the active one is full.
-func (s *Store) maybeCheckpoint(force bool) error {
+// to the checkpointer when one is due (the interval passed, or a segment
+// filled) and none is running.
+func (s *Store) maybeCheckpoint() error {
 	w := s.wal
 	select {
 	case <-w.idle:
 		w.busy = false
 	default:
 	}
+	force := false
 	if w.log.first > w.lastFirst {
 		// A segment filled: the checkpoint lets it go.
 		w.lastFirst = w.log.first
@@ -364,10 +359,10 @@ func removeCovered(dir string, lsn uint64) error {
 	return nil
 }
 
-// stopWAL, with the writer stopped, waits for the checkpointer and, when
-// keep is false and the store has not failed, syncs the file and removes
-// the log: the file alone is then the whole state.
-func (s *Store) stopWAL(keep bool) error {
+// stopWAL, with the writer stopped, waits for the checkpointer and, unless
+// the store has failed, syncs the file and removes the log: the file alone
+// is then the whole state.
+func (s *Store) stopWAL() error {
 	w := s.wal
 	if w == nil {
 		return nil
@@ -380,7 +375,7 @@ func (s *Store) stopWAL(keep bool) error {
 	// fail (directory not empty).
 	_ = w.log.close()
 	var err error
-	if !keep && s.failure.Load() == nil {
+	if s.failure.Load() == nil {
 		if err = s.db.Sync(); err == nil {
 			s.db.NoSync = false
 			err = removeWAL(w.log.dir)
@@ -457,7 +452,7 @@ func (s *Store) checkpointNow(take bool) error {
 // end of the log.
 func (s *Store) afterCommit(size int64) error {
 	if size > s.wal.limit {
-		return s.stopWAL(false)
+		return s.stopWAL()
 	}
-	return s.maybeCheckpoint(false)
+	return s.maybeCheckpoint()
 }
