@@ -59,6 +59,28 @@ type CompactStats struct {
 	Before, After int64
 }
 
+// openOffline opens the store file at path read-only for an offline tool
+// (op names it in errors), after CheckClean and CheckFile: a running
+// kernel's lock makes it fail with ErrLocked after timeout. o's Timeout
+// and ReadOnly are set here.
+func openOffline(op, path string, timeout time.Duration, o bolt.Options) (*bolt.DB, error) {
+	if err := CheckClean(path); err != nil {
+		return nil, fmt.Errorf("bbolt: %s %s: %w", op, path, err)
+	}
+	if err := CheckFile(path); err != nil {
+		return nil, err
+	}
+	o.Timeout, o.ReadOnly = timeout, true
+	db, err := bolt.Open(path, FileMode, &o)
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("bbolt: %s %s: %w (gave up after %s)", op, path, ErrLocked, timeout)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: %s %s: %w", op, path, err)
+	}
+	return db, nil
+}
+
 // Compact rewrites the store file at path into a new file with bbolt's
 // compaction (every page filled, free pages dropped) and renames it over
 // path, giving back the space deleted records left behind. The store must
@@ -68,23 +90,14 @@ type CompactStats struct {
 // left as it was.
 func Compact(path, dst string, timeout time.Duration) (CompactStats, error) {
 	var st CompactStats
-	if err := CheckClean(path); err != nil {
-		return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
-	}
-	if err := CheckFile(path); err != nil {
-		return st, err
-	}
 	fi, err := os.Stat(path)
 	if err != nil {
 		return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
 	}
 	st.Before = fi.Size()
-	src, err := bolt.Open(path, FileMode, &bolt.Options{Timeout: timeout, ReadOnly: true})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return st, fmt.Errorf("bbolt: compact %s: %w (gave up after %s)", path, ErrLocked, timeout)
-	}
+	src, err := openOffline("compact", path, timeout, bolt.Options{})
 	if err != nil {
-		return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
+		return st, err
 	}
 	defer src.Close() // the lock is held until the new file is in place
 	if err := checkSchema(src); err != nil {

@@ -453,7 +453,7 @@ func appendOccurrence(b []byte, o kernel.Occurrence) []byte {
 type reader struct {
 	b []byte // the record
 	s string // b[:end] as a string: string fields are substrings of it
-	// format is the record's format byte (formatBinary1 or 2).
+	// format is the record's format byte (formatBinary1, 2 or 3).
 	format byte
 	off    int // next byte to read
 	end    int // end of the head (start of the blobs)

@@ -108,8 +108,8 @@ func exportExecution(tx *bolt.Tx, e *kernel.Execution, emit func(storecopy.Recor
 			return err
 		}
 	}
-	err := forEachStep(tx, e.Tenant, e.ID, func(ik, _, raw []byte) error {
-		st, err := decodeStepAt(raw, e.Tenant, e.ID, slotName(ik, e.Tenant, e.ID))
+	err := forEachStep(tx, e.Tenant, e.ID, func(id string, raw []byte) error {
+		st, err := decodeStepAt(raw, e.Tenant, e.ID, id)
 		if err != nil {
 			return err
 		}

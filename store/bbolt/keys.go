@@ -207,12 +207,6 @@ func stepKeys(tenant, execID, stepID string, seq uint64) (slotKey, logKey []byte
 	return slotKey, b[len(slotKey):]
 }
 
-// slotName is the name (step id or counter key) in slot key k of the
-// steps bucket, tenant␀execID␀name.
-func slotName(k []byte, tenant, execID string) string {
-	return string(k[len(tenant)+1+len(execID)+1:])
-}
-
 // dueKey returns the due-index key of e, or nil when e is not queued.
 func dueKey(e *kernel.Execution) []byte {
 	if e.Dispatch.State != kernel.DispatchQueued {

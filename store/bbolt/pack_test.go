@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -370,4 +371,59 @@ func firstDiff(a, b []kernel.Event) int {
 		}
 	}
 	return min(len(a), len(b))
+}
+
+// TestDecodeFormat3Damage: the parts of a format 3 record that are not a
+// length (an event's flags and type code, a packed payload, a packed
+// string) are checked too: a damaged one is an error, never a panic nor a
+// wrong value.
+func TestDecodeFormat3Damage(t *testing.T) {
+	event := func(flags, code uint64, blob ...byte) []byte {
+		b := []byte{formatBinary3, kindEvent}
+		b = appendUint(b, uint64(len(blob)))
+		b = appendUint(b, flags)
+		b = appendUint(b, code)
+		b = appendTime(b, time.Unix(0, 0))
+		return append(b, blob...)
+	}
+	var ev kernel.Event
+	if err := decodeEvent(event(1, 1, 0x01), "e", 1, &ev); err != nil || string(ev.Payload) != packWords[0] {
+		t.Fatalf("a well-formed record: %v, payload %q", err, ev.Payload)
+	}
+	for name, rec := range map[string][]byte{
+		"flags 2":             event(2, 1, '{', '}'),
+		"unknown type code":   event(0, uint64(len(eventTypes))+1, '{', '}'),
+		"token 0":             event(1, 1, 0x00),
+		"token 0x1d":          event(1, 1, '{', 0x1d),
+		"unknown ext word":    event(1, 1, packExt, byte(len(packWordsExt))),
+		"ext token cut short": event(1, 1, packExt),
+		"hex cut short":       event(1, 1, packHex, 1, 2, 3),
+		"UUID cut short":      event(1, 1, packUUID, 1, 2, 3),
+	} {
+		ev = kernel.Event{}
+		if err := decodeEvent(rec, "e", 1, &ev); !errors.Is(err, errMalformed) {
+			t.Errorf("event, %s: %v (%+v), want errMalformed", name, err, ev)
+		}
+	}
+	// A step's packed string (its kind, a lone word): a token the tables
+	// do not have.
+	for name, tc := range map[string]struct {
+		kind string
+		tok  []byte // the packed string as encoded
+		bad  []byte // what replaces it
+	}{
+		"token 0":          {"tool_call", []byte{3, 0x14}, []byte{3, 0x00}},
+		"token 0x1d":       {"tool_call", []byte{3, 0x14}, []byte{3, 0x1d}},
+		"unknown ext word": {"succeeded", []byte{5, packExt, 24}, []byte{5, packExt, 0xff}},
+	} {
+		rec := encodeStep(&kernel.Step{Kind: tc.kind})
+		i := bytes.Index(rec, tc.tok)
+		if i < 0 {
+			t.Fatalf("step, %s: %x not in %x", name, tc.tok, rec)
+		}
+		copy(rec[i:], tc.bad)
+		if s, err := decodeStep(rec); !errors.Is(err, errMalformed) {
+			t.Errorf("step, %s: %v (%+v), want errMalformed", name, err, s)
+		}
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 
 	"github.com/wicket-run/wicket/kernel"
 )
@@ -69,18 +68,9 @@ const leafElementSize = 16
 // Space measures the store file at path, opened read-only (a running
 // kernel's lock makes it fail with ErrLocked after timeout).
 func Space(path string, timeout time.Duration) (*SpaceReport, error) {
-	if err := CheckClean(path); err != nil {
-		return nil, fmt.Errorf("bbolt: space %s: %w", path, err)
-	}
-	if err := CheckFile(path); err != nil {
-		return nil, err
-	}
-	db, err := bolt.Open(path, FileMode, &bolt.Options{Timeout: timeout, ReadOnly: true, PreLoadFreelist: true})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("bbolt: space %s: %w (gave up after %s)", path, ErrLocked, timeout)
-	}
+	db, err := openOffline("space", path, timeout, bolt.Options{PreLoadFreelist: true})
 	if err != nil {
-		return nil, fmt.Errorf("bbolt: space %s: %w", path, err)
+		return nil, err
 	}
 	defer db.Close()
 	rep := &SpaceReport{PageSize: db.Info().PageSize}

@@ -430,8 +430,8 @@ func (r *readTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) {
 		return nil, nil
 	}
 	var steps []*kernel.Step
-	err := forEachStep(r.tx, tenant, executionID, func(ik, _ []byte, raw []byte) error {
-		s, err := decodeStepAt(raw, tenant, executionID, slotName(ik, tenant, executionID))
+	err := forEachStep(r.tx, tenant, executionID, func(id string, raw []byte) error {
+		s, err := decodeStepAt(raw, tenant, executionID, id)
 		if err != nil {
 			return err
 		}
@@ -445,10 +445,9 @@ func (r *readTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) {
 	return steps, nil
 }
 
-// forEachStep calls fn with the slot key, the record's key in the events
-// bucket and the record of every step of an execution, in step id order.
-// The slices are valid only during the call.
-func forEachStep(tx *bolt.Tx, tenant, executionID string, fn func(ik, lk, raw []byte) error) error {
+// forEachStep calls fn with the id and the record of every step of an
+// execution, in step id order. The record is valid only during the call.
+func forEachStep(tx *bolt.Tx, tenant, executionID string, fn func(id string, raw []byte) error) error {
 	pfx := prefix(tenant, executionID)
 	log := tx.Bucket(bEvents)
 	c := tx.Bucket(bSteps).Cursor()
@@ -460,13 +459,14 @@ func forEachStep(tx *bolt.Tx, tenant, executionID string, fn func(ik, lk, raw []
 		if !sl.hasSeq {
 			continue // an occurrence counter alone
 		}
-		lk := stepLogKey(tenant, executionID, sl.seq, string(k[len(pfx):]))
+		id := string(k[len(pfx):])
+		lk := stepLogKey(tenant, executionID, sl.seq, id)
 		raw := log.Get(lk)
 		if raw == nil {
 			return fmt.Errorf("step index entry %q names seq %d, where no record is", k, sl.seq)
 		}
-		if err := fn(k, lk, raw); err != nil {
-			return fmt.Errorf("step %q: %w", k[len(pfx):], err)
+		if err := fn(id, raw); err != nil {
+			return fmt.Errorf("step %q: %w", id, err)
 		}
 	}
 	return nil
