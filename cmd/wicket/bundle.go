@@ -123,14 +123,8 @@ func openOffline(dataDir string, readOnly bool) (*bbolt.Store, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("no store at %s: %w", path, err)
 	}
-	if readOnly {
-		if err := bbolt.CheckClean(path); err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		if err := bbolt.CheckFile(path); err != nil {
-			return nil, err
-		}
-	} // a writable Open applies a log left by a crash, then checks the file
+	// Open checks the file, and refuses a crashed store's read-only
+	// (ErrUnclean) or applies its log first.
 	st, err := bbolt.Open(path, bbolt.Options{Timeout: offlineLockTimeout, ReadOnly: readOnly})
 	if errors.Is(err, bbolt.ErrLocked) {
 		return nil, fmt.Errorf("%w: is `wicket serve` running on %s? stop it first", err, dataDir)
