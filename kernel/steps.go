@@ -253,7 +253,8 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 // preread reads what the decision depends on; it sets pre.decision when the
 // answer needs no write.
 func (k *Kernel) preread(tx ReadTx, sub *submission, pre *preread) error {
-	e, err := checkCall(tx, sub.AgentCall)
+	// Without the execution's input: nothing here reads it.
+	e, err := checkCallHead(tx, sub.AgentCall)
 	if err != nil {
 		return err
 	}

@@ -122,8 +122,14 @@ func BenchmarkStepPath(b *testing.B) {
 }
 
 // BenchmarkReadExecution is one View reading an execution with a 1 KiB
-// input (SubmitStep's preread, GetExecution).
+// input (GetExecution), and without it (/head: ExecutionHead, SubmitStep's
+// preread).
 func BenchmarkReadExecution(b *testing.B) {
+	b.Run("full", func(b *testing.B) { benchReadExecution(b, false) })
+	b.Run("head", func(b *testing.B) { benchReadExecution(b, true) })
+}
+
+func benchReadExecution(b *testing.B, head bool) {
 	s := openStore(b, Options{NoSync: true}, false)
 	ctx := context.Background()
 	e := benchExec("0196a000-0000-7000-8000-000000000001")
@@ -134,7 +140,12 @@ func BenchmarkReadExecution(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		err := s.View(ctx, func(tx kernel.ReadTx) error {
-			_, err := tx.Execution(e.Tenant, e.ID)
+			var err error
+			if head {
+				_, err = tx.(kernel.ExecutionHeadReader).ExecutionHead(e.Tenant, e.ID)
+			} else {
+				_, err = tx.Execution(e.Tenant, e.ID)
+			}
 			return err
 		})
 		if err != nil {

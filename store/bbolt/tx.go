@@ -220,8 +220,9 @@ func (w *writeTx) bucket(name []byte) wbucket {
 }
 
 var (
-	_ kernel.ReadTx = (*readTx)(nil)
-	_ kernel.Tx     = (*writeTx)(nil)
+	_ kernel.ReadTx              = (*readTx)(nil)
+	_ kernel.Tx                  = (*writeTx)(nil)
+	_ kernel.ExecutionHeadReader = (*readTx)(nil)
 )
 
 func (r *readTx) bucket(name []byte) *bolt.Bucket { return r.tx.Bucket(name) }
@@ -284,6 +285,25 @@ func (e *missingError) Unwrap() error { return kernel.ErrNotFound }
 
 // Execution implements kernel.ReadTx.
 func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
+	return r.execution(tenant, id, true)
+}
+
+// ExecutionHead implements kernel.ExecutionHeadReader: Execution without
+// the input (Input nil), which is stored under a key of its own (one
+// lookup and a copy fewer).
+func (r *readTx) ExecutionHead(tenant, id string) (*kernel.Execution, error) {
+	return r.execution(tenant, id, false)
+}
+
+// ExecutionHead of a write transaction reads the input too: an execution
+// read in a write transaction may be written back, and putExecution takes
+// a missing input for one removed.
+func (w *writeTx) ExecutionHead(tenant, id string) (*kernel.Execution, error) {
+	return w.execution(tenant, id, true)
+}
+
+// execution reads an execution, with its input when input is set.
+func (r *readTx) execution(tenant, id string, input bool) (*kernel.Execution, error) {
 	if !readable(tenant, id) {
 		return nil, missing("execution", tenant, id)
 	}
@@ -296,7 +316,11 @@ func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: execution %s/%s: %w", tenant, id, err)
 	}
-	r.readInputAt(ik, e)
+	if input {
+		r.readInputAt(ik, e)
+	} else {
+		e.Input = nil
+	}
 	return e, nil
 }
 
