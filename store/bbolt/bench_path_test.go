@@ -153,3 +153,38 @@ func benchReadExecution(b *testing.B, head bool) {
 		}
 	}
 }
+
+// BenchmarkReadPolicyRecords is what SubmitStep's preread reads for
+// policy, in one View: the agent (for its bundle) and its tenant's record
+// (for its guards), of a tenant configured with guards and a bundle key.
+func BenchmarkReadPolicyRecords(b *testing.B) {
+	s := openStore(b, Options{NoSync: true}, false)
+	ctx := context.Background()
+	ten := &kernel.Tenant{ID: "acme", Guards: []string{"pii-guard", "spend-guard"}, Retention: "720h",
+		BundleKeys: []kernel.BundleKey{{ID: "ci", Algorithm: "HS256", Key: "0123456789abcdef0123456789abcdef"}}, CreatedAt: time.Now().UTC()}
+	a := &kernel.Agent{Tenant: "acme", ID: "agent-1", WebhookURL: "http://127.0.0.1:1/webhook", Bundle: "search-policy", CreatedAt: time.Now().UTC()}
+	if err := s.Update(ctx, func(tx kernel.Tx) error {
+		if err := tx.PutTenant(ten); err != nil {
+			return err
+		}
+		return tx.PutAgent(a)
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		err := s.View(ctx, func(tx kernel.ReadTx) error {
+			if _, err := tx.Agent("acme", "agent-1"); err != nil {
+				return err
+			}
+			t, err := tx.Tenant("acme")
+			if err == nil && len(t.Guards) != 2 {
+				b.Fatalf("tenant %+v", t)
+			}
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
