@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,7 +55,6 @@ func BenchmarkAnswerOverHTTP(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := processCPU()
 	write(min(window, b.N))
 	for i := 0; i < b.N; i++ {
 		resp, err := http.ReadResponse(br, nil)
@@ -71,17 +69,6 @@ func BenchmarkAnswerOverHTTP(b *testing.B) {
 			write(1)
 		}
 	}
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
-}
-
-// processCPU is the CPU time (user and system) the process has used, in
-// nanoseconds.
-func processCPU() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
 // BenchmarkAppendAnswer measures the hand encoding of a step's two
