@@ -20,8 +20,8 @@ import (
 // little above what the code does today (see the test's log), so that a
 // change of the Go runtime does not trip them.
 const (
-	maxSubmitAllocs   = 245
-	maxCompleteAllocs = 177
+	maxSubmitAllocs   = 236
+	maxCompleteAllocs = 173
 )
 
 // TestAllocsStepPath counts the allocations of SubmitStep (a new step,

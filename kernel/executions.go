@@ -302,6 +302,34 @@ func checkCall(tx ReadTx, c AgentCall) (*Execution, error) {
 	if err != nil {
 		return nil, err
 	}
+	return checkLease(e, c)
+}
+
+// checkCallHead is checkCall for a caller that does not look at the
+// execution's input, read without it when the store can
+// (ExecutionHeadReader): the execution it returns must not be written
+// back.
+func checkCallHead(tx ReadTx, c AgentCall) (*Execution, error) {
+	var e *Execution
+	var err error
+	if h, ok := tx.(ExecutionHeadReader); ok {
+		e, err = h.ExecutionHead(c.Tenant, c.ExecutionID)
+		err = execReadError(err, c.ExecutionID)
+	} else {
+		e, err = loadExec(tx, c.Tenant, c.ExecutionID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := ownerOK(e, c); err != nil {
+		return nil, err
+	}
+	return checkLease(e, c)
+}
+
+// checkLease checks the lease of c on e (checkCall), loaded and its owner
+// checked.
+func checkLease(e *Execution, c AgentCall) (*Execution, error) {
 	if e.Status.Terminal() {
 		return e, nil
 	}
@@ -322,17 +350,25 @@ func checkOwner(tx ReadTx, c AgentCall) (*Execution, error) {
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case c.Holder != "" && !e.Session():
-		return nil, Errorf(CodeForbidden, "execution %s is not a session: only its agent drives it, with its signature", e.ID)
-	case c.Holder == "" && e.Session():
-		return nil, Errorf(CodeForbidden, "execution %s is a session: only the API key holding its lease drives it", e.ID)
-	case c.Holder == "" && e.AgentID != c.AgentID:
-		return nil, Errorf(CodeNotFound, "execution %s not found", c.ExecutionID)
-	case c.Holder != "" && e.Holder.KeyID != c.Holder:
-		return nil, Errorf(CodeForbidden, "the lease of session %s is held by another API key", e.ID)
+	if err := ownerOK(e, c); err != nil {
+		return nil, err
 	}
 	return e, nil
+}
+
+// ownerOK checks that c may drive e (checkOwner).
+func ownerOK(e *Execution, c AgentCall) error {
+	switch {
+	case c.Holder != "" && !e.Session():
+		return Errorf(CodeForbidden, "execution %s is not a session: only its agent drives it, with its signature", e.ID)
+	case c.Holder == "" && e.Session():
+		return Errorf(CodeForbidden, "execution %s is a session: only the API key holding its lease drives it", e.ID)
+	case c.Holder == "" && e.AgentID != c.AgentID:
+		return Errorf(CodeNotFound, "execution %s not found", c.ExecutionID)
+	case c.Holder != "" && e.Holder.KeyID != c.Holder:
+		return Errorf(CodeForbidden, "the lease of session %s is held by another API key", e.ID)
+	}
+	return nil
 }
 
 // leaseLive reports whether e's dispatch is claimed and not parked.

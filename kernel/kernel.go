@@ -488,11 +488,19 @@ func isTerminalExecEvent(typ EventType) bool {
 // loadExec reads an execution of a tenant.
 func loadExec(tx ReadTx, tenant, id string) (*Execution, error) {
 	e, err := tx.Execution(tenant, id)
-	if err != nil {
-		if errors.Is(err, ErrNotFound) {
-			return nil, Errorf(CodeNotFound, "execution %s not found", id)
-		}
-		return nil, fmt.Errorf("read execution %s: %w", id, err)
+	if err = execReadError(err, id); err != nil {
+		return nil, err
 	}
 	return e, nil
+}
+
+// execReadError is the error of loadExec for the store's err (nil: nil).
+func execReadError(err error, id string) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrNotFound):
+		return Errorf(CodeNotFound, "execution %s not found", id)
+	}
+	return fmt.Errorf("read execution %s: %w", id, err)
 }

@@ -130,6 +130,11 @@ type submission struct {
 	StepRequest
 	argsHash string
 	occKey   string
+	// pre and out are SubmitStep's read and answer of the current try,
+	// kept here rather than in variables its closures would move to the
+	// heap, one allocation each.
+	pre preread
+	out *StepDecision
 }
 
 // newSubmission validates req and canonicalises its args.
@@ -214,10 +219,11 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 	if err != nil {
 		return nil, err
 	}
+	pre := &sub.pre
 	for range maxSubmitTries {
-		var pre preread
+		*pre = preread{}
 		err := k.store.View(ctx, func(tx ReadTx) error {
-			return k.preread(tx, sub, &pre)
+			return k.preread(tx, sub, pre)
 		})
 		if err != nil {
 			return nil, err
@@ -227,16 +233,16 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 		}
 		var v *Verdict
 		if pre.policy != nil {
-			if v = k.checkLimits(pre.exec, sub, &pre); v == nil {
+			if v = k.checkLimits(pre.exec, sub, pre); v == nil {
 				if v, err = k.decide(ctx, pre.policy); err != nil {
 					return nil, err
 				}
 			}
 		}
-		var out *StepDecision
+		sub.out = nil
 		_, err = k.update(ctx, func(r *rec) error {
-			d, err := k.writeStep(r, sub, &pre, v)
-			out = d
+			d, err := k.writeStep(r, sub, pre, v)
+			sub.out = d
 			return err
 		})
 		if errors.Is(err, errRetry) {
@@ -245,7 +251,7 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 		if err != nil {
 			return nil, err
 		}
-		return out, nil
+		return sub.out, nil
 	}
 	return nil, Errorf(CodeUnavailable, "step submission kept racing with concurrent changes; retry")
 }
@@ -253,7 +259,8 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 // preread reads what the decision depends on; it sets pre.decision when the
 // answer needs no write.
 func (k *Kernel) preread(tx ReadTx, sub *submission, pre *preread) error {
-	e, err := checkCall(tx, sub.AgentCall)
+	// Without the execution's input: nothing here reads it.
+	e, err := checkCallHead(tx, sub.AgentCall)
 	if err != nil {
 		return err
 	}

@@ -201,6 +201,19 @@ type ReadTx interface {
 	ListAPIKeys(tenant string) ([]*APIKey, error)
 }
 
+// ExecutionHeadReader is implemented by a ReadTx that can read an
+// execution without its input, which a store may keep apart from the
+// rest of the record (the embedded store does). SubmitStep's read before
+// it decides uses it when the store offers it: it never looks at the
+// input, which may be large, and would otherwise read and copy it on
+// every step. A store without it is read with Execution.
+type ExecutionHeadReader interface {
+	// ExecutionHead is Execution, except that in a read-only transaction
+	// it may leave Input nil. In a write transaction (whose executions
+	// may be written back) it must read the input as Execution does.
+	ExecutionHead(tenant, id string) (*Execution, error)
+}
+
 // Tx is a read-write transaction.
 type Tx interface {
 	ReadTx

@@ -3,7 +3,11 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,4 +111,45 @@ func FuzzAnswerEncoding(f *testing.F) {
 			Lease: &wire.Lease{DispatchID: id, Attempt: n}, Verdict: &wire.StepVerdict{Action: s, Reason: reason, EvalTime: tokens},
 			Seq: uint64(tokens), CreatedAt: at, CompletedAt: &at}, false)
 	})
+}
+
+// TestAnswerContentLength checks that every JSON answer carries its
+// Content-Length and is never chunked, over HTTP/1.1 and HTTP/2: writeJSON
+// leaves a small answer's length to net/http (autoContentLength) and sets
+// a larger one's itself.
+func TestAnswerContentLength(t *testing.T) {
+	s := &Server{}
+	for _, n := range []int{0, 100, autoContentLength - 40, autoContentLength - 10, autoContentLength, autoContentLength + 1, 4096, 5000, 300 << 10} {
+		d := wire.StepDecision{Decision: "replay", StepID: "s", Result: json.RawMessage(`"` + strings.Repeat("x", n) + `"`)}
+		want, _ := appendAnswer(nil, d)
+		want = append(want, '\n')
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.writeJSON(w, http.StatusOK, d) })
+		for _, h2 := range []bool{false, true} {
+			srv := httptest.NewUnstartedServer(h)
+			srv.EnableHTTP2 = h2
+			if h2 {
+				srv.StartTLS()
+			} else {
+				srv.Start()
+			}
+			resp, err := srv.Client().Get(srv.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			srv.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h2 != (resp.ProtoMajor == 2) {
+				t.Fatalf("%d bytes: served over %s", len(want), resp.Proto)
+			}
+			if !bytes.Equal(body, want) || resp.ContentLength != int64(len(want)) || len(resp.TransferEncoding) != 0 ||
+				resp.Header.Get("Content-Type") != "application/json" {
+				t.Errorf("%d-byte answer over %s: Content-Length %d, Transfer-Encoding %v, Content-Type %q, body %d bytes",
+					len(want), resp.Proto, resp.ContentLength, resp.TransferEncoding, resp.Header.Get("Content-Type"), len(body))
+			}
+		}
+	}
 }

@@ -93,10 +93,23 @@ func (s *Server) writeJSON(w http.ResponseWriter, st int, v any) {
 	}
 	h := w.Header()
 	h["Content-Type"] = contentTypeJSON
-	h["Content-Length"] = []string{strconv.Itoa(len(b))}
+	if len(b) > autoContentLength {
+		h["Content-Length"] = []string{strconv.Itoa(len(b))}
+	}
 	w.WriteHeader(st)
 	_, _ = w.Write(b)
 }
+
+// autoContentLength is the largest answer writeJSON leaves net/http to
+// give its Content-Length: an answer that fits the response's buffer
+// (2 KiB in net/http, 4 KiB in its HTTP/2 server) is still there when the
+// handler returns, and net/http then sends its length itself, formatted
+// into a buffer of its own. Setting the header costs an allocation for
+// the value, one for its slice, a map entry that WriteHeader parses back
+// and copies, and a line of the sorted header write: on every step's two
+// answers. A larger answer gets its Content-Length from writeJSON, so
+// that no answer is sent chunked (TestAnswerContentLength).
+const autoContentLength = 2048
 
 // answerBufs holds buffers for hand-encoded answers: net/http copies an
 // answer into the connection's buffer, so the bytes are free again once

@@ -122,8 +122,14 @@ func BenchmarkStepPath(b *testing.B) {
 }
 
 // BenchmarkReadExecution is one View reading an execution with a 1 KiB
-// input (SubmitStep's preread, GetExecution).
+// input (GetExecution), and without it (/head: ExecutionHead, SubmitStep's
+// preread).
 func BenchmarkReadExecution(b *testing.B) {
+	b.Run("full", func(b *testing.B) { benchReadExecution(b, false) })
+	b.Run("head", func(b *testing.B) { benchReadExecution(b, true) })
+}
+
+func benchReadExecution(b *testing.B, head bool) {
 	s := openStore(b, Options{NoSync: true}, false)
 	ctx := context.Background()
 	e := benchExec("0196a000-0000-7000-8000-000000000001")
@@ -134,7 +140,47 @@ func BenchmarkReadExecution(b *testing.B) {
 	b.ResetTimer()
 	for b.Loop() {
 		err := s.View(ctx, func(tx kernel.ReadTx) error {
-			_, err := tx.Execution(e.Tenant, e.ID)
+			var err error
+			if head {
+				_, err = tx.(kernel.ExecutionHeadReader).ExecutionHead(e.Tenant, e.ID)
+			} else {
+				_, err = tx.Execution(e.Tenant, e.ID)
+			}
+			return err
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReadPolicyRecords is what SubmitStep's preread reads for
+// policy, in one View: the agent (for its bundle) and its tenant's record
+// (for its guards), of a tenant configured with guards and a bundle key.
+func BenchmarkReadPolicyRecords(b *testing.B) {
+	s := openStore(b, Options{NoSync: true}, false)
+	ctx := context.Background()
+	ten := &kernel.Tenant{ID: "acme", Guards: []string{"pii-guard", "spend-guard"}, Retention: "720h",
+		BundleKeys: []kernel.BundleKey{{ID: "ci", Algorithm: "HS256", Key: "0123456789abcdef0123456789abcdef"}}, CreatedAt: time.Now().UTC()}
+	a := &kernel.Agent{Tenant: "acme", ID: "agent-1", WebhookURL: "http://127.0.0.1:1/webhook", Bundle: "search-policy", CreatedAt: time.Now().UTC()}
+	if err := s.Update(ctx, func(tx kernel.Tx) error {
+		if err := tx.PutTenant(ten); err != nil {
+			return err
+		}
+		return tx.PutAgent(a)
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		err := s.View(ctx, func(tx kernel.ReadTx) error {
+			if _, err := tx.Agent("acme", "agent-1"); err != nil {
+				return err
+			}
+			t, err := tx.Tenant("acme")
+			if err == nil && len(t.Guards) != 2 {
+				b.Fatalf("tenant %+v", t)
+			}
 			return err
 		})
 		if err != nil {

@@ -151,7 +151,9 @@ type Store struct {
 	logTime  atomic.Int64  // writer nanoseconds appending and syncing the log
 	fileTime atomic.Int64  // writer nanoseconds in bbolt's Commit
 
-	agents agentCache // decoded agent records, for read transactions
+	// decoded agent and tenant records, for read transactions
+	agents  recordCache[kernel.Agent]
+	tenants recordCache[kernel.Tenant]
 
 	// wal is the write-ahead log (nil: none); the writer's once Open
 	// returns.
@@ -320,7 +322,7 @@ func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error
 	if s.closed() {
 		return errClosed("view")
 	}
-	err := s.db.View(func(btx *bolt.Tx) error { return fn(&readTx{tx: btx, agents: &s.agents}) })
+	err := s.db.View(func(btx *bolt.Tx) error { return fn(&readTx{tx: btx, agents: &s.agents, tenants: &s.tenants}) })
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return errClosed("view")
 	}

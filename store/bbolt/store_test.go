@@ -699,13 +699,14 @@ func TestAgentCacheFollowsTheRecord(t *testing.T) {
 }
 
 // TestAgentCacheCopiesShareNothing: the cache hands out shallow copies,
-// which is a fresh record only while kernel.Agent holds strings and times.
+// which is a fresh record only while kernel.Agent holds strings and times
+// (readTx.Agent).
 func TestAgentCacheCopiesShareNothing(t *testing.T) {
 	typ := reflect.TypeFor[kernel.Agent]()
 	for i := range typ.NumField() {
 		f := typ.Field(i)
 		if f.Type.Kind() != reflect.String && f.Type != reflect.TypeFor[time.Time]() {
-			t.Errorf("kernel.Agent.%s is a %s: agentCache.get must copy it deeply", f.Name, f.Type)
+			t.Errorf("kernel.Agent.%s is a %s: agentCache.get must copy it deeply (see readTx.Agent)", f.Name, f.Type)
 		}
 	}
 }

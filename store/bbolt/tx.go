@@ -23,9 +23,10 @@ import (
 // ExpiredApprovals, and ExecutionFilter.Limit <= 0, mean "no limit".
 type readTx struct {
 	tx *bolt.Tx
-	// agents caches decoded agent records (nil: none, in write
-	// transactions).
-	agents *agentCache
+	// agents and tenants cache decoded agent and tenant records (nil:
+	// none, in write transactions).
+	agents  *recordCache[kernel.Agent]
+	tenants *recordCache[kernel.Tenant]
 	// cur are the cursors lookup keeps for the transaction, by hot bucket.
 	cur [nHot]*bolt.Cursor
 	// memo holds, in a write transaction, the last lookups of the hot
@@ -220,8 +221,9 @@ func (w *writeTx) bucket(name []byte) wbucket {
 }
 
 var (
-	_ kernel.ReadTx = (*readTx)(nil)
-	_ kernel.Tx     = (*writeTx)(nil)
+	_ kernel.ReadTx              = (*readTx)(nil)
+	_ kernel.Tx                  = (*writeTx)(nil)
+	_ kernel.ExecutionHeadReader = (*readTx)(nil)
 )
 
 func (r *readTx) bucket(name []byte) *bolt.Bucket { return r.tx.Bucket(name) }
@@ -284,6 +286,25 @@ func (e *missingError) Unwrap() error { return kernel.ErrNotFound }
 
 // Execution implements kernel.ReadTx.
 func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
+	return r.execution(tenant, id, true)
+}
+
+// ExecutionHead implements kernel.ExecutionHeadReader: Execution without
+// the input (Input nil), which is stored under a key of its own (one
+// lookup and a copy fewer).
+func (r *readTx) ExecutionHead(tenant, id string) (*kernel.Execution, error) {
+	return r.execution(tenant, id, false)
+}
+
+// ExecutionHead of a write transaction reads the input too: an execution
+// read in a write transaction may be written back, and putExecution takes
+// a missing input for one removed.
+func (w *writeTx) ExecutionHead(tenant, id string) (*kernel.Execution, error) {
+	return w.execution(tenant, id, true)
+}
+
+// execution reads an execution, with its input when input is set.
+func (r *readTx) execution(tenant, id string, input bool) (*kernel.Execution, error) {
 	if !readable(tenant, id) {
 		return nil, missing("execution", tenant, id)
 	}
@@ -296,7 +317,11 @@ func (r *readTx) Execution(tenant, id string) (*kernel.Execution, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: execution %s/%s: %w", tenant, id, err)
 	}
-	r.readInputAt(ik, e)
+	if input {
+		r.readInputAt(ik, e)
+	} else {
+		e.Input = nil
+	}
 	return e, nil
 }
 
@@ -529,8 +554,8 @@ func (r *readTx) Agent(tenant, id string) (*kernel.Agent, error) {
 	if raw == nil {
 		return nil, notFound("agent %s/%s", tenant, id)
 	}
-	if a := r.agents.get(k, raw); a != nil {
-		return a, nil
+	if a, ok := r.agents.get(k, raw); ok {
+		return &a, nil // strings and times only: a copy shares nothing mutable
 	}
 	a, err := decode[kernel.Agent](raw)
 	if err != nil {
@@ -540,49 +565,50 @@ func (r *readTx) Agent(tenant, id string) (*kernel.Agent, error) {
 	return a, nil
 }
 
-// agentCache holds decoded agent records with the bytes they were decoded
-// from: every step policy decides reads its agent (for its bundle), and
-// the record is JSON. A cached record is used only when the stored bytes
-// are still the same, so it is never stale, whoever wrote the file. A nil
-// cache caches nothing.
-type agentCache struct {
+// recordCache holds decoded records of a JSON kind with the bytes they
+// were decoded from: every step policy decides reads its agent (for its
+// bundle) and its tenant's record (for its guards). A cached record is
+// used only when the stored bytes are still the same, so it is never
+// stale, whoever wrote the file. A nil cache caches nothing.
+type recordCache[T any] struct {
 	mu sync.RWMutex
-	m  map[string]cachedAgent // by key
+	m  map[string]cachedRecord[T] // by key
 }
 
-type cachedAgent struct {
+type cachedRecord[T any] struct {
 	raw []byte
-	a   kernel.Agent
+	v   T
 }
 
-// maxCachedAgents bounds the cache; when full it starts over.
-const maxCachedAgents = 4096
+// maxCachedRecords bounds a cache; when full it starts over.
+const maxCachedRecords = 4096
 
-// get returns a copy of the agent decoded from raw under k, or nil.
-func (c *agentCache) get(k, raw []byte) *kernel.Agent {
+// get returns a shallow copy of the record decoded from raw under k; ok
+// is false when there is none. The caller copies what the record holds by
+// reference (slices, maps, pointers) before handing it out.
+func (c *recordCache[T]) get(k, raw []byte) (v T, ok bool) {
 	if c == nil {
-		return nil
+		return v, false
 	}
 	c.mu.RLock()
 	e, ok := c.m[string(k)]
 	c.mu.RUnlock()
 	if !ok || !bytes.Equal(e.raw, raw) {
-		return nil
+		return v, false
 	}
-	a := e.a // strings and times only: a copy shares nothing mutable
-	return &a
+	return e.v, true
 }
 
-// put caches a, decoded from raw under k.
-func (c *agentCache) put(k, raw []byte, a *kernel.Agent) {
+// put caches v, decoded from raw under k. v must not be changed after.
+func (c *recordCache[T]) put(k, raw []byte, v *T) {
 	if c == nil {
 		return
 	}
 	c.mu.Lock()
-	if c.m == nil || len(c.m) >= maxCachedAgents {
-		c.m = make(map[string]cachedAgent)
+	if c.m == nil || len(c.m) >= maxCachedRecords {
+		c.m = make(map[string]cachedRecord[T])
 	}
-	c.m[string(k)] = cachedAgent{raw: bytes.Clone(raw), a: *a}
+	c.m[string(k)] = cachedRecord[T]{raw: bytes.Clone(raw), v: *v}
 	c.mu.Unlock()
 }
 
@@ -755,14 +781,24 @@ func (r *readTx) Tenant(id string) (*kernel.Tenant, error) {
 	if !readable(id) {
 		return nil, missing("tenant", id)
 	}
-	t, ok, err := get[kernel.Tenant](r.bucket(bTenants), []byte(id))
+	k := []byte(id)
+	raw := r.bucket(bTenants).Get(k)
+	if raw == nil {
+		return nil, missing("tenant", id)
+	}
+	if t, ok := r.tenants.get(k, raw); ok {
+		t.Guards, t.BundleKeys = slices.Clone(t.Guards), slices.Clone(t.BundleKeys) // strings within
+		return &t, nil
+	}
+	t, err := decode[kernel.Tenant](raw)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: tenant %s: %w", id, err)
 	}
-	if !ok {
-		return nil, missing("tenant", id)
-	}
-	return t, nil
+	r.tenants.put(k, raw, t)
+	// The caller gets its own slices: the cached record keeps these.
+	out := *t
+	out.Guards, out.BundleKeys = slices.Clone(t.Guards), slices.Clone(t.BundleKeys)
+	return &out, nil
 }
 
 // ListTenants implements kernel.ReadTx: ordered by id.
