@@ -65,6 +65,7 @@ type Client struct {
 	hc      *http.Client
 
 	baseURL *url.URL // parsed base, when plain paths can be appended to it (parseBase)
+	host    string   // the Host of requests under baseURL
 	sign    *signer  // with WithAgent: the agent's signatures
 }
 
@@ -81,6 +82,9 @@ func New(baseURL string, opts ...Option) *Client {
 		o(c)
 	}
 	c.baseURL = parseBase(c.base)
+	if c.baseURL != nil {
+		c.host = removeEmptyPort(c.baseURL.Host)
+	}
 	if c.agentID != "" {
 		c.sign = newSigner(c.secret)
 	}
@@ -263,24 +267,53 @@ func (c *Client) newRequest(ctx context.Context, method, path string, header htt
 			}
 		}
 	}
-	var rd io.Reader
+	o := new(outgoing)
+	u, target, err := c.requestURL(&o.url, c.withTenant(path))
+	if err != nil {
+		return nil, err
+	}
+	nh := 2 + len(header) // User-Agent, Accept, the caller's
 	if body != nil {
-		rd = bytes.NewReader(raw)
+		nh++
 	}
-	u, target, err := c.requestURL(c.withTenant(path))
-	if err != nil {
-		return nil, err
+	if c.key != "" {
+		nh++
 	}
-	// The URL is built above (without re-parsing the base on every call);
-	// NewRequestWithContext handles the method, the context and the body.
-	req, err := http.NewRequestWithContext(ctx, method, "", rd)
-	if err != nil {
-		return nil, err
+	if c.agentID != "" {
+		nh += 2
 	}
-	req.URL = u
-	req.Host = removeEmptyPort(u.Host)
+	var req *http.Request
+	if u == &o.url && ctx != nil && fastMethod(method) && (body == nil || len(raw) > 0) {
+		// The request NewRequestWithContext would make of this method,
+		// URL and body, without its allocations: re-parsing the URL, the
+		// body's reader apart from the URL and header values.
+		if method == "" {
+			method = http.MethodGet
+		}
+		r := http.Request{Method: method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: make(http.Header, nh), Host: c.host}
+		if body != nil {
+			o.body.Reset(raw)
+			r.Body = io.NopCloser(&o.body)
+			r.ContentLength = int64(len(raw))
+			r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
+		}
+		req = r.WithContext(ctx)
+	} else {
+		var rd io.Reader
+		if body != nil {
+			rd = bytes.NewReader(raw)
+		}
+		// NewRequestWithContext handles the method, the context and the
+		// body; the URL is the one built above.
+		if req, err = http.NewRequestWithContext(ctx, method, "", rd); err != nil {
+			return nil, err
+		}
+		req.URL = u
+		req.Host = removeEmptyPort(u.Host)
+	}
 	h := req.Header
-	var hv headerValues
+	hv := headerValues{vals: o.vals[:0]}
 	hv.set(h, "User-Agent", c.ua)
 	hv.set(h, "Accept", "application/json")
 	if body != nil {
