@@ -64,9 +64,10 @@ type Client struct {
 	ua      string
 	hc      *http.Client
 
-	baseURL *url.URL // parsed base, when plain paths can be appended to it (parseBase)
-	host    string   // the Host of requests under baseURL
-	sign    *signer  // with WithAgent: the agent's signatures
+	baseURL *url.URL     // parsed base, when plain paths can be appended to it (parseBase)
+	host    string       // the Host of requests under baseURL
+	sign    *signer      // with WithAgent: the agent's signatures
+	strs    *stringCache // strings of the step decisions lately decoded
 }
 
 // Option configures a Client in New.
@@ -85,6 +86,7 @@ func New(baseURL string, opts ...Option) *Client {
 	if c.baseURL != nil {
 		c.host = removeEmptyPort(c.baseURL.Host)
 	}
+	c.strs = new(stringCache)
 	if c.agentID != "" {
 		c.sign = newSigner(c.secret)
 	}
@@ -217,23 +219,44 @@ func (c *Client) do(ctx context.Context, method, path string, header http.Header
 		}
 		return nil
 	}
-	data, err := io.ReadAll(resp.Body)
+	switch o := out.(type) {
+	case *[]byte, *json.RawMessage:
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return fmt.Errorf("read answer: %w", err)
+		}
+		if b, ok := o.(*[]byte); ok {
+			*b = data
+		} else {
+			*o.(*json.RawMessage) = data
+		}
+		return nil
+	}
+	// The answer is decoded, and decoding copies what it keeps (as
+	// json.Unmarshaler implementations must): read it into a pooled
+	// buffer.
+	bp := answerBufs.Get().(*[]byte)
+	data, err := readAll(resp.Body, *bp)
+	defer func() {
+		if cap(data) <= maxPooledAnswer {
+			*bp = data[:0]
+			answerBufs.Put(bp)
+		}
+	}()
 	if err != nil {
 		return fmt.Errorf("read answer: %w", err)
-	}
-	switch o := out.(type) {
-	case *[]byte:
-		*o = data
-		return nil
-	case *json.RawMessage:
-		*o = data
-		return nil
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil
 	}
-	if d, ok := out.(*wire.StepDecision); ok && decodeStepDecision(data, d) {
-		return nil // every step's answer, without reflection
+	if d, ok := out.(*wire.StepDecision); ok {
+		var stepID string // the step id sent, which the answer repeats
+		if v := header[wire.HeaderStepID]; len(v) == 1 {
+			stepID = v[0]
+		}
+		if decodeStepDecision(data, d, stepID, c.strs) {
+			return nil // every step's answer, without reflection
+		}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("decode answer (%d): %w", resp.StatusCode, err)

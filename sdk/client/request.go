@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"hash"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -114,6 +115,35 @@ func fastMethod(method string) bool {
 		return true
 	}
 	return false
+}
+
+// answerBufs are the buffers answers are read into when they are decoded
+// and then dropped (decoding copies what it keeps).
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// maxPooledAnswer bounds the buffers answerBufs keeps.
+const maxPooledAnswer = 64 << 10
+
+// readAll is io.ReadAll(r) reading into b's array first: the same bytes
+// and the same errors.
+func readAll(r io.Reader, b []byte) ([]byte, error) {
+	if cap(b) == 0 {
+		b = make([]byte, 0, 512) // as io.ReadAll: never a Read of nothing
+	}
+	b = b[:0]
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append choose the growth
+		}
+	}
 }
 
 // signer computes v1 signatures under one secret, reusing keyed HMACs

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
 	"reflect"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/wicket-run/wicket/server/wire"
@@ -195,5 +197,31 @@ func TestNewRequestAsNewRequestWithContext(t *testing.T) {
 	//lint:ignore SA1012 the nil context is what is tested
 	if _, err := c.newRequest(nil, "GET", "/v0/x", nil, nil); err == nil || !strings.Contains(err.Error(), "nil Context") { //nolint:staticcheck
 		t.Fatalf("a nil context: %v", err)
+	}
+}
+
+// TestReadAllAsIOReadAll: readAll gives io.ReadAll's bytes and errors,
+// whatever the buffer it starts from and however the reader splits its
+// data.
+func TestReadAllAsIOReadAll(t *testing.T) {
+	boom := errors.New("boom")
+	for _, n := range []int{0, 1, 511, 512, 1024, 1025, 5000} {
+		data := bytes.Repeat([]byte("0123456789abcdef"), n/16+1)[:n]
+		readers := map[string]func() io.Reader{
+			"plain":    func() io.Reader { return bytes.NewReader(data) },
+			"one byte": func() io.Reader { return iotest.OneByteReader(bytes.NewReader(data)) },
+			"data+EOF": func() io.Reader { return iotest.DataErrReader(bytes.NewReader(data)) },
+			"half":     func() io.Reader { return iotest.HalfReader(bytes.NewReader(data)) },
+			"error":    func() io.Reader { return io.MultiReader(bytes.NewReader(data), iotest.ErrReader(boom)) },
+		}
+		for name, r := range readers {
+			for _, buf := range [][]byte{nil, make([]byte, 0, 1), make([]byte, 7, 1024), make([]byte, 0, 4096)} {
+				want, werr := io.ReadAll(r())
+				got, gerr := readAll(r(), buf)
+				if !bytes.Equal(got, want) || !errors.Is(gerr, werr) || (gerr == nil) != (werr == nil) {
+					t.Fatalf("%s, %d bytes, buffer of %d: got %d bytes, %v; want %d, %v", name, n, cap(buf), len(got), gerr, len(want), werr)
+				}
+			}
+		}
 	}
 }
