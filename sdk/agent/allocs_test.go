@@ -43,7 +43,8 @@ func startKernelProcess(t *testing.T) string {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestKernelProcess$", "-test.count", "1")
 	cmd.Env = append(os.Environ(), kernelProcessEnv+"=1")
-	cmd.Stderr = os.Stderr
+	var stderr strings.Builder // the kernel's log, shown if the test fails
+	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +65,9 @@ func startKernelProcess(t *testing.T) string {
 		case <-time.After(time.Minute):
 			_ = cmd.Process.Kill()
 			<-done
+		}
+		if t.Failed() {
+			t.Logf("the kernel process's log:\n%s", stderr.String())
 		}
 	})
 	urls := make(chan string, 1)

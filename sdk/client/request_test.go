@@ -195,7 +195,7 @@ func TestNewRequestAsNewRequestWithContext(t *testing.T) {
 		t.Fatalf("a bad method: %v", err)
 	}
 	//lint:ignore SA1012 the nil context is what is tested
-	if _, err := c.newRequest(nil, "GET", "/v0/x", nil, nil); err == nil || !strings.Contains(err.Error(), "nil Context") { //nolint:staticcheck
+	if _, err := c.newRequest(nil, "GET", "/v0/x", nil, nil); err == nil || !strings.Contains(err.Error(), "nil Context") {
 		t.Fatalf("a nil context: %v", err)
 	}
 }
