@@ -64,6 +64,48 @@ type Execution struct {
 	// leaseHdr is the lease headers of the mutations, built once for the
 	// Lease they name (read-only once built: requests only read them).
 	leaseHdr atomic.Pointer[leaseHeader]
+	// paths is the execution's paths, built once for the ID they name.
+	paths atomic.Pointer[execPaths]
+}
+
+// execPaths is an execution's path and the path of its submissions.
+type execPaths struct {
+	id, exec, steps string
+}
+
+// stepHeader is the headers of one submission: the lease headers and
+// the step id, with one array for the values. Submissions take them from
+// stepHeaders and give them back once the request is sent (the client
+// copies what it sends; see client.Client.Do).
+type stepHeader struct {
+	lease Lease
+	vals  [3]string
+	h     http.Header
+}
+
+var stepHeaders = sync.Pool{New: func() any { return new(stepHeader) }}
+
+// stepHeader returns the headers of a submission of stepID under the
+// current lease; putStepHeader gives them back.
+func (e *Execution) stepHeader(stepID string) *stepHeader {
+	sh := stepHeaders.Get().(*stepHeader)
+	if sh.h == nil || sh.lease != e.Lease {
+		sh.lease = e.Lease
+		sh.vals[0], sh.vals[1] = e.Lease.DispatchID, strconv.Itoa(e.Lease.Attempt)
+		if sh.h == nil {
+			sh.h = make(http.Header, 3)
+			sh.h[wire.HeaderDispatchID] = sh.vals[0:1:1]
+			sh.h[wire.HeaderDispatchAttempt] = sh.vals[1:2:2]
+			sh.h[wire.HeaderStepID] = sh.vals[2:3:3]
+		}
+	}
+	sh.vals[2] = stepID
+	return sh
+}
+
+func putStepHeader(sh *stepHeader) {
+	sh.vals[2] = ""
+	stepHeaders.Put(sh)
 }
 
 // leaseHeader is the lease headers built for one lease.
@@ -151,41 +193,39 @@ func (e *Execution) leaseHeader() http.Header {
 	if lh := e.leaseHdr.Load(); lh != nil && lh.lease == e.Lease {
 		return lh.h
 	}
-	lh := &leaseHeader{lease: e.Lease, h: e.leaseHeaderWith("", "")}
+	vals := [2]string{e.Lease.DispatchID, strconv.Itoa(e.Lease.Attempt)}
+	lh := &leaseHeader{lease: e.Lease, h: http.Header{wire.HeaderDispatchID: vals[0:1:1], wire.HeaderDispatchAttempt: vals[1:2:2]}}
 	e.leaseHdr.Store(lh)
 	return lh.h
 }
 
-// leaseHeaderWith returns the lease headers plus key: value when key is
-// not empty (a canonical header name), with one array for the values.
-func (e *Execution) leaseHeaderWith(key, value string) http.Header {
-	vals := [3]string{e.Lease.DispatchID, strconv.Itoa(e.Lease.Attempt), value}
-	v := vals[:]
-	h := make(http.Header, 3)
-	h[wire.HeaderDispatchID] = v[0:1:1]
-	h[wire.HeaderDispatchAttempt] = v[1:2:2]
-	if key != "" {
-		h[key] = v[2:3:3]
-	}
-	return h
-}
-
 // path returns the execution's path plus suffix.
 func (e *Execution) path(suffix string) string {
-	return "/v0/executions/" + url.PathEscape(e.ID) + suffix
+	return e.execPaths().exec + suffix
+}
+
+// execPaths returns the execution's paths, built once.
+func (e *Execution) execPaths() *execPaths {
+	if p := e.paths.Load(); p != nil && p.id == e.ID {
+		return p
+	}
+	exec := "/v0/executions/" + url.PathEscape(e.ID)
+	p := &execPaths{id: e.ID, exec: exec, steps: exec + "/steps"}
+	e.paths.Store(p)
+	return p
 }
 
 // mutate sends one signed mutation under the lease and maps the kernel's
 // answers to the SDK's errors: lease_superseded → LeaseSuperseded (and the
 // handler is cancelled), an unreachable kernel or a 5xx → KernelError.
 func (e *Execution) mutate(ctx context.Context, op, suffix string, body, out any) error {
-	return e.mutateWith(ctx, op, suffix, e.leaseHeader(), body, out)
+	return e.mutateAt(ctx, op, e.path(suffix), e.leaseHeader(), body, out)
 }
 
-// mutateWith is mutate with the request headers given (the lease headers
-// and any others).
-func (e *Execution) mutateWith(ctx context.Context, op, suffix string, header http.Header, body, out any) error {
-	err := e.k.Do(ctx, http.MethodPost, e.path(suffix), header, body, out)
+// mutateAt is mutate with the whole path and the request headers given
+// (the lease headers and any others).
+func (e *Execution) mutateAt(ctx context.Context, op, path string, header http.Header, body, out any) error {
+	err := e.k.Do(ctx, http.MethodPost, path, header, body, out)
 	if err == nil {
 		return nil
 	}
@@ -231,14 +271,16 @@ func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wi
 		defer o.mu.Unlock()
 		stepID = canon.StepID(e.ID, req.Kind, req.Target, hash, o.next)
 	}
-	var header http.Header
-	if stepID != "" {
-		header = e.leaseHeaderWith(wire.HeaderStepID, stepID)
-	} else {
-		header = e.leaseHeader()
-	}
 	var d wire.StepDecision
-	if err := e.mutateWith(ctx, "submit step", "/steps", header, req, &d); err != nil {
+	var err error
+	if stepID != "" {
+		sh := e.stepHeader(stepID)
+		err = e.mutateAt(ctx, "submit step", e.execPaths().steps, sh.h, req, &d)
+		putStepHeader(sh)
+	} else {
+		err = e.mutateAt(ctx, "submit step", e.execPaths().steps, e.leaseHeader(), req, &d)
+	}
+	if err != nil {
 		return nil, err
 	}
 	switch {
@@ -259,7 +301,8 @@ func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wi
 func (e *Execution) Complete(ctx context.Context, stepID string, result json.RawMessage, usage *wire.Usage) error {
 	ctx, cancel := settle(ctx)
 	defer cancel()
-	return e.mutate(ctx, "complete step", "/steps/"+url.PathEscape(stepID)+"/complete", wire.StepCompleteRequest{Result: result, Usage: usage}, nil)
+	return e.mutateAt(ctx, "complete step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/complete", e.leaseHeader(),
+		wire.StepCompleteRequest{Result: result, Usage: usage}, nil)
 }
 
 // Fail records the error (any JSON) of a step that was told to proceed. Like
@@ -267,7 +310,8 @@ func (e *Execution) Complete(ctx context.Context, stepID string, result json.Raw
 func (e *Execution) Fail(ctx context.Context, stepID string, stepErr json.RawMessage) error {
 	ctx, cancel := settle(ctx)
 	defer cancel()
-	return e.mutate(ctx, "fail step", "/steps/"+url.PathEscape(stepID)+"/fail", wire.StepFailRequest{Error: stepErr}, nil)
+	return e.mutateAt(ctx, "fail step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/fail", e.leaseHeader(),
+		wire.StepFailRequest{Error: stepErr}, nil)
 }
 
 // Delta posts one ephemeral piece of a running step's output to the

@@ -64,8 +64,10 @@ type Client struct {
 	ua      string
 	hc      *http.Client
 
-	baseURL *url.URL // parsed base, when plain paths can be appended to it (parseBase)
-	sign    *signer  // with WithAgent: the agent's signatures
+	baseURL *url.URL     // parsed base, when plain paths can be appended to it (parseBase)
+	host    string       // the Host of requests under baseURL
+	sign    *signer      // with WithAgent: the agent's signatures
+	strs    *stringCache // strings of the step decisions lately decoded
 }
 
 // Option configures a Client in New.
@@ -81,6 +83,10 @@ func New(baseURL string, opts ...Option) *Client {
 		o(c)
 	}
 	c.baseURL = parseBase(c.base)
+	if c.baseURL != nil {
+		c.host = removeEmptyPort(c.baseURL.Host)
+	}
+	c.strs = new(stringCache)
 	if c.agentID != "" {
 		c.sign = newSigner(c.secret)
 	}
@@ -213,23 +219,44 @@ func (c *Client) do(ctx context.Context, method, path string, header http.Header
 		}
 		return nil
 	}
-	data, err := io.ReadAll(resp.Body)
+	switch o := out.(type) {
+	case *[]byte, *json.RawMessage:
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return fmt.Errorf("read answer: %w", err)
+		}
+		if b, ok := o.(*[]byte); ok {
+			*b = data
+		} else {
+			*o.(*json.RawMessage) = data
+		}
+		return nil
+	}
+	// The answer is decoded, and decoding copies what it keeps (as
+	// json.Unmarshaler implementations must): read it into a pooled
+	// buffer.
+	bp := answerBufs.Get().(*[]byte)
+	data, err := readAll(resp.Body, *bp)
+	defer func() {
+		if cap(data) <= maxPooledAnswer {
+			*bp = data[:0]
+			answerBufs.Put(bp)
+		}
+	}()
 	if err != nil {
 		return fmt.Errorf("read answer: %w", err)
-	}
-	switch o := out.(type) {
-	case *[]byte:
-		*o = data
-		return nil
-	case *json.RawMessage:
-		*o = data
-		return nil
 	}
 	if len(bytes.TrimSpace(data)) == 0 {
 		return nil
 	}
-	if d, ok := out.(*wire.StepDecision); ok && decodeStepDecision(data, d) {
-		return nil // every step's answer, without reflection
+	if d, ok := out.(*wire.StepDecision); ok {
+		var stepID string // the step id sent, which the answer repeats
+		if v := header[wire.HeaderStepID]; len(v) == 1 {
+			stepID = v[0]
+		}
+		if decodeStepDecision(data, d, stepID, c.strs) {
+			return nil // every step's answer, without reflection
+		}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("decode answer (%d): %w", resp.StatusCode, err)
@@ -263,24 +290,53 @@ func (c *Client) newRequest(ctx context.Context, method, path string, header htt
 			}
 		}
 	}
-	var rd io.Reader
+	o := new(outgoing)
+	u, target, err := c.requestURL(&o.url, c.withTenant(path))
+	if err != nil {
+		return nil, err
+	}
+	nh := 2 + len(header) // User-Agent, Accept, the caller's
 	if body != nil {
-		rd = bytes.NewReader(raw)
+		nh++
 	}
-	u, target, err := c.requestURL(c.withTenant(path))
-	if err != nil {
-		return nil, err
+	if c.key != "" {
+		nh++
 	}
-	// The URL is built above (without re-parsing the base on every call);
-	// NewRequestWithContext handles the method, the context and the body.
-	req, err := http.NewRequestWithContext(ctx, method, "", rd)
-	if err != nil {
-		return nil, err
+	if c.agentID != "" {
+		nh += 2
 	}
-	req.URL = u
-	req.Host = removeEmptyPort(u.Host)
+	var req *http.Request
+	if u == &o.url && ctx != nil && fastMethod(method) && (body == nil || len(raw) > 0) {
+		// The request NewRequestWithContext would make of this method,
+		// URL and body, without its allocations: re-parsing the URL, the
+		// body's reader apart from the URL and header values.
+		if method == "" {
+			method = http.MethodGet
+		}
+		r := http.Request{Method: method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header: make(http.Header, nh), Host: c.host}
+		if body != nil {
+			o.body.Reset(raw)
+			r.Body = io.NopCloser(&o.body)
+			r.ContentLength = int64(len(raw))
+			r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(raw)), nil }
+		}
+		req = r.WithContext(ctx)
+	} else {
+		var rd io.Reader
+		if body != nil {
+			rd = bytes.NewReader(raw)
+		}
+		// NewRequestWithContext handles the method, the context and the
+		// body; the URL is the one built above.
+		if req, err = http.NewRequestWithContext(ctx, method, "", rd); err != nil {
+			return nil, err
+		}
+		req.URL = u
+		req.Host = removeEmptyPort(u.Host)
+	}
 	h := req.Header
-	var hv headerValues
+	hv := headerValues{vals: o.vals[:0]}
 	hv.set(h, "User-Agent", c.ua)
 	hv.set(h, "Accept", "application/json")
 	if body != nil {

@@ -3,6 +3,7 @@ package client
 import (
 	"encoding/json"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/wicket-run/wicket/server/wire"
 )
@@ -102,8 +103,10 @@ func encodeStepComplete(r *wire.StepCompleteRequest) ([]byte, bool) {
 
 // decodeStepDecision is json.Unmarshal(data, d) for the answers a kernel
 // gives; it returns false, with d unchanged, for anything else (so that
-// encoding/json decides, errors included).
-func decodeStepDecision(data []byte, d *wire.StepDecision) bool {
+// encoding/json decides, errors included). Its strings are new ones, or
+// equal ones it already has: the decision constants, stepID (the step id
+// the request sent; "" for none) and what strs remembers (nil: nothing).
+func decodeStepDecision(data []byte, d *wire.StepDecision, stepID string, strs *stringCache) bool {
 	if !json.Valid(data) {
 		return false
 	}
@@ -139,18 +142,22 @@ func decodeStepDecision(data []byte, d *wire.StepDecision) bool {
 			if !ok || se+1 != ve {
 				return false
 			}
-			s := internDecision(data[ss:se])
+			str := data[ss:se]
 			switch string(key) {
 			case "decision":
-				t.Decision = s
+				t.Decision = internDecision(str)
 			case "step_id":
-				t.StepID = s
+				if string(str) == stepID {
+					t.StepID = stepID
+				} else {
+					t.StepID = string(str)
+				}
 			case "reason":
-				t.Reason = s
+				t.Reason = strs.get(str)
 			case "rule_id":
-				t.RuleID = s
+				t.RuleID = strs.get(str)
 			case "approval_id":
-				t.ApprovalID = s
+				t.ApprovalID = string(str)
 			}
 		case "occurrence":
 			if isNull {
@@ -191,6 +198,35 @@ func internDecision(b []byte) string {
 		return wire.DecisionReplay
 	}
 	return string(b)
+}
+
+// stringCache hands out strings equal to recently seen ones without
+// allocating: the reason and rule id of a policy's decisions repeat from
+// one step to the next. A nil *stringCache copies every string. It is
+// safe for concurrent use.
+type stringCache struct {
+	slots [8]atomic.Pointer[string]
+}
+
+// maxCachedString bounds the strings a stringCache keeps.
+const maxCachedString = 128
+
+// get returns string(b), the one already cached when there is one.
+func (c *stringCache) get(b []byte) string {
+	if c == nil || len(b) > maxCachedString {
+		return string(b)
+	}
+	h := uint32(2166136261) // FNV-1a
+	for _, x := range b {
+		h = (h ^ uint32(x)) * 16777619
+	}
+	slot := &c.slots[h%uint32(len(c.slots))]
+	if p := slot.Load(); p != nil && *p == string(b) {
+		return *p
+	}
+	s := string(b)
+	slot.Store(&s)
+	return s
 }
 
 func skipSpace(data []byte, i int) int {

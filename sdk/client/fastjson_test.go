@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/wicket-run/wicket/server/wire"
@@ -104,6 +106,9 @@ var decisionSamples = []string{
 	`{"decision":"proceed","step_id":"s","occurrence":0,"result":"\\\"}"}`,
 }
 
+// testStrings is the string cache of the decoding tests, shared by all.
+var testStrings = new(stringCache)
+
 func checkDecode(t *testing.T, data string, prior wire.StepDecision) {
 	t.Helper()
 	fast, slow := prior, prior
@@ -111,7 +116,18 @@ func checkDecode(t *testing.T, data string, prior wire.StepDecision) {
 		fast.Result = bytes.Clone(prior.Result)
 		slow.Result = bytes.Clone(prior.Result)
 	}
-	ok := decodeStepDecision([]byte(data), &fast)
+	ok := decodeStepDecision([]byte(data), &fast, "", nil)
+	// The same with the strings it may reuse: the step id sent and
+	// those of earlier answers.
+	hinted := prior
+	if prior.Result != nil {
+		hinted.Result = bytes.Clone(prior.Result)
+	}
+	for _, id := range []string{"", "s", "4f2a", "old"} {
+		if hok := decodeStepDecision([]byte(data), &hinted, id, testStrings); hok != ok || !reflect.DeepEqual(hinted, fast) {
+			t.Fatalf("%s with step id %q and cached strings: %v %+v, without: %v %+v", data, id, hok, hinted, ok, fast)
+		}
+	}
 	if !ok {
 		if !reflect.DeepEqual(fast, prior) {
 			t.Fatalf("%s: declined but changed the decision: %+v", data, fast)
@@ -138,15 +154,56 @@ func TestDecodeStepDecisionMatchesEncodingJSON(t *testing.T) {
 	}
 	for _, s := range decisionSamples[:7] {
 		var d wire.StepDecision
-		if !decodeStepDecision([]byte(s), &d) {
+		if !decodeStepDecision([]byte(s), &d, "", nil) {
 			t.Errorf("%s: declined", s)
 		}
 	}
 	if testing.AllocsPerRun(100, func() {
 		var d wire.StepDecision
-		decodeStepDecision([]byte(`{"decision":"proceed","step_id":"4f2a","occurrence":0}`), &d)
+		decodeStepDecision([]byte(`{"decision":"proceed","step_id":"4f2a","occurrence":0}`), &d, "", nil)
 	}) > 1 {
 		t.Error("decoding a proceed allocates more than its step id")
+	}
+	// The kernel's usual answer, its step id the one sent, its reason and
+	// rule seen before: nothing to allocate.
+	answer := []byte(`{"decision":"proceed","step_id":"4f2a","occurrence":0,"reason":"kernel default policy: allow","rule_id":"kernel_default"}`)
+	strs := new(stringCache)
+	if n := testing.AllocsPerRun(100, func() {
+		var d wire.StepDecision
+		if !decodeStepDecision(answer, &d, "4f2a", strs) || d.StepID != "4f2a" || d.RuleID != "kernel_default" {
+			t.Fatalf("decoded %+v", d)
+		}
+	}); n > 0 {
+		t.Errorf("decoding the usual answer allocates %.0f times", n)
+	}
+}
+
+// TestStringCache: the cache gives back equal strings, concurrently,
+// whatever collides in its slots, and leaves long strings alone.
+func TestStringCache(t *testing.T) {
+	c := new(stringCache)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				b := []byte("reason " + strconv.Itoa((g*7+i)%37))
+				if got := c.get(b); got != string(b) {
+					t.Errorf("got %q for %q", got, b)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	long := bytes.Repeat([]byte("x"), maxCachedString+1)
+	if c.get(long) != string(long) || testing.AllocsPerRun(10, func() { c.get(long) }) != 1 {
+		t.Error("a long string was cached")
+	}
+	var nilCache *stringCache
+	if nilCache.get([]byte("a")) != "a" {
+		t.Error("a nil cache")
 	}
 }
 

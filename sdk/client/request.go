@@ -1,10 +1,12 @@
 package client
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"hash"
+	"io"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -58,14 +60,13 @@ func plainQuery(q string) bool {
 }
 
 // requestURL returns the URL of target (a path with an optional query)
-// under the client's base: without parsing when the base and target are
-// plain, else url.Parse of the concatenation. The second result is the
-// request target a v1 signature covers (u.RequestURI()).
-func (c *Client) requestURL(target string) (*url.URL, string, error) {
+// under the client's base: u, filled in without parsing when the base and
+// target are plain, else url.Parse of the concatenation. The second
+// result is the request target a v1 signature covers (u.RequestURI()).
+func (c *Client) requestURL(u *url.URL, target string) (*url.URL, string, error) {
 	if c.baseURL != nil {
 		p, q, hasQ := strings.Cut(target, "?")
 		if strings.HasPrefix(p, "/") && plainPath(p) && (!hasQ || (q != "" && plainQuery(q))) {
-			u := new(url.URL)
 			*u = *c.baseURL
 			u.Path = c.baseURL.Path + p
 			u.RawQuery = q
@@ -82,8 +83,18 @@ func (c *Client) requestURL(target string) (*url.URL, string, error) {
 	return u, u.RequestURI(), nil
 }
 
+// outgoing is the memory of one request that newRequest needs besides
+// the http.Request and its header map, in one allocation: the URL, the
+// header values (one-element slices of one array) and the body's reader.
+type outgoing struct {
+	url  url.URL
+	vals [8]string
+	body bytes.Reader
+}
+
 // headerValues hands out one-element value slices of a header from one
-// backing array, so that setting n headers costs one allocation, not n.
+// backing array, so that setting n headers costs one allocation at most,
+// not n.
 type headerValues struct{ vals []string }
 
 func (hv *headerValues) set(h http.Header, key, v string) {
@@ -93,6 +104,46 @@ func (hv *headerValues) set(h http.Header, key, v string) {
 	hv.vals = append(hv.vals, v)
 	n := len(hv.vals)
 	h[key] = hv.vals[n-1 : n : n]
+}
+
+// fastMethod reports whether NewRequestWithContext takes method as it is
+// (a valid method; "" means GET), so that newRequest may build the
+// request itself.
+func fastMethod(method string) bool {
+	switch method {
+	case "", http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodHead:
+		return true
+	}
+	return false
+}
+
+// answerBufs are the buffers answers are read into when they are decoded
+// and then dropped (decoding copies what it keeps).
+var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// maxPooledAnswer bounds the buffers answerBufs keeps.
+const maxPooledAnswer = 64 << 10
+
+// readAll is io.ReadAll(r) reading into b's array first: the same bytes
+// and the same errors.
+func readAll(r io.Reader, b []byte) ([]byte, error) {
+	if cap(b) == 0 {
+		b = make([]byte, 0, 512) // as io.ReadAll: never a Read of nothing
+	}
+	b = b[:0]
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // let append choose the growth
+		}
+	}
 }
 
 // signer computes v1 signatures under one secret, reusing keyed HMACs
@@ -146,8 +197,8 @@ func (s *signer) signV1(now time.Time, method, target, dispatchID, attempt strin
 	m = append(m, attempt...)
 	m = append(m, '\n')
 	m = append(m, body...)
-	out := make([]byte, 0, 2+20+4+2*sha256.Size)
-	out = append(out, "t="...)
+	var buf [2 + 20 + 4 + 2*sha256.Size]byte // the value, built on the stack
+	out := append(buf[:0], "t="...)
 	out = strconv.AppendInt(out, unix, 10)
 	out = append(out, ",v1="...)
 	out = s.appendMAC(out, m, st)
@@ -158,8 +209,8 @@ func (s *signer) signV1(now time.Time, method, target, dispatchID, attempt strin
 // signBody returns the HeaderSignature value of body (wire.Sign).
 func (s *signer) signBody(body []byte) string {
 	st := s.pool.Get().(*signState)
-	out := make([]byte, 0, len(wire.SignaturePrefix)+2*sha256.Size)
-	out = append(out, wire.SignaturePrefix...)
+	var buf [len(wire.SignaturePrefix) + 2*sha256.Size]byte
+	out := append(buf[:0], wire.SignaturePrefix...)
 	out = s.appendMAC(out, body, st)
 	s.put(st, st.msg)
 	return string(out)

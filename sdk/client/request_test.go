@@ -3,9 +3,15 @@ package client
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/url"
+	"reflect"
+	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/wicket-run/wicket/server/wire"
@@ -20,7 +26,7 @@ var urlTargets = []string{"/v0/executions", "/v0/executions/ex-1/steps", "/v0/ex
 func checkURL(t *testing.T, base, target string) {
 	t.Helper()
 	c := New(base)
-	got, gotTarget, err := c.requestURL(target)
+	got, gotTarget, err := c.requestURL(new(url.URL), target)
 	want, werr := url.Parse(c.base + target)
 	if (err != nil) != (werr != nil) {
 		t.Fatalf("%q + %q: error %v, url.Parse %v", base, target, err, werr)
@@ -120,6 +126,102 @@ func TestNewRequestSignsWhatItSends(t *testing.T) {
 		}
 		if req.Host != req.URL.Host || req.URL.Query().Get("tenant") != "t 1" {
 			t.Fatalf("host %q url %s", req.Host, req.URL)
+		}
+	}
+}
+
+// TestNewRequestAsNewRequestWithContext: the request newRequest builds
+// itself for a plain URL is the one http.NewRequestWithContext makes of
+// the same method, URL and body (the same fields, body and GetBody, the
+// same context), and anything else goes through NewRequestWithContext
+// (its errors included).
+func TestNewRequestAsNewRequestWithContext(t *testing.T) {
+	type ctxKey struct{}
+	ctx := context.WithValue(context.Background(), ctxKey{}, 1)
+	c := New("http://127.0.0.1:8080", WithAPIKey("k"))
+	for _, method := range []string{"", "GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"} {
+		for _, body := range []any{nil, []byte(`{"a":1}`), []byte{}, json.RawMessage(`[]`), map[string]int{"n": 1}} {
+			for _, path := range []string{"/v0/executions/e1/steps", "/v0/x?tenant=t1", "/v0/a%2Fb"} {
+				got, err := c.newRequest(ctx, method, path, nil, body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var raw []byte
+				switch b := body.(type) {
+				case []byte:
+					raw = b
+				case json.RawMessage:
+					raw = b
+				case nil:
+				default:
+					raw, _ = json.Marshal(b)
+				}
+				var rd io.Reader
+				if body != nil {
+					rd = bytes.NewReader(raw)
+				}
+				want, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+				if err != nil {
+					t.Fatal(err)
+				}
+				name := method + " " + path + " " + string(raw)
+				if got.Method != want.Method || got.URL.String() != want.URL.String() || got.Proto != want.Proto ||
+					got.ProtoMajor != want.ProtoMajor || got.ProtoMinor != want.ProtoMinor || got.Host != want.Host ||
+					got.ContentLength != want.ContentLength || got.Context() != want.Context() || got.Close != want.Close ||
+					got.TransferEncoding != nil || got.Trailer != nil || (got.GetBody == nil) != (want.GetBody == nil) ||
+					(got.Body == nil) != (want.Body == nil) || reflect.TypeOf(got.Body) != reflect.TypeOf(want.Body) {
+					t.Fatalf("%s:\n got  %+v\n want %+v", name, got, want)
+				}
+				if got.Body != nil {
+					g, _ := io.ReadAll(got.Body)
+					w, _ := io.ReadAll(want.Body)
+					if !bytes.Equal(g, w) {
+						t.Fatalf("%s: body %q, want %q", name, g, w)
+					}
+				}
+				for i := 0; got.GetBody != nil && i < 2; i++ {
+					gb, _ := got.GetBody()
+					wb, _ := want.GetBody()
+					g, _ := io.ReadAll(gb)
+					w, _ := io.ReadAll(wb)
+					if !bytes.Equal(g, w) || reflect.TypeOf(gb) != reflect.TypeOf(wb) {
+						t.Fatalf("%s: GetBody %q (%T), want %q (%T)", name, g, gb, w, wb)
+					}
+				}
+			}
+		}
+	}
+	if _, err := c.newRequest(ctx, "BAD METHOD", "/v0/x", nil, nil); err == nil || !strings.Contains(err.Error(), "invalid method") {
+		t.Fatalf("a bad method: %v", err)
+	}
+	//lint:ignore SA1012 the nil context is what is tested
+	if _, err := c.newRequest(nil, "GET", "/v0/x", nil, nil); err == nil || !strings.Contains(err.Error(), "nil Context") {
+		t.Fatalf("a nil context: %v", err)
+	}
+}
+
+// TestReadAllAsIOReadAll: readAll gives io.ReadAll's bytes and errors,
+// whatever the buffer it starts from and however the reader splits its
+// data.
+func TestReadAllAsIOReadAll(t *testing.T) {
+	boom := errors.New("boom")
+	for _, n := range []int{0, 1, 511, 512, 1024, 1025, 5000} {
+		data := bytes.Repeat([]byte("0123456789abcdef"), n/16+1)[:n]
+		readers := map[string]func() io.Reader{
+			"plain":    func() io.Reader { return bytes.NewReader(data) },
+			"one byte": func() io.Reader { return iotest.OneByteReader(bytes.NewReader(data)) },
+			"data+EOF": func() io.Reader { return iotest.DataErrReader(bytes.NewReader(data)) },
+			"half":     func() io.Reader { return iotest.HalfReader(bytes.NewReader(data)) },
+			"error":    func() io.Reader { return io.MultiReader(bytes.NewReader(data), iotest.ErrReader(boom)) },
+		}
+		for name, r := range readers {
+			for _, buf := range [][]byte{nil, make([]byte, 0, 1), make([]byte, 7, 1024), make([]byte, 0, 4096)} {
+				want, werr := io.ReadAll(r())
+				got, gerr := readAll(r(), buf)
+				if !bytes.Equal(got, want) || !errors.Is(gerr, werr) || (gerr == nil) != (werr == nil) {
+					t.Fatalf("%s, %d bytes, buffer of %d: got %d bytes, %v; want %d, %v", name, n, cap(buf), len(got), gerr, len(want), werr)
+				}
+			}
 		}
 	}
 }
