@@ -182,9 +182,11 @@ func IsCode(err error, code string) bool {
 // or json.RawMessage (sent as is), or any other value (sent as its JSON);
 // a request with a body is sent as application/json unless header sets
 // Content-Type. header (may be nil) adds or replaces request headers, such
-// as the lease headers of agent mutations. out is nil, a *[]byte or
-// *json.RawMessage (which receive the raw body), or a pointer the 2xx JSON
-// answer is decoded into; an empty answer (204) leaves it untouched.
+// as the lease headers of agent mutations: Do copies its values into the
+// request it sends, so the caller may change or reuse the map once Do
+// returns. out is nil, a *[]byte or *json.RawMessage (which receive the
+// raw body), or a pointer the 2xx JSON answer is decoded into; an empty
+// answer (204) leaves it untouched.
 //
 // # Errors
 //

@@ -225,3 +225,36 @@ func TestReadAllAsIOReadAll(t *testing.T) {
 		}
 	}
 }
+
+// headerTransport answers every request with 204 and keeps the request.
+type headerTransport struct{ got []*http.Request }
+
+func (h *headerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	h.got = append(h.got, req)
+	return &http.Response{StatusCode: http.StatusNoContent, Body: http.NoBody, Header: http.Header{}, Request: req}, nil
+}
+
+// TestDoKeepsNoHeader: the request Do sends holds copies of the header's
+// values, so that a caller may change or reuse its map once Do returns
+// (sdk/agent hands Do pooled maps, and changes them for the next step).
+func TestDoKeepsNoHeader(t *testing.T) {
+	tr := &headerTransport{}
+	for _, base := range []string{"http://127.0.0.1:8080", "http://h/a%20b"} { // a plain base, and one parsed
+		c := New(base, WithAgent("a1", []byte("secret")), WithHTTPClient(&http.Client{Transport: tr}))
+		h := http.Header{wire.HeaderDispatchID: {"d-1"}, wire.HeaderDispatchAttempt: {"1"}, wire.HeaderStepID: {"s-1"}, "X-Two": {"a", "b"}}
+		if err := c.Do(context.Background(), http.MethodPost, "/v0/executions/e1/steps", h, []byte(`{}`), nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, vs := range h {
+			vs[0] = "changed"
+		}
+		h[wire.HeaderStepID] = []string{"s-2"}
+		req := tr.got[len(tr.got)-1]
+		for k, want := range map[string][]string{wire.HeaderDispatchID: {"d-1"}, wire.HeaderDispatchAttempt: {"1"},
+			wire.HeaderStepID: {"s-1"}, "X-Two": {"a", "b"}} {
+			if got := req.Header[k]; !reflect.DeepEqual(got, want) {
+				t.Errorf("%s: the request's %s is %q after the caller changed its map, want %q", base, k, got, want)
+			}
+		}
+	}
+}
