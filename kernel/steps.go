@@ -191,6 +191,9 @@ func (sub *submission) newStep(e *Execution, id string, occurrence int, now time
 
 // preread is what SubmitStep saw before deciding.
 type preread struct {
+	// exec is the execution as read, without its input when the store
+	// offers ExecutionHead (checkCallHead): it is compared against, never
+	// written back (writeStep reads the execution again).
 	exec   *Execution
 	occ    int
 	stepID string

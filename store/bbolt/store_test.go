@@ -698,15 +698,15 @@ func TestAgentCacheFollowsTheRecord(t *testing.T) {
 	}
 }
 
-// TestAgentCacheCopiesShareNothing: the cache hands out shallow copies,
-// which is a fresh record only while kernel.Agent holds strings and times
-// (readTx.Agent).
+// TestAgentCacheCopiesShareNothing: readTx.Agent hands out shallow copies
+// of the cached record (recordCache.get), which is a fresh record only
+// while kernel.Agent holds strings and times.
 func TestAgentCacheCopiesShareNothing(t *testing.T) {
 	typ := reflect.TypeFor[kernel.Agent]()
 	for i := range typ.NumField() {
 		f := typ.Field(i)
 		if f.Type.Kind() != reflect.String && f.Type != reflect.TypeFor[time.Time]() {
-			t.Errorf("kernel.Agent.%s is a %s: agentCache.get must copy it deeply (see readTx.Agent)", f.Name, f.Type)
+			t.Errorf("kernel.Agent.%s is a %s: readTx.Agent must copy it deeply (recordCache.get copies shallowly)", f.Name, f.Type)
 		}
 	}
 }

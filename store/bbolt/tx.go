@@ -575,6 +575,8 @@ type recordCache[T any] struct {
 	m  map[string]cachedRecord[T] // by key
 }
 
+// cachedRecord is a decoded record and a copy of the stored bytes it was
+// decoded from (recordCache.get hands v out only while they are the same).
 type cachedRecord[T any] struct {
 	raw []byte
 	v   T
