@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"math"
 	"net/http"
@@ -150,6 +151,40 @@ func TestAnswerContentLength(t *testing.T) {
 				t.Errorf("%d-byte answer over %s: Content-Length %d, Transfer-Encoding %v, Content-Type %q, body %d bytes",
 					len(want), resp.Proto, resp.ContentLength, resp.TransferEncoding, resp.Header.Get("Content-Type"), len(body))
 			}
+		}
+	}
+}
+
+// keepingWriter is a ResponseWriter whose Write fails and keeps the bytes
+// it was given, as net/http's HTTP/2 server may when the client resets the
+// stream while an answer is being written.
+type keepingWriter struct {
+	h    http.Header
+	kept []byte
+}
+
+func (w *keepingWriter) Header() http.Header { return w.h }
+func (w *keepingWriter) WriteHeader(int)     {}
+func (w *keepingWriter) Write(b []byte) (int, error) {
+	w.kept = b
+	return 0, errors.New("stream reset")
+}
+
+// TestAnswerBufferKeptAfterFailedWrite: a buffer whose Write failed is
+// not handed to the next answer, whose bytes would otherwise be written
+// into what the failed Write may still be sending.
+func TestAnswerBufferKeptAfterFailedWrite(t *testing.T) {
+	s := &Server{}
+	kw := &keepingWriter{h: http.Header{}}
+	s.writeJSON(kw, http.StatusOK, wire.StepDecision{Decision: wire.DecisionProceed, StepID: strings.Repeat("a", 64)})
+	want := string(kw.kept)
+	if !strings.Contains(want, strings.Repeat("a", 64)) {
+		t.Fatalf("the failed Write was given %q", want)
+	}
+	for i := range 20 {
+		s.writeJSON(httptest.NewRecorder(), http.StatusOK, wire.StepDecision{Decision: wire.DecisionDenied, StepID: strings.Repeat(string(rune('b'+i%20)), 64), Reason: "no"})
+		if got := string(kw.kept); got != want {
+			t.Fatalf("after %d more answers the failed Write's bytes are %q, were %q", i+1, got, want)
 		}
 	}
 }

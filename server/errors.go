@@ -73,8 +73,9 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 // (appendAnswer) are encoded by hand, everything else by encoding/json.
 func (s *Server) writeJSON(w http.ResponseWriter, st int, v any) {
 	buf := answerBufs.Get().(*[]byte)
+	pool := true
 	defer func() {
-		if cap(*buf) <= maxPooledAnswer {
+		if pool && cap(*buf) <= maxPooledAnswer {
 			answerBufs.Put(buf)
 		}
 	}()
@@ -97,7 +98,13 @@ func (s *Server) writeJSON(w http.ResponseWriter, st int, v any) {
 		h["Content-Length"] = []string{strconv.Itoa(len(b))}
 	}
 	w.WriteHeader(st)
-	_, _ = w.Write(b)
+	if _, err := w.Write(b); err != nil && ok {
+		// A Write that failed may not be done with b: net/http's HTTP/2
+		// server returns as soon as the client resets the stream, while
+		// its frame writer may still hold the bytes. The buffer is left
+		// to the garbage collector rather than handed to another answer.
+		pool = false
+	}
 }
 
 // autoContentLength is the largest answer writeJSON leaves net/http to
@@ -113,7 +120,8 @@ const autoContentLength = 2048
 
 // answerBufs holds buffers for hand-encoded answers: net/http copies an
 // answer into the connection's buffer, so the bytes are free again once
-// Write returns.
+// Write returns without an error (writeJSON keeps a buffer whose Write
+// failed out of the pool).
 var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
 // maxPooledAnswer is the largest buffer answerBufs keeps.
