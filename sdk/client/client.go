@@ -237,14 +237,13 @@ func (c *Client) do(ctx context.Context, method, path string, header http.Header
 	// The answer is decoded, and decoding copies what it keeps (as
 	// json.Unmarshaler implementations must): read it into a pooled
 	// buffer.
-	bp := answerBufs.Get().(*[]byte)
-	data, err := readAll(resp.Body, *bp)
+	buf := answerBufs.Get().(*bytes.Buffer)
 	defer func() {
-		if cap(data) <= maxPooledAnswer {
-			*bp = data[:0]
-			answerBufs.Put(bp)
+		if buf.Cap() <= maxPooledAnswer {
+			answerBufs.Put(buf)
 		}
 	}()
+	data, err := readAll(resp.Body, buf)
 	if err != nil {
 		return fmt.Errorf("read answer: %w", err)
 	}

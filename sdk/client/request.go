@@ -119,31 +119,17 @@ func fastMethod(method string) bool {
 
 // answerBufs are the buffers answers are read into when they are decoded
 // and then dropped (decoding copies what it keeps).
-var answerBufs = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+var answerBufs = sync.Pool{New: func() any { return bytes.NewBuffer(make([]byte, 0, 1024)) }}
 
 // maxPooledAnswer bounds the buffers answerBufs keeps.
 const maxPooledAnswer = 64 << 10
 
-// readAll is io.ReadAll(r) reading into b's array first: the same bytes
-// and the same errors.
-func readAll(r io.Reader, b []byte) ([]byte, error) {
-	if cap(b) == 0 {
-		b = make([]byte, 0, 512) // as io.ReadAll: never a Read of nothing
-	}
-	b = b[:0]
-	for {
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err != nil {
-			if err == io.EOF {
-				err = nil
-			}
-			return b, err
-		}
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)] // let append choose the growth
-		}
-	}
+// readAll is io.ReadAll(r) into buf, emptied first: the same bytes and the
+// same errors. The bytes are buf's, valid until buf is used again.
+func readAll(r io.Reader, buf *bytes.Buffer) ([]byte, error) {
+	buf.Reset()
+	_, err := buf.ReadFrom(r)
+	return buf.Bytes(), err
 }
 
 // signer computes v1 signatures under one secret, reusing keyed HMACs

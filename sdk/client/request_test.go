@@ -215,11 +215,12 @@ func TestReadAllAsIOReadAll(t *testing.T) {
 			"error":    func() io.Reader { return io.MultiReader(bytes.NewReader(data), iotest.ErrReader(boom)) },
 		}
 		for name, r := range readers {
-			for _, buf := range [][]byte{nil, make([]byte, 0, 1), make([]byte, 7, 1024), make([]byte, 0, 4096)} {
+			for _, buf := range []*bytes.Buffer{new(bytes.Buffer), bytes.NewBuffer(make([]byte, 0, 1)), bytes.NewBufferString("left over"), bytes.NewBuffer(make([]byte, 0, 4096))} {
+				cp := buf.Cap()
 				want, werr := io.ReadAll(r())
 				got, gerr := readAll(r(), buf)
 				if !bytes.Equal(got, want) || !errors.Is(gerr, werr) || (gerr == nil) != (werr == nil) {
-					t.Fatalf("%s, %d bytes, buffer of %d: got %d bytes, %v; want %d, %v", name, n, cap(buf), len(got), gerr, len(want), werr)
+					t.Fatalf("%s, %d bytes, buffer of %d: got %d bytes, %v; want %d, %v", name, n, cp, len(got), gerr, len(want), werr)
 				}
 			}
 		}
