@@ -47,6 +47,7 @@ type benchOptions struct {
 	loadProfile    string
 	reportJSON     bool
 	maxBatch       int
+	commitInterval time.Duration
 	gatherWindow   time.Duration
 	noFreelistSync bool
 	noWAL          bool
@@ -81,6 +82,7 @@ func benchSetup(fs *flag.FlagSet, _ *clientOpts) runFunc {
 	fs.BoolVar(&o.reportJSON, "report-json", false, "with --url: print machine-readable progress lines (used by bench itself)")
 	fs.IntVar(&o.maxBatch, "max-batch", 0, "store: Update functions per commit at most (0: the default)")
 	fs.DurationVar(&o.gatherWindow, "gather-window", 0, "store: group-commit gather window (0: the default; negative: off)")
+	fs.DurationVar(&o.commitInterval, "commit-interval", 0, "store: how long the writer keeps one transaction open across batches before committing it to the file (0: the default; negative: one per batch)")
 	fs.BoolVar(&o.noFreelistSync, "no-freelist-sync", false, "store: leave the free-page list out of commits")
 	fs.DurationVar(&o.ckptInterval, "checkpoint-interval", 0, "store: how often the write-ahead log's checkpoints sync the file (0: the default)")
 	fs.BoolVar(&o.noWAL, "no-wal", false, "store: commit with bbolt's own fsyncs instead of its write-ahead log (as serve --no-wal)")
@@ -273,7 +275,7 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 	}
 	dbPath := filepath.Join(o.dir, "wicket.db")
 	reg := metrics.New()
-	st, err := bbolt.Open(dbPath, bbolt.Options{NoSync: noSync, MaxBatch: o.maxBatch, GatherWindow: o.gatherWindow,
+	st, err := bbolt.Open(dbPath, bbolt.Options{NoSync: noSync, MaxBatch: o.maxBatch, GatherWindow: o.gatherWindow, CommitInterval: o.commitInterval,
 		NoFreelistSync: o.noFreelistSync, WAL: !o.noWAL, CheckpointInterval: o.ckptInterval, OnCommit: reg.Commit})
 	if err != nil {
 		return err

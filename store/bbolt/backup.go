@@ -26,6 +26,9 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
 	if s.closed() {
 		return 0, errClosed("backup")
 	}
+	if err := s.flush(); err != nil {
+		return 0, err
+	}
 	var n int64
 	err := s.db.View(func(tx *bolt.Tx) error {
 		var err error

@@ -45,6 +45,9 @@ func (c *checker) addf(format string, args ...any) {
 // It reads the whole file: it is meant for tests and offline checks.
 func (s *Store) Check() error {
 	c := &checker{}
+	if err := s.flush(); err != nil {
+		return err
+	}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		for err := range tx.Check() {
 			c.addf("bbolt: %w", err)

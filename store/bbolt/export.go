@@ -21,6 +21,9 @@ func (s *Store) Export(ctx context.Context, fn func(storecopy.Record) error) err
 	if s.closed() {
 		return errClosed("export")
 	}
+	if err := s.flush(); err != nil {
+		return err
+	}
 	err := s.db.View(func(tx *bolt.Tx) error {
 		emit := func(r storecopy.Record) error {
 			if err := ctx.Err(); err != nil {

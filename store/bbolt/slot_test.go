@@ -224,6 +224,9 @@ func TestPurgeLeavesNothingOfTheStepLayout(t *testing.T) {
 			break
 		}
 	}
+	if err := s.flush(); err != nil {
+		t.Fatal(err)
+	}
 	err = s.db.View(func(tx *bolt.Tx) error {
 		pfx := prefix("t", id)
 		for _, b := range [][]byte{bEvents, bSteps} {

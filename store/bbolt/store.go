@@ -78,6 +78,12 @@ type Options struct {
 	// CheckpointInterval is how often, at most, a store with a WAL syncs
 	// its file and trims the log (zero: DefaultCheckpointInterval).
 	CheckpointInterval time.Duration
+	// CommitInterval, with a WAL, is how long the writer keeps one bbolt
+	// transaction open across batches before committing it to the file
+	// (zero: DefaultCommitInterval; negative: one commit per batch, as
+	// without a WAL). Each batch is durable once its log record is
+	// synced; the file's commit only makes the log shorter to replay.
+	CommitInterval time.Duration
 	// ReadOnly opens an existing file for reading only, under a shared lock
 	// (a running kernel's exclusive lock excludes it): Update fails, nothing
 	// is migrated, and a file of another schema version is refused. For
@@ -100,6 +106,10 @@ type Options struct {
 // is switched off for the next 16 commits.
 const DefaultGatherWindow = 2 * time.Millisecond
 
+// DefaultCommitInterval is how long, by default, the writer keeps a bbolt
+// transaction open across batches (Options.CommitInterval).
+const DefaultCommitInterval = 20 * time.Millisecond
+
 func (o Options) withDefaults() Options {
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
@@ -109,6 +119,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.GatherWindow == 0 {
 		o.GatherWindow = DefaultGatherWindow
+	}
+	if o.CommitInterval == 0 {
+		o.CommitInterval = DefaultCommitInterval
 	}
 	if o.CheckpointInterval <= 0 {
 		o.CheckpointInterval = DefaultCheckpointInterval
@@ -164,6 +177,22 @@ type Store struct {
 	// failure, once set, is returned by every Update: the log or the file
 	// failed a write, and only a restart knows what is on disk.
 	failure atomic.Pointer[error]
+
+	// The writer's open transaction (with a log, see tryOpen): batches
+	// answered and in the log, not yet committed to the file. mu guards
+	// open for View; the writer holds it while it runs and syncs a batch.
+	mu          sync.RWMutex
+	open        *bolt.Tx
+	openAt      time.Time
+	openFor     time.Duration // how long a transaction stays open (0: one per batch)
+	pending     [][]byte      // the record payloads of the batches in open
+	pendingSize int           // their bytes
+	noSync      bool          // Options.NoSync: open transactions without a log
+	rec         walBatch      // the writes of a batch, without a log
+	// lost is set when the store failed with batches answered and no
+	// longer readable: View then fails too.
+	lost        atomic.Bool
+	fileCommits atomic.Uint64 // commits of the file (open transactions committed)
 }
 
 var _ kernel.Store = (*Store)(nil)
@@ -256,6 +285,8 @@ func Open(path string, opts Options) (*Store, error) {
 		maxBatch: opts.MaxBatch,
 		gather:   opts.GatherWindow,
 		onCommit: opts.OnCommit,
+		openFor:  max(opts.CommitInterval, 0),
+		noSync:   opts.NoSync,
 		reqs:     make(chan *request),
 		ckptReq:  make(chan ckptRequest),
 		closing:  make(chan struct{}),
@@ -321,6 +352,16 @@ func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error
 	}
 	if s.closed() {
 		return errClosed("view")
+	}
+	s.mu.RLock()
+	if s.open != nil {
+		// Batches the writer answered are in its open transaction.
+		defer s.mu.RUnlock()
+		return fn(&readTx{tx: s.open, agents: &s.agents, tenants: &s.tenants})
+	}
+	s.mu.RUnlock()
+	if s.lost.Load() {
+		return *s.failure.Load()
 	}
 	err := s.db.View(func(btx *bolt.Tx) error { return fn(&readTx{tx: btx, agents: &s.agents, tenants: &s.tenants}) })
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {

@@ -446,6 +446,10 @@ func TestStatsTimeTheWriter(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// The writer's open transaction is committed to the file.
+			if err := s.flush(); err != nil {
+				t.Fatal(err)
+			}
 			st := s.Stats()
 			fn, lg, fl := st.Functions-before.Functions, st.Log-before.Log, st.File-before.File
 			if fn < inside || fl <= 0 || (lg > 0) != c.opts.WAL {

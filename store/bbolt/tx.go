@@ -32,6 +32,9 @@ type readTx struct {
 	// memo holds, in a write transaction, the last lookups of the hot
 	// buckets that are read again (see lookup); nil until the first.
 	memo *lookupMemo
+	// write is set in a write transaction's own readTx: a View reading
+	// the writer's open transaction (see Store.View) keeps no memo.
+	write bool
 }
 
 // The buckets of the step path, whose point lookups go through lookup.
@@ -84,7 +87,7 @@ func (r *readTx) lookup(i int, k []byte) []byte {
 		return v
 	}
 	m := r.memo
-	if m == nil && r.tx.Writable() {
+	if m == nil && r.write {
 		m = new(lookupMemo)
 		r.memo = m
 	}

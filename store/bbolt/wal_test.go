@@ -41,6 +41,28 @@ func dump(t testing.TB, db *bolt.DB) []string {
 	return out
 }
 
+// dumpStore is dump of what s's readers see: the writer's open
+// transaction (see Store.tryOpen) when there is one, without committing it.
+func dumpStore(t testing.TB, s *Store) []string {
+	t.Helper()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.open == nil {
+		return dump(t, s.db)
+	}
+	var out []string
+	err := s.open.ForEach(func(name []byte, b *bolt.Bucket) error {
+		return b.ForEach(func(k, v []byte) error {
+			out = append(out, fmt.Sprintf("%s %x %x", name, k, v))
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 // crashCopy copies s's file and log, as a crash at this instant would
 // leave them (with every write in the page cache), into a new directory,
 // letting image change the file first. s must be idle: no Update running
@@ -96,7 +118,7 @@ func recovered(t testing.TB, path string) []string {
 	if _, err := os.Stat(WALDir(path)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("log left after recovery without one: %v", err)
 	}
-	return dump(t, s.db)
+	return dumpStore(t, s)
 }
 
 func sameDump(t testing.TB, got, want []string) {
@@ -126,7 +148,7 @@ func TestWALReplayMatchesConformance(t *testing.T) {
 			if s.closed() || s.failure.Load() != nil {
 				return
 			}
-			want := dump(t, s.db)
+			want := dumpStore(t, s)
 			sameDump(t, recovered(t, crashCopy(t, s, nil)), want)
 		})
 		return s
@@ -245,7 +267,7 @@ func TestWALSurvivesLostWrites(t *testing.T) {
 			break
 		}
 	}
-	want := dump(t, s.db)
+	want := dumpStore(t, s)
 	mu.Lock()
 	defer mu.Unlock()
 	ps := s.db.Info().PageSize
@@ -321,7 +343,7 @@ func TestWALCleanClose(t *testing.T) {
 		t.Fatal("an open beside a running kernel changed the file")
 	}
 	walWorkload(t, s, 0, 3)
-	want := dump(t, s.db)
+	want := dumpStore(t, s)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -466,7 +488,7 @@ func TestWALBatchRetry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	want := dump(t, s.db)
+	want := dumpStore(t, s)
 	got := recovered(t, crashCopy(t, s, nil))
 	sameDump(t, got, want)
 	for _, r := range got {
@@ -483,14 +505,28 @@ func TestWALDropsPastReserve(t *testing.T) {
 	opts := walOptions
 	opts.walMmap = 1 << 20
 	s := openStore(t, opts, true)
-	walWorkload(t, s, 0, 30)
+	// Executions are written, and the writer's open transaction committed
+	// to the file, until the file passes the reserve.
+	n := 0
+	for ; n < 400; n += 10 {
+		walWorkload(t, s, n, 10)
+		if err := s.flush(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(WALDir(s.path)); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+	}
 	if _, err := os.Stat(WALDir(s.path)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("log still there past the reserve: %v", err)
+		t.Fatalf("log still there past the reserve, after %d executions: %v", n, err)
+	}
+	if size := s.Stats().Size; size <= int64(opts.walMmap/2) {
+		t.Fatalf("the log went with the file at %d bytes, under the reserve's half", size)
 	}
 	if s.db.NoSync {
 		t.Fatal("bbolt's fsync still off without a log")
 	}
-	walWorkload(t, s, 30, 2)
+	walWorkload(t, s, n+10, 2)
 }
 
 // crashCopyFile copies a closed store's file with an empty log beside it,

@@ -46,7 +46,7 @@ func TestWALCrashWhileRemovingTheLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	walWorkload(t, s, 4, 4) // after the checkpoint: in the log alone
-	want := dump(t, s.db)
+	want := dumpStore(t, s)
 	segs, err := segments(WALDir(s.path))
 	if err != nil || len(segs) == 0 {
 		t.Fatalf("segments %v %v", segs, err)
@@ -90,7 +90,7 @@ func TestWALCrashWhileRemovingTheLog(t *testing.T) {
 			if err := r.waitCheckpoint(); err != nil {
 				t.Fatal(err)
 			}
-			want := dump(t, r.db)
+			want := dumpStore(t, r)
 			if closeFiles < 0 {
 				segs, err := segments(WALDir(r.path))
 				if err != nil || len(segs) == 0 {
@@ -127,7 +127,7 @@ func TestWALCrashDuringCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	walWorkload(t, s, 6, 1)
-	want := dump(t, s.db)
+	want := dumpStore(t, s)
 	path := crashCopy(t, s, nil)
 	walRemove = os.Remove
 	cp, err := readCheckpoint(WALDir(path))
@@ -217,7 +217,7 @@ func TestWALCrashDuringRecovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	walWorkload(t, s, 3, 3)
-	want := dump(t, s.db)
+	want := dumpStore(t, s)
 	crashed := crashCopy(t, s, nil)
 	cp, err := readCheckpoint(WALDir(crashed))
 	if err != nil {
@@ -372,7 +372,7 @@ func TestWALSegmentTail(t *testing.T) {
 func TestWALCrashMakingASegment(t *testing.T) {
 	s := openStore(t, walOptions, false)
 	walWorkload(t, s, 0, 2)
-	want := dump(t, s.db)
+	want := dumpStore(t, s)
 	for _, named := range []bool{false, true} {
 		t.Run(fmt.Sprint("renamed ", named), func(t *testing.T) {
 			path := crashCopy(t, s, nil)

@@ -64,7 +64,7 @@ func TestWALOpenWhileTheKernelDies(t *testing.T) {
 				t.Fatal(err)
 			}
 			walWorkload(t, old, 2, 2) // in the log alone
-			want := dump(t, old.db)
+			want := dumpStore(t, old)
 			before := openedForWriting(t, path)
 
 			type result struct {
@@ -97,12 +97,12 @@ func TestWALOpenWhileTheKernelDies(t *testing.T) {
 			if r.err != nil {
 				t.Fatalf("Open after the kernel holding the file died: %v", r.err)
 			}
-			sameDump(t, dump(t, r.s.db), want)
+			sameDump(t, dumpStore(t, r.s), want)
 			err = r.s.Update(context.Background(), func(tx kernel.Tx) error { return tx.PutCounter("t", "after", []byte("v")) })
 			if err != nil {
 				t.Fatal(err)
 			}
-			want = dump(t, r.s.db)
+			want = dumpStore(t, r.s)
 			if err := r.s.Close(); err != nil {
 				t.Fatal(err)
 			}

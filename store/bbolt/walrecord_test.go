@@ -69,7 +69,7 @@ func TestWALRecordTooLarge(t *testing.T) {
 	if err := put("after", 10); err != nil {
 		t.Fatalf("the store after a refused Update: %v", err)
 	}
-	want := dump(t, s.db)
+	want := dumpStore(t, s)
 	sameDump(t, recovered(t, crashCopy(t, s, nil)), want)
 	for _, r := range want {
 		if strings.HasPrefix(r, "counters ") && strings.Contains(r, fmt.Sprintf("%x", "t\x00huge")) {

@@ -164,20 +164,8 @@ func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 				return err
 			}
 		}
-		err := decodeOps(payload, func(o walOp) error {
-			b := btx.Bucket(o.bucket)
-			if b == nil {
-				return fmt.Errorf("no bucket %q", o.bucket)
-			}
-			if bytes.Equal(o.bucket, bEvents) {
-				b.FillPercent = eventsFill
-			}
-			ops++
-			if o.op == walOpPut {
-				return b.Put(o.key, o.value)
-			}
-			return b.Delete(o.key)
-		})
+		n, err := applyOps(btx, payload)
+		ops += n
 		if err != nil {
 			return fmt.Errorf("wal: replay record %d: %w", lsn, err)
 		}
@@ -202,6 +190,27 @@ func replayWAL(db *bolt.DB, path string, cp *checkpoint) (uint64, error) {
 		return 0, err
 	}
 	return last, nil
+}
+
+// applyOps applies the operations of a record's payload to btx and
+// returns how many there were.
+func applyOps(btx *bolt.Tx, payload []byte) (int, error) {
+	n := 0
+	err := decodeOps(payload, func(o walOp) error {
+		b := btx.Bucket(o.bucket)
+		if b == nil {
+			return fmt.Errorf("no bucket %q", o.bucket)
+		}
+		if bytes.Equal(o.bucket, bEvents) {
+			b.FillPercent = eventsFill
+		}
+		n++
+		if o.op == walOpPut {
+			return b.Put(o.key, o.value)
+		}
+		return b.Delete(o.key)
+	})
+	return n, err
 }
 
 // startWAL starts a log for s after the records up to lsn: the file is
@@ -392,14 +401,24 @@ func (s *Store) stopWAL() error {
 // is durable. For tests.
 func (s *Store) forceCheckpoint() error { return s.askWriter(ckptRequest{take: true}) }
 
+// flush has the writer commit its open transaction to the file, for
+// readers of the file's own transactions (backup, export, check).
+func (s *Store) flush() error {
+	if s.openFor <= 0 || s.readOnly || s.wal == nil && !s.noSync {
+		return nil
+	}
+	return s.askWriter(ckptRequest{commit: true})
+}
+
 // waitCheckpoint returns once no checkpoint is in flight. For tests.
 func (s *Store) waitCheckpoint() error { return s.askWriter(ckptRequest{}) }
 
 // ckptRequest is a test's request to the writer: wait for the checkpoint
 // in flight, and take one when take is set.
 type ckptRequest struct {
-	take bool
-	done chan error
+	take   bool
+	commit bool // only commit the open transaction (see flush)
+	done   chan error
 }
 
 func (s *Store) askWriter(r ckptRequest) error {

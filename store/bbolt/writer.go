@@ -1,6 +1,7 @@
 package bbolt
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/wicket-run/wicket/kernel"
+	bolt "go.etcd.io/bbolt"
 )
 
 // errRecordTooLarge is the error of an Update whose writes exceed the
@@ -38,9 +40,31 @@ func (e *PanicError) Error() string {
 func (s *Store) run() {
 	defer close(s.stopped)
 	batch := make([]*request, 0, s.maxBatch)
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
 	for {
+		// An open transaction is committed once it is openFor old, by
+		// the next batch or, when none comes, by idle.
+		var idleC <-chan time.Time
+		if s.open != nil {
+			idle.Reset(s.openFor - time.Since(s.openAt))
+			idleC = idle.C
+		}
 		select {
+		case <-idleC:
+			s.mu.Lock()
+			_ = s.commitOpen()
+			s.mu.Unlock()
 		case r := <-s.ckptReq:
+			if r.take || r.commit {
+				s.mu.Lock()
+				err := s.commitOpen()
+				s.mu.Unlock()
+				if err != nil || r.commit {
+					r.done <- err
+					continue
+				}
+			}
 			r.done <- s.checkpointNow(r.take)
 		case r := <-s.reqs:
 			batch = s.gatherMore(s.collect(append(batch[:0], r)))
@@ -55,10 +79,17 @@ func (s *Store) run() {
 				case r := <-s.reqs:
 					s.commit(s.collect(append(batch[:0], r)))
 				default:
+					s.mu.Lock()
+					if s.commitOpen() != nil && s.open != nil {
+						_ = s.open.Rollback() // failed: the log has it
+						s.open = nil
+					}
+					s.mu.Unlock()
 					return
 				}
 			}
 		}
+		idle.Stop()
 	}
 }
 
@@ -163,10 +194,175 @@ func (s *Store) commit(batch []*request) {
 	}
 }
 
+// tryOpen is try with a write-ahead log: the functions of batch run in
+// the writer's open bbolt transaction (begun if there is none), their
+// record is appended and synced, and the transaction is committed to the
+// file only once it is older than openFor. Until then the batch is
+// durable (its record is in the log) and visible to View, which reads the
+// open transaction under s.mu; s.mu is held from the first function to
+// the end of the sync, so that nothing is visible before it is durable.
+// A function that fails rolls the open transaction back, and the records
+// of the batches before it in the same transaction are applied again to
+// a fresh one (s.pending).
+func (s *Store) tryOpen(batch []*request) (failed int, fnErr, err error) {
+	begin := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open == nil {
+		btx, err := s.begin()
+		if err != nil {
+			return -1, nil, fmt.Errorf("bbolt: update %s: begin: %w", s.path, err)
+		}
+		s.open, s.openAt = btx, begin
+	}
+	rec := &s.rec
+	if s.wal != nil {
+		rec = &s.wal.batch
+	}
+	rec.reset()
+	tx := &writeTx{readTx: readTx{tx: s.open, write: true}, log: rec}
+	for i, r := range batch {
+		if err := call(r.fn, tx); err != nil {
+			if rerr := s.reopen(); rerr != nil {
+				s.fail(rerr)
+				return -1, nil, fmt.Errorf("bbolt: update %s: %w", s.path, rerr)
+			}
+			return i, err, nil
+		}
+	}
+	t0 := time.Now()
+	s.fnTime.Add(int64(t0.Sub(begin)))
+	if len(rec.buf)-walHeaderSize > walMaxRecord {
+		if rerr := s.reopen(); rerr != nil {
+			s.fail(rerr)
+			return -1, nil, fmt.Errorf("bbolt: update %s: %w", s.path, rerr)
+		}
+		return -1, nil, fmt.Errorf("bbolt: update %s: %d bytes of writes: %w", s.path, len(rec.buf)-walHeaderSize, errRecordTooLarge)
+	}
+	if w := s.wal; w != nil && rec.ops > 0 {
+		if err := w.log.append(rec); err != nil {
+			// The batches answered before stay readable; this one goes.
+			s.fail(err)
+			if rerr := s.reopen(); rerr != nil {
+				s.lost.Store(true)
+			}
+			return -1, nil, fmt.Errorf("bbolt: update %s: %w", s.path, err)
+		}
+	}
+	if rec.ops > 0 {
+		s.pending = append(s.pending, bytes.Clone(rec.buf[walHeaderSize:]))
+		s.pendingSize += len(rec.buf)
+	}
+	t1 := time.Now()
+	s.logTime.Add(int64(t1.Sub(t0)))
+	if t1.Sub(s.openAt) >= s.openFor || s.pendingSize >= openMaxBytes {
+		if err := s.commitOpen(); err != nil {
+			return -1, nil, nil // the batch is durable: its callers are answered
+		}
+	}
+	took := time.Since(t0)
+	s.lastCommit = took
+	if s.onCommit != nil {
+		s.onCommit(took, len(batch))
+	}
+	return -1, nil, nil
+}
+
+// openMaxBytes bounds the records an open transaction holds: past it, the
+// transaction is committed, so that one commit grows the file by a
+// bounded amount (the log's mapping reserve, walMmapReserve, is checked
+// after each commit).
+const openMaxBytes = 4 << 20
+
+// reopen rolls the open transaction back and applies the records of the
+// batches already answered to a fresh one. The writer's, under s.mu.
+func (s *Store) reopen() error {
+	if s.open != nil {
+		_ = s.open.Rollback()
+		s.open = nil
+	}
+	btx, err := s.begin()
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	for _, p := range s.pending {
+		if _, err := applyOps(btx, p); err != nil {
+			_ = btx.Rollback()
+			return fmt.Errorf("apply the open transaction's records again: %w", err)
+		}
+	}
+	s.open = btx
+	return nil
+}
+
+// commitOpen commits the open transaction, if any, to the file (without
+// fsync: the checkpoints sync it), and takes a checkpoint when one is due.
+// The writer's, under s.mu. A failed commit fails the store: its batches
+// are in the log, for the next Open, and no longer readable meanwhile.
+func (s *Store) commitOpen() error {
+	if s.open == nil {
+		return nil
+	}
+	if s.failure.Load() != nil {
+		// A failed store commits nothing more; its open transaction
+		// stays readable until Close.
+		return *s.failure.Load()
+	}
+	t := time.Now()
+	err := s.open.Commit()
+	s.open = nil
+	s.fileTime.Add(int64(time.Since(t)))
+	if err != nil {
+		err = fmt.Errorf("bbolt: commit %s: %w", s.path, err)
+		s.fail(err)
+		// The batches answered are in the log; readers get them back
+		// from the records kept.
+		if rerr := s.reopen(); rerr != nil {
+			s.lost.Store(true)
+		}
+		return err
+	}
+	clear(s.pending)
+	s.pending, s.pendingSize = s.pending[:0], 0
+	s.fileCommits.Add(1)
+	if s.wal == nil {
+		return nil
+	}
+	var size int64
+	if err := s.db.View(func(tx *bolt.Tx) error { size = tx.Size(); return nil }); err != nil {
+		s.fail(err)
+		return err
+	}
+	if err := s.afterCommit(size); err != nil {
+		s.fail(err)
+		return err
+	}
+	return nil
+}
+
+// begin begins the writer's open transaction. Every bucket is opened in
+// it first: bbolt caches the buckets a write transaction opens, and with
+// all of them cached, Views reading it together (under s.mu's read lock)
+// only read the cache.
+func (s *Store) begin() (*bolt.Tx, error) {
+	btx, err := s.db.Begin(true)
+	if err != nil {
+		return nil, err
+	}
+	if err := btx.ForEach(func([]byte, *bolt.Bucket) error { return nil }); err != nil {
+		_ = btx.Rollback()
+		return nil, err
+	}
+	return btx, nil
+}
+
 // try runs the functions of batch in order in one transaction and commits
 // it. It returns the index and error of the first function that failed (the
 // transaction is then rolled back), or -1 and the commit's error.
 func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
+	if s.openFor > 0 && (s.wal != nil || s.noSync) {
+		return s.tryOpen(batch)
+	}
 	begin := time.Now()
 	btx, err := s.db.Begin(true)
 	if err != nil {
