@@ -324,6 +324,11 @@ func benchKernel(ctx context.Context, o benchOptions, stdout io.Writer) error {
 		float64(s1.Updates-s0.Updates)/float64(commits),
 		float64(s1.DB.TxStats.GetWrite()-s0.DB.TxStats.GetWrite())/float64(commits),
 		(res.Elapsed / time.Duration(commits)).Round(time.Microsecond))
+	if fc := s1.FileCommits - s0.FileCommits; fc > 0 {
+		fmt.Fprintf(stdout, "file commits:    %d of the writer's open transaction, one per %s, %.1f page writes each\n",
+			fc, (res.Elapsed / time.Duration(fc)).Round(time.Microsecond),
+			float64(s1.DB.TxStats.GetWrite()-s0.DB.TxStats.GetWrite())/float64(fc))
+	}
 	fn, lg, fl := s1.Functions-s0.Functions, s1.Log-s0.Log, s1.File-s0.File
 	per := func(d time.Duration) time.Duration { return (d / time.Duration(commits)).Round(time.Microsecond) }
 	fmt.Fprintf(stdout, "store writer:    %.0f%% busy; per commit %s in Update functions, %s appending and syncing the log, %s in bbolt's commit\n",

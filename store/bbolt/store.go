@@ -412,8 +412,13 @@ func (s *Store) Update(ctx context.Context, fn func(tx kernel.Tx) error) error {
 
 // Stats are counters of a Store's activity.
 type Stats struct {
-	// Commits counts write transactions committed by the writer.
+	// Commits counts batches committed by the writer: each a write
+	// transaction of its own, or, with the writer's open transaction
+	// (Options.CommitInterval), a log record in it.
 	Commits uint64
+	// FileCommits counts the open transactions committed to the file
+	// (zero when every batch is a transaction of its own).
+	FileCommits uint64
 	// Updates counts Update functions committed; Updates/Commits is the
 	// group-commit factor.
 	Updates uint64
@@ -442,12 +447,13 @@ func (s *Store) Stats() Stats {
 	var size int64
 	_ = s.db.View(func(tx *bolt.Tx) error { size = tx.Size(); return nil })
 	return Stats{
-		Size:    size,
-		Commits: s.commits.Load(),
-		Updates: s.updates.Load(),
-		Retries: s.retries.Load(),
-		Waiting: s.waiting.Load(),
-		DB:      s.db.Stats(),
+		Size:        size,
+		Commits:     s.commits.Load(),
+		Updates:     s.updates.Load(),
+		Retries:     s.retries.Load(),
+		FileCommits: s.fileCommits.Load(),
+		Waiting:     s.waiting.Load(),
+		DB:          s.db.Stats(),
 
 		Functions: time.Duration(s.fnTime.Load()),
 		Log:       time.Duration(s.logTime.Load()),
