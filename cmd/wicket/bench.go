@@ -151,7 +151,7 @@ func benchPostgres(ctx context.Context, o benchOptions, stdout io.Writer) error 
 	var stores []*openedStore
 	for range o.replicas {
 		reg := metrics.New()
-		st, err := openStore(ctx, dsn, o.dir, o.noSync, true, reg.Commit)
+		st, err := openStore(ctx, dsn, o.dir, o.noSync, true, 0, reg.Commit)
 		if err != nil {
 			return err
 		}

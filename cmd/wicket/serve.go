@@ -47,6 +47,7 @@ type serveOptions struct {
 	logLevel, logFormat           string
 	maxBody                       int64
 	noSync, noWAL                 bool
+	commitEvery                   time.Duration
 	readyFile                     string
 	limits                        limitOptions
 	metricsAddr, metricsKey       string
@@ -168,6 +169,7 @@ func serveFlags(o *serveOptions, fs *flag.FlagSet) {
 	fs.IntVar(&o.net.maxConns, "max-conns", envInt("WICKET_MAX_CONNS", server.DefaultMaxConns), "open connections at most, lowered to fit the file descriptor limit; idle ones are closed for room (WICKET_MAX_CONNS)")
 	fs.IntVar(&o.net.maxStreamsPerTenant, "max-streams-per-tenant", envInt("WICKET_MAX_STREAMS_PER_TENANT", server.DefaultMaxStreamsPerTenant), "open event streams per tenant at most (WICKET_MAX_STREAMS_PER_TENANT)")
 	fs.BoolVar(&o.noWAL, "no-wal", envBool("WICKET_NO_WAL", false), "embedded store: commit with bbolt's own two fsyncs over every page written instead of one append to its write-ahead log (as durable, slower) (WICKET_NO_WAL)")
+	fs.DurationVar(&o.commitEvery, "commit-interval", envDuration("WICKET_COMMIT_INTERVAL", 0), "embedded store with its write-ahead log: how long one bbolt transaction stays open across batches before it is committed to the file (each batch is durable once its log record is synced; 0: 20ms; negative: every batch, reads then never wait for the writer) (WICKET_COMMIT_INTERVAL)")
 	fs.BoolVar(&o.noSync, "unsafe-no-fsync", envBool("WICKET_UNSAFE_NO_FSYNC", false), "skip fsync on commit (benchmarks only: loses acknowledged writes on power loss) (WICKET_UNSAFE_NO_FSYNC)")
 	fs.DurationVar(&o.retention, "retention", envDuration("WICKET_RETENTION", 0), "delete terminal executions (with their events, steps, approvals, counters) this long after they end; 0 keeps them (WICKET_RETENTION; a tenant's retention overrides it)")
 	fs.DurationVar(&o.retentionInterval, "retention-interval", envDuration("WICKET_RETENTION_INTERVAL", d.RetentionInterval), "time between retention passes (WICKET_RETENTION_INTERVAL)")
@@ -277,7 +279,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	reg := metrics.New()
 	t0 := time.Now()
-	st, err := openStore(ctx, o.store, o.data, o.noSync, o.noWAL, reg.Commit)
+	st, err := openStore(ctx, o.store, o.data, o.noSync, o.noWAL, o.commitEvery, reg.Commit)
 	if err != nil {
 		return err
 	}

@@ -50,7 +50,7 @@ func openCopyStore(ctx context.Context, spec string, source bool) (*copyStore, e
 			return nil, fmt.Errorf("store copy: create %s: %w", dir, err)
 		}
 	}
-	o, err := openStore(ctx, st, dir, false, true, nil)
+	o, err := openStore(ctx, st, dir, false, true, 0, nil)
 	if err != nil {
 		return nil, err
 	}

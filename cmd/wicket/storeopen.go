@@ -37,12 +37,13 @@ func isPostgres(spec string) bool {
 // openStore opens the store a --store value names: a postgres:// URL, or
 // (empty) the embedded bbolt file under data. noSync skips fsync on bbolt
 // and sets synchronous_commit off on PostgreSQL (benchmarks only); noWAL
-// commits bbolt with its own fsyncs instead of its write-ahead log.
-func openStore(ctx context.Context, spec, data string, noSync, noWAL bool, onCommit func(took time.Duration, updates int)) (*openedStore, error) {
+// commits bbolt with its own fsyncs instead of its write-ahead log;
+// commitEvery is bbolt.Options.CommitInterval (zero: the default).
+func openStore(ctx context.Context, spec, data string, noSync, noWAL bool, commitEvery time.Duration, onCommit func(took time.Duration, updates int)) (*openedStore, error) {
 	switch {
 	case spec == "":
 		path := filepath.Join(data, "wicket.db")
-		st, err := bbolt.Open(path, bbolt.Options{NoSync: noSync, WAL: !noWAL, OnCommit: onCommit})
+		st, err := bbolt.Open(path, bbolt.Options{NoSync: noSync, WAL: !noWAL, CommitInterval: commitEvery, OnCommit: onCommit})
 		if err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}

@@ -94,14 +94,42 @@
 // the log, not by bbolt: the writer records every Put and Delete of the
 // batch (wbucket, the only way the package writes), appends them as one
 // record to the active segment of the log (WALDir(path)), fdatasyncs it,
-// and only then commits the bbolt transaction without fsync (bbolt's
-// NoSync). Readers therefore never see a write that is not on disk. A
+// and only then makes the writes visible; the bbolt transaction is
+// committed without fsync (bbolt's NoSync), and not after every batch
+// (see the writer's open transaction below). Readers therefore never see
+// a write that is not on disk. A
 // bbolt commit costs two fsyncs and one pwrite per page it dirtied,
 // scattered over the file; the log costs one write and one fdatasync of a
 // sequential file. Segments are written in place over zeros written when
 // they were made (in the background, ahead of need), so an append changes
 // neither the file's size nor its blocks and its fdatasync needs no
 // journal commit of the file system.
+//
+// # The writer's open transaction
+//
+// A batch is durable once its record is synced, so the file need not be
+// committed with every batch. With the log (and without fsync, Options.
+// NoSync), the writer keeps one bbolt write transaction open across
+// batches and commits it to the file only every Options.CommitInterval
+// (20 ms by default), past 4 MiB of records, when a reader of the file's
+// own transactions asks (Backup, Export, Check) and at Close. A bbolt
+// commit costs little per update when it carries many: the leaf and
+// branch pages that a batch of a few updates would each copy, split and
+// write are copied and written once for all of them, and the nodes read
+// for a write stay decoded in the transaction for the next batch.
+//
+// Views read the open transaction, under a read lock that the writer
+// takes from a batch's first function to the end of its record's sync:
+// a reader never sees a batch before it is durable, and always sees a
+// batch whose Update returned. Every bucket is opened in the transaction
+// when it begins, so that concurrent readers only read bbolt's cache of
+// opened buckets. A function that fails (or a batch past the largest
+// record, or a failed log append) rolls the open transaction back; the
+// records of the batches already answered, kept in memory until the
+// commit, are applied again to a fresh one. A checkpoint is only taken
+// right after the open transaction was committed, when the file holds
+// every record in the log. A negative CommitInterval commits every batch
+// to the file, as the store did before.
 //
 // The file itself is made durable at checkpoints (Options.
 // CheckpointInterval, and whenever a segment fills): the writer opens a
