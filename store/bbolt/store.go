@@ -193,6 +193,7 @@ type Store struct {
 	// longer readable: View then fails too.
 	lost        atomic.Bool
 	fileCommits atomic.Uint64 // commits of the file (open transactions committed)
+	idleWakes   atomic.Uint64 // times the writer woke to commit an idle open transaction (tests)
 }
 
 var _ kernel.Store = (*Store)(nil)

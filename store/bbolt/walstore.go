@@ -403,8 +403,10 @@ func (s *Store) forceCheckpoint() error { return s.askWriter(ckptRequest{take: t
 
 // flush has the writer commit its open transaction to the file, for
 // readers of the file's own transactions (backup, export, check).
+// It asks the writer whenever the store may keep one (s.wal is the
+// writer's: stopWAL clears it while others call flush).
 func (s *Store) flush() error {
-	if s.openFor <= 0 || s.readOnly || s.wal == nil && !s.noSync {
+	if s.openFor <= 0 || s.readOnly || s.closed() {
 		return nil
 	}
 	return s.askWriter(ckptRequest{commit: true})

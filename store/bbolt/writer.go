@@ -45,13 +45,16 @@ func (s *Store) run() {
 	for {
 		// An open transaction is committed once it is openFor old, by
 		// the next batch or, when none comes, by idle.
+		// A failed store commits nothing more (commitOpen): its writer
+		// waits for Updates to refuse and for Close.
 		var idleC <-chan time.Time
-		if s.open != nil {
+		if s.open != nil && s.failure.Load() == nil {
 			idle.Reset(s.openFor - time.Since(s.openAt))
 			idleC = idle.C
 		}
 		select {
 		case <-idleC:
+			s.idleWakes.Add(1)
 			s.mu.Lock()
 			_ = s.commitOpen()
 			s.mu.Unlock()
@@ -283,11 +286,16 @@ func (s *Store) reopen() error {
 	}
 	btx, err := s.begin()
 	if err != nil {
+		// The batches answered are in the log, no longer readable.
+		if len(s.pending) > 0 {
+			s.lost.Store(true)
+		}
 		return fmt.Errorf("begin: %w", err)
 	}
 	for _, p := range s.pending {
 		if _, err := applyOps(btx, p); err != nil {
 			_ = btx.Rollback()
+			s.lost.Store(true)
 			return fmt.Errorf("apply the open transaction's records again: %w", err)
 		}
 	}
