@@ -48,7 +48,11 @@ var (
 // and DefaultMaxBatch.
 type Options struct {
 	// NoSync skips fsync on commit. Faster, and a crash may lose or corrupt
-	// recent commits: for tests and benchmarks only.
+	// recent commits: for tests and benchmarks only. The writer keeps its
+	// transaction open across batches as with a log (CommitInterval), but
+	// without one: should the later commit of the file fail, the batches
+	// answered since the last one are lost (the store fails, and every
+	// later Update and View returns the error).
 	NoSync bool
 	// Timeout bounds the wait for the file lock (zero: DefaultTimeout;
 	// negative: wait forever).
@@ -342,11 +346,17 @@ func errClosed(op string) error {
 	return fmt.Errorf("bbolt: %s: store closed: %w", op, kernel.ErrUnavailable)
 }
 
-// View runs fn in a read-only snapshot, concurrently with other Views and
-// with the writer. tx must not be used after fn returns; the records it
-// returns are copies and may be kept. A panic in fn propagates. fn must not
-// call Update: a read transaction held while waiting for the writer can
-// deadlock bbolt's remapping of a growing file.
+// View runs fn in a read-only snapshot, concurrently with other Views. tx
+// must not be used after fn returns; the records it returns are copies and
+// may be kept. A panic in fn propagates.
+//
+// With the writer's open transaction (Options.CommitInterval), fn reads
+// that transaction under a read lock, which the writer takes for each
+// batch from its first function to the end of its record's sync: a View
+// waits out the batch in progress, and a View that runs long holds up
+// every write meanwhile, so fn must read and return, never wait. fn must
+// not call Update, View, Backup or Check (nor may an Update function or
+// OnCommit call View): each would wait on a lock its caller holds.
 func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("bbolt: view: %w", err)
