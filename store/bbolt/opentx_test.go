@@ -137,9 +137,9 @@ func TestOpenTxFailedFunctionKeepsTheAnswered(t *testing.T) {
 }
 
 // TestOpenTxViewWaitsForTheBatch: a View waits while the writer runs a
-// batch (and syncs its record), and then reads what it wrote: a reader
-// never sees a batch before its record is on disk, nor misses one whose
-// Update returned.
+// batch's functions, and then reads what they wrote (after its record is
+// synced: TestOpenTxViewDuringTheSync): a reader never sees a batch half
+// written, nor misses one whose Update returned.
 func TestOpenTxViewWaitsForTheBatch(t *testing.T) {
 	s := openStore(t, openTxOptions, true)
 	ctx := context.Background()
@@ -272,4 +272,50 @@ func viewCounterErr(s *Store, k string) string {
 		return nil
 	})
 	return string(v)
+}
+
+// TestOpenTxViewDuringTheSync: while a batch's record is being synced, a
+// View reads the batch but returns only once the sync is done: it is
+// neither held up by the sync before it reads, nor able to hand out what
+// a crash could still take back.
+func TestOpenTxViewDuringTheSync(t *testing.T) {
+	s := openStore(t, openTxOptions, true)
+	ctx := context.Background()
+	syncing, release := make(chan struct{}), make(chan struct{})
+	testHookSync = func() {
+		testHookSync = nil // the next batches sync at once
+		close(syncing)
+		<-release
+	}
+	defer func() { testHookSync = nil }()
+	updated := make(chan error, 1)
+	go func() {
+		updated <- s.Update(ctx, func(tx kernel.Tx) error { return tx.PutCounter("t", "k", []byte("v")) })
+	}()
+	<-syncing
+	read, returned := make(chan string, 1), make(chan string, 1)
+	go func() {
+		var v []byte
+		_ = s.View(ctx, func(tx kernel.ReadTx) error {
+			v, _ = tx.Counter("t", "k")
+			read <- string(v)
+			return nil
+		})
+		returned <- string(v)
+	}()
+	if v := <-read; v != "v" {
+		t.Fatalf("a View during the sync read %q, want the batch's v", v)
+	}
+	select {
+	case v := <-returned:
+		t.Fatalf("the View returned %q before the batch's record was synced", v)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-updated; err != nil {
+		t.Fatal(err)
+	}
+	if v := <-returned; v != "v" {
+		t.Fatalf("the View returned %q after the sync, want v", v)
+	}
 }

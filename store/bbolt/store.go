@@ -193,6 +193,13 @@ type Store struct {
 	pendingSize int           // their bytes
 	noSync      bool          // Options.NoSync: open transactions without a log
 	rec         walBatch      // the writes of a batch, without a log
+	// applied counts the batches with a log record run in the open
+	// transaction, durable those whose record is synced (under mu, and
+	// for durable also atomically); synced is closed once batch applied
+	// is synced or failed.
+	applied uint64
+	durable atomic.Uint64
+	synced  chan struct{}
 	// lost is set when the store failed with batches answered and no
 	// longer readable: View then fails too.
 	lost        atomic.Bool
@@ -351,10 +358,12 @@ func errClosed(op string) error {
 // may be kept. A panic in fn propagates.
 //
 // With the writer's open transaction (Options.CommitInterval), fn reads
-// that transaction under a read lock, which the writer takes for each
-// batch from its first function to the end of its record's sync: a View
-// waits out the batch in progress, and a View that runs long holds up
-// every write meanwhile, so fn must read and return, never wait. fn must
+// that transaction under a read lock, which the writer takes while a
+// batch's functions run: a View waits out those functions, and a View
+// that runs long holds up every write meanwhile, so fn must read and
+// return, never wait. fn may read a batch whose record is being synced;
+// View then returns once it is synced, or, should the sync fail, returns
+// the store's failure instead of what fn read. fn must
 // not call Update, View, Backup or Check (nor may an Update function or
 // OnCommit call View): each would wait on a lock its caller holds.
 func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error {
@@ -366,9 +375,25 @@ func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error
 	}
 	s.mu.RLock()
 	if s.open != nil {
-		// Batches the writer answered are in its open transaction.
-		defer s.mu.RUnlock()
-		return fn(&readTx{tx: s.open, agents: &s.agents, tenants: &s.tenants})
+		// Batches the writer answered are in its open transaction, and
+		// so may be one whose record is being synced: what fn read of it
+		// is returned once that sync is done.
+		seen, synced := s.applied, s.synced
+		err := func() error {
+			defer s.mu.RUnlock()
+			return fn(&readTx{tx: s.open, agents: &s.agents, tenants: &s.tenants})
+		}()
+		if seen > s.durable.Load() {
+			select {
+			case <-synced:
+			case <-ctx.Done():
+				return fmt.Errorf("bbolt: view: %w", ctx.Err())
+			}
+			if seen > s.durable.Load() {
+				return *s.failure.Load()
+			}
+		}
+		return err
 	}
 	s.mu.RUnlock()
 	if s.lost.Load() {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel"
 )
@@ -88,6 +89,76 @@ func TestWALWriteFailureFailsTheStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := s2.Check(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWALViewOfAFailedSync: a View that read a batch while its record was
+// being written gets the store's failure, not the batch, when the write
+// fails; the batch is gone for later readers and after a restart.
+func TestWALViewOfAFailedSync(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "wicket.db")
+	opts := walOptions
+	opts.walSegment = 1 << 20 // the failing record fits: no new segment
+	opts.CommitInterval = time.Hour
+	s, err := Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.Update(ctx, func(tx kernel.Tx) error { return tx.PutCounter("t", "acked", []byte("v")) }); err != nil {
+		t.Fatal(err)
+	}
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip("no /dev/full:", err)
+	}
+	defer full.Close()
+	syncing, release := make(chan struct{}), make(chan struct{})
+	testHookSync = func() {
+		testHookSync = nil
+		// The active segment's descriptor now writes to /dev/full.
+		if err := syscall.Dup3(int(full.Fd()), int(s.wal.log.f.Fd()), 0); err != nil {
+			panic(err)
+		}
+		close(syncing)
+		<-release
+	}
+	defer func() { testHookSync = nil }()
+	updated := make(chan error, 1)
+	go func() {
+		updated <- s.Update(ctx, func(tx kernel.Tx) error { return tx.PutCounter("t", "lost", []byte("v")) })
+	}()
+	<-syncing
+	read, returned := make(chan string, 1), make(chan error, 1)
+	go func() {
+		returned <- s.View(ctx, func(tx kernel.ReadTx) error {
+			v, _ := tx.Counter("t", "lost")
+			read <- string(v)
+			return nil
+		})
+	}()
+	if v := <-read; v != "v" {
+		t.Fatalf("a View during the write read %q, want the batch's v", v)
+	}
+	close(release)
+	if err := <-updated; err == nil {
+		t.Fatal("the Update whose record failed returned nil")
+	}
+	if err := <-returned; err == nil || !strings.Contains(err.Error(), "store failed") {
+		t.Fatalf("the View that read the failed batch: %v, want the store's failure", err)
+	}
+	err = s.View(ctx, func(tx kernel.ReadTx) error {
+		if v, _ := tx.Counter("t", "lost"); v != nil {
+			return fmt.Errorf("the failed batch is readable: %q", v)
+		}
+		if v, err := tx.Counter("t", "acked"); err != nil || string(v) != "v" {
+			return fmt.Errorf("the batch acknowledged before: %q, %v", v, err)
+		}
+		return nil
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 }

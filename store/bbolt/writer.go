@@ -202,15 +202,26 @@ func (s *Store) commit(batch []*request) {
 // record is appended and synced, and the transaction is committed to the
 // file only once it is older than openFor. Until then the batch is
 // durable (its record is in the log) and visible to View, which reads the
-// open transaction under s.mu; s.mu is held from the first function to
-// the end of the sync, so that nothing is visible before it is durable.
-// A function that fails rolls the open transaction back, and the records
-// of the batches before it in the same transaction are applied again to
-// a fresh one (s.pending).
+// open transaction under s.mu's read lock.
+//
+// The writer holds s.mu while the functions run, and lets it go for the
+// record's sync: a View may then read the batch, but does not return
+// until the batch's record is synced (see View), so nothing read from a
+// batch reaches a caller before the batch is durable, and readers work
+// while the disk syncs instead of waiting for it. A function that fails
+// rolls the open transaction back, and the records of the batches before
+// it in the same transaction are applied again to a fresh one
+// (s.pending); so does a failed sync, whose batch readers were shown and
+// now get the store's failure instead.
 func (s *Store) tryOpen(batch []*request) (failed int, fnErr, err error) {
 	begin := time.Now()
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			s.mu.Unlock()
+		}
+	}()
 	if s.open == nil {
 		btx, err := s.begin()
 		if err != nil {
@@ -243,14 +254,31 @@ func (s *Store) tryOpen(batch []*request) (failed int, fnErr, err error) {
 		return -1, nil, fmt.Errorf("bbolt: update %s: %d bytes of writes: %w", s.path, len(rec.buf)-walHeaderSize, errRecordTooLarge)
 	}
 	if w := s.wal; w != nil && rec.ops > 0 {
-		if err := w.log.append(rec); err != nil {
-			// The batches answered before stay readable; this one goes.
+		// Views from here on read the batch and wait for its sync.
+		s.applied++
+		synced := make(chan struct{})
+		s.synced = synced
+		s.mu.Unlock()
+		locked = false
+		if testHookSync != nil {
+			testHookSync()
+		}
+		err := w.log.append(rec)
+		if err != nil {
+			// The batches answered before stay readable; this one goes,
+			// and the Views that read it get the failure.
 			s.fail(err)
+			s.mu.Lock()
 			if rerr := s.reopen(); rerr != nil {
 				s.lost.Store(true)
 			}
+			s.applied = s.durable.Load() // later Views read without it
+			s.mu.Unlock()
+			close(synced)
 			return -1, nil, fmt.Errorf("bbolt: update %s: %w", s.path, err)
 		}
+		s.durable.Store(s.applied)
+		close(synced)
 	}
 	if rec.ops > 0 {
 		s.pending = append(s.pending, bytes.Clone(rec.buf[walHeaderSize:]))
@@ -259,6 +287,10 @@ func (s *Store) tryOpen(batch []*request) (failed int, fnErr, err error) {
 	t1 := time.Now()
 	s.logTime.Add(int64(t1.Sub(t0)))
 	if t1.Sub(s.openAt) >= s.openFor || s.pendingSize >= openMaxBytes {
+		if !locked {
+			s.mu.Lock()
+			locked = true
+		}
 		if err := s.commitOpen(); err != nil {
 			return -1, nil, nil // the batch is durable: its callers are answered
 		}
@@ -270,6 +302,10 @@ func (s *Store) tryOpen(batch []*request) (failed int, fnErr, err error) {
 	}
 	return -1, nil, nil
 }
+
+// testHookSync, when set (tests), runs in tryOpen between the batch's
+// functions and its record's append and sync, with s.mu released.
+var testHookSync func()
 
 // openMaxBytes bounds the records an open transaction holds: past it, the
 // transaction is committed, so that one commit grows the file by a
