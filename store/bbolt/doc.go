@@ -119,9 +119,11 @@
 // for a write stay decoded in the transaction for the next batch.
 //
 // Views read the open transaction, under a read lock that the writer
-// takes from a batch's first function to the end of its record's sync:
-// a reader never sees a batch before it is durable, and always sees a
-// batch whose Update returned. Every bucket is opened in the transaction
+// takes while a batch's functions run. The writer lets it go while the
+// batch's record is synced: a View may then read the batch, and returns
+// once the sync is done (or, should it fail, returns the store's failure
+// instead of what it read). So a reader never hands out a batch before it
+// is durable, and always sees a batch whose Update returned. Every bucket is opened in the transaction
 // when it begins, so that concurrent readers only read bbolt's cache of
 // opened buckets. A function that fails (or a batch past the largest
 // record, or a failed log append) rolls the open transaction back; the
