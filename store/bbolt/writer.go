@@ -76,6 +76,13 @@ func (s *Store) run() {
 			// The n callers just answered will likely come back, and the
 			// Updates already waiting are other writers: that many are active.
 			s.expect = n + int(s.waiting.Load())
+			// A due commit of the file comes after the answers, while
+			// their callers are on their way back, not before.
+			if s.open != nil && (time.Since(s.openAt) >= s.openFor || s.pendingSize >= openMaxBytes) {
+				s.mu.Lock()
+				_ = s.commitOpen()
+				s.mu.Unlock()
+			}
 		case <-s.closing:
 			for {
 				select {
@@ -200,7 +207,7 @@ func (s *Store) commit(batch []*request) {
 // tryOpen is try with a write-ahead log: the functions of batch run in
 // the writer's open bbolt transaction (begun if there is none), their
 // record is appended and synced, and the transaction is committed to the
-// file only once it is older than openFor. Until then the batch is
+// file only once it is older than openFor (by run, after the answers). Until then the batch is
 // durable (its record is in the log) and visible to View, which reads the
 // open transaction under s.mu's read lock.
 //
@@ -286,15 +293,7 @@ func (s *Store) tryOpen(batch []*request) (failed int, fnErr, err error) {
 	}
 	t1 := time.Now()
 	s.logTime.Add(int64(t1.Sub(t0)))
-	if t1.Sub(s.openAt) >= s.openFor || s.pendingSize >= openMaxBytes {
-		if !locked {
-			s.mu.Lock()
-			locked = true
-		}
-		if err := s.commitOpen(); err != nil {
-			return -1, nil, nil // the batch is durable: its callers are answered
-		}
-	}
+	// The file's commit, when due, is run's, once the callers are answered.
 	took := time.Since(t0)
 	s.lastCommit = took
 	if s.onCommit != nil {
