@@ -184,7 +184,9 @@ type Store struct {
 
 	// The writer's open transaction (with a log, see tryOpen): batches
 	// answered and in the log, not yet committed to the file. mu guards
-	// open for View; the writer holds it while it runs and syncs a batch.
+	// open for View; the writer holds it while a batch's functions run
+	// and whenever it changes open (reopen, commitOpen), not during a
+	// record's sync (see tryOpen).
 	mu          sync.RWMutex
 	open        *bolt.Tx
 	openAt      time.Time
