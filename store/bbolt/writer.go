@@ -93,6 +93,11 @@ func (s *Store) run() {
 					if s.commitOpen() != nil && s.open != nil {
 						_ = s.open.Rollback() // failed: the log has it
 						s.open = nil
+						if len(s.pending) > 0 {
+							// A View racing Close must not read the
+							// file without them.
+							s.lost.Store(true)
+						}
 					}
 					s.mu.Unlock()
 					return
