@@ -32,17 +32,21 @@ var walOptions = Options{WAL: true, CheckpointInterval: time.Hour, CommitInterva
 func dump(t testing.TB, db *bolt.DB) []string {
 	t.Helper()
 	var out []string
-	err := db.View(func(tx *bolt.Tx) error {
-		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
-			return b.ForEach(func(k, v []byte) error {
-				out = append(out, fmt.Sprintf("%s %x %x", name, k, v))
-				return nil
-			})
-		})
-	})
-	if err != nil {
+	if err := db.View(func(tx *bolt.Tx) error { out = dumpTx(tx); return nil }); err != nil {
 		t.Fatal(err)
 	}
+	return out
+}
+
+// dumpTx lists every bucket, key and value tx reads, in order.
+func dumpTx(tx *bolt.Tx) []string {
+	var out []string
+	_ = tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+		return b.ForEach(func(k, v []byte) error {
+			out = append(out, fmt.Sprintf("%s %x %x", name, k, v))
+			return nil
+		})
+	})
 	return out
 }
 
@@ -55,17 +59,7 @@ func dumpStore(t testing.TB, s *Store) []string {
 	if s.open == nil {
 		return dump(t, s.db)
 	}
-	var out []string
-	err := s.open.ForEach(func(name []byte, b *bolt.Bucket) error {
-		return b.ForEach(func(k, v []byte) error {
-			out = append(out, fmt.Sprintf("%s %x %x", name, k, v))
-			return nil
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return dumpTx(s.open)
 }
 
 // crashCopy copies s's file and log, as a crash at this instant would
