@@ -143,8 +143,15 @@ func (k *Kernel) GetExecution(ctx context.Context, tenant, id string) (*Executio
 	return e, err
 }
 
+// listScanChunk is how many executions a filtered ListExecutions examines
+// in one read transaction (see ExecutionScanner).
+var listScanChunk = 2000
+
 // ListExecutions lists a tenant's executions newest first. next is the
-// cursor of the following page ("" at the end).
+// cursor of the following page ("" at the end). A filtered list reads the
+// tenant's executions listScanChunk at a time where the store allows it,
+// so one page is not one snapshot: an execution created or changed while
+// the page is read may be missed or listed as it was.
 func (k *Kernel) ListExecutions(ctx context.Context, tenant string, f ExecutionFilter) (out []*Execution, next string, err error) {
 	if f.Limit <= 0 || f.Limit > 1000 {
 		if f.Limit > 1000 {
@@ -154,13 +161,28 @@ func (k *Kernel) ListExecutions(ctx context.Context, tenant string, f ExecutionF
 	}
 	want := f.Limit
 	f.Limit++
-	err = k.store.View(ctx, func(tx ReadTx) error {
-		var err error
-		out, err = tx.ListExecutions(tenant, f)
-		return err
-	})
-	if err != nil {
-		return nil, "", err
+	filtered := f.AgentID != "" || f.Status != ""
+	for {
+		var got []*Execution
+		resume := ""
+		err = k.store.View(ctx, func(tx ReadTx) error {
+			var err error
+			if sc, ok := tx.(ExecutionScanner); ok && filtered {
+				got, resume, err = sc.ScanExecutions(tenant, f, listScanChunk)
+				return err
+			}
+			got, err = tx.ListExecutions(tenant, f)
+			return err
+		})
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, got...)
+		f.Limit -= len(got)
+		if resume == "" || f.Limit <= 0 {
+			break
+		}
+		f.Before = resume
 	}
 	if len(out) > want {
 		out = out[:want]

@@ -214,6 +214,21 @@ type ExecutionHeadReader interface {
 	ExecutionHead(tenant, id string) (*Execution, error)
 }
 
+// ExecutionScanner is implemented by a ReadTx whose reads can hold up the
+// store's writer while they run (the embedded store's Views read its open
+// write transaction under a lock). ListExecutions with a filter uses it to
+// examine a tenant's executions a bounded number at a time, one read
+// transaction each, instead of all of them in one: a filter that matches
+// few of many executions would otherwise hold every tenant's writes for as
+// long as it scans. A store without it is read with ListExecutions.
+type ExecutionScanner interface {
+	// ScanExecutions is ListExecutions examining at most maxScan of the
+	// tenant's executions (newest first, from f.Before). resume is the id
+	// to pass as f.Before to go on after the last one examined, "" when
+	// none is left or f.Limit was reached.
+	ScanExecutions(tenant string, f ExecutionFilter, maxScan int) (out []*Execution, resume string, err error)
+}
+
 // Tx is a read-write transaction.
 type Tx interface {
 	ReadTx

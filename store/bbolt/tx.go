@@ -227,6 +227,7 @@ var (
 	_ kernel.ReadTx              = (*readTx)(nil)
 	_ kernel.Tx                  = (*writeTx)(nil)
 	_ kernel.ExecutionHeadReader = (*readTx)(nil)
+	_ kernel.ExecutionScanner    = (*readTx)(nil)
 )
 
 func (r *readTx) bucket(name []byte) *bolt.Bucket { return r.tx.Bucket(name) }
@@ -377,8 +378,15 @@ func (r *readTx) ExecutionByIdempotencyKey(tenant, k string) (string, error) {
 // executions (ids are UUIDv7, so key order is creation order), from just
 // before f.Before, filtered as it goes.
 func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*kernel.Execution, error) {
+	out, _, err := r.ScanExecutions(tenant, f, 0)
+	return out, err
+}
+
+// ScanExecutions implements kernel.ExecutionScanner: ListExecutions that
+// examines at most maxScan executions (0: no bound).
+func (r *readTx) ScanExecutions(tenant string, f kernel.ExecutionFilter, maxScan int) ([]*kernel.Execution, string, error) {
 	if !readable(tenant) || (f.Before != "" && !readable(f.Before)) {
-		return nil, nil
+		return nil, "", nil
 	}
 	pfx := prefix(tenant)
 	c := r.bucket(bExecutions).Cursor()
@@ -395,10 +403,17 @@ func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*ker
 		k, v = c.Prev()
 	}
 	var out []*kernel.Execution
-	for ; k != nil && bytes.HasPrefix(k, pfx); k, v = c.Prev() {
+	var last []byte
+	for scanned := 0; k != nil && bytes.HasPrefix(k, pfx); k, v = c.Prev() {
+		if maxScan > 0 && scanned == maxScan {
+			// The next call goes on before the last one examined.
+			return out, string(last[len(pfx):]), nil
+		}
+		scanned++
+		last = k
 		e, err := decodeExecution(v)
 		if err != nil {
-			return nil, fmt.Errorf("bbolt: list executions of %s: key %q: %w", tenant, k, err)
+			return nil, "", fmt.Errorf("bbolt: list executions of %s: key %q: %w", tenant, k, err)
 		}
 		if (f.AgentID != "" && e.AgentID != f.AgentID) || (f.Status != "" && e.Status != f.Status) {
 			continue
@@ -409,7 +424,7 @@ func (r *readTx) ListExecutions(tenant string, f kernel.ExecutionFilter) ([]*ker
 			break
 		}
 	}
-	return out, nil
+	return out, "", nil
 }
 
 // Step implements kernel.ReadTx: the steps bucket names the step's seq,

@@ -1,0 +1,77 @@
+package kernel_test
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/wicket-run/wicket/kernel"
+	"github.com/wicket-run/wicket/store/bbolt"
+)
+
+// TestFilteredListInChunks: a filtered ListExecutions that reads the
+// tenant's executions a few at a time, one read transaction each, pages
+// through the same executions as one that reads them all at once, and as
+// a store that cannot scan in chunks (plainReadStore).
+func TestFilteredListInChunks(t *testing.T) {
+	bst, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, calls := runningKernel(t, bst, bst, 13, nil)
+	ctx := context.Background()
+	for i, c := range calls {
+		if i%3 == 0 {
+			if err := k.CancelExecution(ctx, kernel.DefaultTenant, c.ExecutionID, "test"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// A kernel on the same store whose read transactions only offer
+	// kernel.ReadTx (not started: it only lists).
+	plain, err := kernel.New(plainReadStore{bst}, &deliverer{got: make(chan kernel.Delivery, 1)}, &script{}, nil, kernel.Config{ReapInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pages lists every page's ids, following next to the end.
+	pages := func(k *kernel.Kernel, f kernel.ExecutionFilter) [][]string {
+		var out [][]string
+		for {
+			l, next, err := k.ListExecutions(ctx, kernel.DefaultTenant, f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, e := range l {
+				ids = append(ids, e.ID)
+			}
+			out = append(out, ids)
+			if next == "" {
+				return out
+			}
+			f.Before = next
+		}
+	}
+	for _, f := range []kernel.ExecutionFilter{
+		{Status: kernel.ExecCancelled, Limit: 2}, {Status: kernel.ExecRunning, Limit: 4},
+		{AgentID: "nobody", Limit: 5}, {AgentID: calls[0].AgentID, Limit: 6},
+	} {
+		want := pages(k, f)
+		if len(want) < 2 && f.AgentID != "nobody" {
+			t.Fatalf("%+v: one page, %v: the test needs several", f, want)
+		}
+		if got := pages(plain, f); !slices.EqualFunc(got, want, slices.Equal) {
+			t.Errorf("%+v on a store without scans: %v, want %v", f, got, want)
+		}
+		for _, chunk := range []int{1, 2, 5} {
+			restore := kernel.SetListScanChunk(chunk)
+			got := pages(k, f)
+			restore()
+			if !slices.EqualFunc(got, want, slices.Equal) {
+				t.Errorf("%+v %d at a time: %v, want %v", f, chunk, got, want)
+			}
+		}
+	}
+}
