@@ -1,6 +1,7 @@
 package kernel
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +12,9 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 )
 
-// ListApprovals lists a tenant's approvals, newest first.
+// ListApprovals lists a tenant's approvals, newest first. Where the store
+// allows it (ApprovalScanner), it reads them listScanChunk at a time, one
+// read transaction each, so the list is not one snapshot.
 func (k *Kernel) ListApprovals(ctx context.Context, tenant string, status ApprovalStatus) ([]*Approval, error) {
 	switch status {
 	case "", ApprovalPending, ApprovalGranted, ApprovalDenied, ApprovalExpired, ApprovalHappened:
@@ -19,12 +22,41 @@ func (k *Kernel) ListApprovals(ctx context.Context, tenant string, status Approv
 		return nil, Errorf(CodeValidation, "status %q is invalid (want pending, granted, denied, expired or happened)", status)
 	}
 	var out []*Approval
-	err := k.store.View(ctx, func(tx ReadTx) error {
-		var err error
-		out, err = tx.ListApprovals(tenant, status)
-		return err
+	for after, scanned := "", false; ; {
+		var got []*Approval
+		resume := ""
+		err := k.store.View(ctx, func(tx ReadTx) error {
+			var err error
+			if sc, ok := tx.(ApprovalScanner); ok {
+				scanned = true
+				got, resume, err = sc.ScanApprovals(tenant, status, after, listScanChunk)
+				return err
+			}
+			got, err = tx.ListApprovals(tenant, status)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+		if resume == "" {
+			if scanned {
+				sortApprovals(out)
+			}
+			return out, nil
+		}
+		after = resume
+	}
+}
+
+// sortApprovals sorts approvals newest first (ListApprovals's order).
+func sortApprovals(l []*Approval) {
+	slices.SortStableFunc(l, func(a, b *Approval) int {
+		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.ID, a.ID)
 	})
-	return out, err
 }
 
 // GetApproval returns one approval.

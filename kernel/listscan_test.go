@@ -75,3 +75,63 @@ func TestFilteredListInChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestListApprovalsInChunks: ListApprovals read a few approvals at a time
+// lists what a store that cannot scan in chunks lists, in the same order
+// (newest first, then by id).
+func TestListApprovalsInChunks(t *testing.T) {
+	bst, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bst.Close() })
+	ctx := context.Background()
+	base := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	statuses := []kernel.ApprovalStatus{kernel.ApprovalPending, kernel.ApprovalGranted, kernel.ApprovalDenied}
+	err = bst.Update(ctx, func(tx kernel.Tx) error {
+		for i := range 11 {
+			a := &kernel.Approval{Tenant: kernel.DefaultTenant, ID: "ap-" + string(rune('a'+i)), ExecutionID: "e",
+				Status: statuses[i%3], CreatedAt: base.Add(time.Duration(i%4) * time.Minute), ExpiresAt: base.Add(time.Hour)}
+			if err := tx.PutApproval(a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKernel := func(st kernel.Store) *kernel.Kernel {
+		k, err := kernel.New(st, &deliverer{got: make(chan kernel.Delivery, 1)}, &script{}, nil, kernel.Config{ReapInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	scanning, plain := newKernel(bst), newKernel(plainReadStore{bst})
+	list := func(k *kernel.Kernel, status kernel.ApprovalStatus) []string {
+		l, err := k.ListApprovals(ctx, kernel.DefaultTenant, status)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, a := range l {
+			ids = append(ids, a.ID)
+		}
+		return ids
+	}
+	for _, status := range append([]kernel.ApprovalStatus{""}, statuses...) {
+		want := list(plain, status)
+		if len(want) < 3 {
+			t.Fatalf("%q: %v: the test needs more", status, want)
+		}
+		for _, chunk := range []int{1, 2, 5, 2000} {
+			restore := kernel.SetListScanChunk(chunk)
+			got := list(scanning, status)
+			restore()
+			if !slices.Equal(got, want) {
+				t.Errorf("%q %d at a time: %v, want %v", status, chunk, got, want)
+			}
+		}
+	}
+}

@@ -229,6 +229,18 @@ type ExecutionScanner interface {
 	ScanExecutions(tenant string, f ExecutionFilter, maxScan int) (out []*Execution, resume string, err error)
 }
 
+// ApprovalScanner is to ListApprovals what ExecutionScanner is to
+// ListExecutions: ListApprovals reads a tenant's approvals a bounded
+// number per read transaction with it.
+type ApprovalScanner interface {
+	// ScanApprovals returns, in no particular order, the tenant's
+	// approvals with the status (all when empty) among at most maxScan of
+	// them, in the store's order from just after the key position after
+	// ("" from the first). resume is where the next call goes on ("" when
+	// none is left).
+	ScanApprovals(tenant string, status ApprovalStatus, after string, maxScan int) (out []*Approval, resume string, err error)
+}
+
 // Tx is a read-write transaction.
 type Tx interface {
 	ReadTx

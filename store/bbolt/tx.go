@@ -228,6 +228,7 @@ var (
 	_ kernel.Tx                  = (*writeTx)(nil)
 	_ kernel.ExecutionHeadReader = (*readTx)(nil)
 	_ kernel.ExecutionScanner    = (*readTx)(nil)
+	_ kernel.ApprovalScanner     = (*readTx)(nil)
 )
 
 func (r *readTx) bucket(name []byte) *bolt.Bucket { return r.tx.Bucket(name) }
@@ -737,6 +738,40 @@ func (r *readTx) ListApprovals(tenant string, status kernel.ApprovalStatus) ([]*
 		return cmp.Compare(b.ID, a.ID)
 	})
 	return list, nil
+}
+
+// ScanApprovals implements kernel.ApprovalScanner. after and resume are
+// approval ids: the tenant's approvals are keyed by id.
+func (r *readTx) ScanApprovals(tenant string, status kernel.ApprovalStatus, after string, maxScan int) ([]*kernel.Approval, string, error) {
+	if !readable(tenant) || (after != "" && !readable(after)) {
+		return nil, "", nil
+	}
+	pfx := prefix(tenant)
+	c := r.bucket(bApprovals).Cursor()
+	var k, v []byte
+	if after == "" {
+		k, v = c.Seek(pfx)
+	} else if k, v = c.Seek(key(tenant, after)); k != nil && bytes.Equal(k, key(tenant, after)) {
+		k, v = c.Next()
+	}
+	var out []*kernel.Approval
+	var last []byte
+	for scanned := 0; k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+		if maxScan > 0 && scanned == maxScan {
+			// The next call goes on after the last one examined.
+			return out, string(last[len(pfx):]), nil
+		}
+		scanned++
+		last = k
+		a, err := decode[kernel.Approval](v)
+		if err != nil {
+			return nil, "", fmt.Errorf("bbolt: list approvals of %s: key %q: %w", tenant, k, err)
+		}
+		if status == "" || a.Status == status {
+			out = append(out, a)
+		}
+	}
+	return out, "", nil
 }
 
 // ExpiredApprovals implements kernel.ReadTx.
