@@ -135,3 +135,50 @@ func TestListApprovalsInChunks(t *testing.T) {
 		}
 	}
 }
+
+// TestPendingApprovalsInChunks: PendingApprovals reading the index of
+// pending approvals a few entries at a time counts what a store without
+// the scan counts, across tenants, and finds the same oldest.
+func TestPendingApprovalsInChunks(t *testing.T) {
+	bst, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bst.Close() })
+	ctx := context.Background()
+	base := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	statuses := []kernel.ApprovalStatus{kernel.ApprovalPending, kernel.ApprovalGranted, kernel.ApprovalPending}
+	err = bst.Update(ctx, func(tx kernel.Tx) error {
+		for i := range 13 {
+			a := &kernel.Approval{Tenant: []string{kernel.DefaultTenant, "t2"}[i%2], ID: "ap-" + string(rune('a'+i)), ExecutionID: "e",
+				Status: statuses[i%3], CreatedAt: base.Add(time.Duration(13-i) * time.Minute), ExpiresAt: base.Add(time.Duration(i%4) * time.Hour)}
+			if err := tx.PutApproval(a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newKernel := func(st kernel.Store) *kernel.Kernel {
+		k, err := kernel.New(st, &deliverer{got: make(chan kernel.Delivery, 1)}, &script{}, nil, kernel.Config{ReapInterval: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	wantN, wantOldest, err := newKernel(plainReadStore{bst}).PendingApprovals(ctx)
+	if err != nil || wantN != 9 || !wantOldest.Equal(base.Add(time.Minute)) {
+		t.Fatalf("without the scan: %d pending, oldest %s, %v; want 9, %s", wantN, wantOldest, err, base.Add(time.Minute))
+	}
+	scanning := newKernel(bst)
+	for _, chunk := range []int{1, 2, 5, 2000} {
+		restore := kernel.SetListScanChunk(chunk)
+		n, oldest, err := scanning.PendingApprovals(ctx)
+		restore()
+		if err != nil || n != wantN || !oldest.Equal(wantOldest) {
+			t.Errorf("%d at a time: %d pending, oldest %s, %v; want %d, %s", chunk, n, oldest, err, wantN, wantOldest)
+		}
+	}
+}

@@ -234,25 +234,39 @@ func (k *Kernel) countExecutions(ctx context.Context) (map[ExecStatus]int, error
 // PendingApprovals returns how many approvals are pending, kernel-wide, and
 // when the oldest of them was requested (zero when none is). It reads the
 // store's index of pending approvals: metrics call it on every scrape.
+// Where the store allows it (PendingApprovalScanner), it reads the index
+// listScanChunk entries at a time, one read transaction each.
 func (k *Kernel) PendingApprovals(ctx context.Context) (int, time.Time, error) {
 	var n int
 	var oldest time.Time
-	err := k.store.View(ctx, func(tx ReadTx) error {
-		refs, err := tx.ExpiredApprovals(time.Unix(1<<62, 0), 0)
-		if err != nil {
-			return err
-		}
-		for _, ref := range refs {
-			a, err := tx.Approval(ref.Tenant, ref.ApprovalID)
-			if err != nil || a.Status != ApprovalPending {
-				continue
+	for after := ""; ; {
+		resume := ""
+		err := k.store.View(ctx, func(tx ReadTx) error {
+			var refs []ApprovalRef
+			var err error
+			if sc, ok := tx.(PendingApprovalScanner); ok {
+				refs, resume, err = sc.ScanPendingApprovals(after, listScanChunk)
+			} else {
+				refs, err = tx.ExpiredApprovals(time.Unix(1<<62, 0), 0)
 			}
-			n++
-			if oldest.IsZero() || a.CreatedAt.Before(oldest) {
-				oldest = a.CreatedAt
+			if err != nil {
+				return err
 			}
+			for _, ref := range refs {
+				a, err := tx.Approval(ref.Tenant, ref.ApprovalID)
+				if err != nil || a.Status != ApprovalPending {
+					continue
+				}
+				n++
+				if oldest.IsZero() || a.CreatedAt.Before(oldest) {
+					oldest = a.CreatedAt
+				}
+			}
+			return nil
+		})
+		if err != nil || resume == "" {
+			return n, oldest, err
 		}
-		return nil
-	})
-	return n, oldest, err
+		after = resume
+	}
 }

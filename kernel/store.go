@@ -241,6 +241,17 @@ type ApprovalScanner interface {
 	ScanApprovals(tenant string, status ApprovalStatus, after string, maxScan int) (out []*Approval, resume string, err error)
 }
 
+// PendingApprovalScanner lets PendingApprovals read the store's index of
+// pending approvals a bounded number per read transaction, as
+// ExecutionScanner does for lists.
+type PendingApprovalScanner interface {
+	// ScanPendingApprovals returns up to max entries of the index of
+	// pending approvals (ExpiredApprovals's, in its order) after the
+	// position after ("" from the first). resume is where the next call
+	// goes on ("" when none is left).
+	ScanPendingApprovals(after string, max int) (refs []ApprovalRef, resume string, err error)
+}
+
 // Tx is a read-write transaction.
 type Tx interface {
 	ReadTx

@@ -224,11 +224,12 @@ func (w *writeTx) bucket(name []byte) wbucket {
 }
 
 var (
-	_ kernel.ReadTx              = (*readTx)(nil)
-	_ kernel.Tx                  = (*writeTx)(nil)
-	_ kernel.ExecutionHeadReader = (*readTx)(nil)
-	_ kernel.ExecutionScanner    = (*readTx)(nil)
-	_ kernel.ApprovalScanner     = (*readTx)(nil)
+	_ kernel.ReadTx                 = (*readTx)(nil)
+	_ kernel.Tx                     = (*writeTx)(nil)
+	_ kernel.ExecutionHeadReader    = (*readTx)(nil)
+	_ kernel.ExecutionScanner       = (*readTx)(nil)
+	_ kernel.ApprovalScanner        = (*readTx)(nil)
+	_ kernel.PendingApprovalScanner = (*readTx)(nil)
 )
 
 func (r *readTx) bucket(name []byte) *bolt.Bucket { return r.tx.Bucket(name) }
@@ -770,6 +771,33 @@ func (r *readTx) ScanApprovals(tenant string, status kernel.ApprovalStatus, afte
 		if status == "" || a.Status == status {
 			out = append(out, a)
 		}
+	}
+	return out, "", nil
+}
+
+// ScanPendingApprovals implements kernel.PendingApprovalScanner. after
+// and resume are keys of the index of pending approvals.
+func (r *readTx) ScanPendingApprovals(after string, max int) ([]kernel.ApprovalRef, string, error) {
+	c := r.bucket(bApprovalExp).Cursor()
+	var k []byte
+	if after == "" {
+		k, _ = c.First()
+	} else if k, _ = c.Seek([]byte(after)); k != nil && string(k) == after {
+		k, _ = c.Next()
+	}
+	var out []kernel.ApprovalRef
+	var last []byte
+	for ; k != nil; k, _ = c.Next() {
+		if max > 0 && len(out) == max {
+			// The next call goes on after the last one read.
+			return out, string(last), nil
+		}
+		at, tenant, id, ok := parseTimeKey(k)
+		if !ok {
+			return nil, "", fmt.Errorf("bbolt: pending approvals: malformed index key %q", k)
+		}
+		out = append(out, kernel.ApprovalRef{Tenant: tenant, ApprovalID: id, At: at})
+		last = k
 	}
 	return out, "", nil
 }
