@@ -55,15 +55,10 @@ func (s *Store) run() {
 		select {
 		case <-idleC:
 			s.idleWakes.Add(1)
-			s.mu.Lock()
-			_ = s.commitOpen()
-			s.mu.Unlock()
+			_ = s.commitOpenLocked()
 		case r := <-s.ckptReq:
 			if r.take || r.commit {
-				s.mu.Lock()
-				err := s.commitOpen()
-				s.mu.Unlock()
-				if err != nil || r.commit {
+				if err := s.commitOpenLocked(); err != nil || r.commit {
 					r.done <- err
 					continue
 				}
@@ -79,9 +74,7 @@ func (s *Store) run() {
 			// A due commit of the file comes after the answers, while
 			// their callers are on their way back, not before.
 			if s.open != nil && (time.Since(s.openAt) >= s.openFor || s.pendingSize >= openMaxBytes) {
-				s.mu.Lock()
-				_ = s.commitOpen()
-				s.mu.Unlock()
+				_ = s.commitOpenLocked()
 			}
 		case <-s.closing:
 			for {
@@ -287,9 +280,7 @@ func (s *Store) tryOpen(batch []*request) (failed int, fnErr, err error) {
 			// and the Views that read it get the failure.
 			s.fail(err)
 			s.mu.Lock()
-			if rerr := s.reopen(); rerr != nil {
-				s.lost.Store(true)
-			}
+			_ = s.reopen()               // marks the store lost if answered batches become unreadable
 			s.applied = s.durable.Load() // later Views read without it
 			s.mu.Unlock()
 			close(synced)
@@ -370,10 +361,8 @@ func (s *Store) commitOpen() error {
 		err = fmt.Errorf("bbolt: commit %s: %w", s.path, err)
 		s.fail(err)
 		// The batches answered are in the log; readers get them back
-		// from the records kept.
-		if rerr := s.reopen(); rerr != nil {
-			s.lost.Store(true)
-		}
+		// from the records kept (reopen marks the store lost if not).
+		_ = s.reopen()
 		return err
 	}
 	clear(s.pending)
@@ -392,6 +381,13 @@ func (s *Store) commitOpen() error {
 		return err
 	}
 	return nil
+}
+
+// commitOpenLocked is commitOpen under s.mu.
+func (s *Store) commitOpenLocked() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.commitOpen()
 }
 
 // begin begins the writer's open transaction. Every bucket is opened in
