@@ -22,35 +22,30 @@ func (k *Kernel) ListApprovals(ctx context.Context, tenant string, status Approv
 		return nil, Errorf(CodeValidation, "status %q is invalid (want pending, granted, denied, expired or happened)", status)
 	}
 	var out []*Approval
-	for after, scanned := "", false; ; {
-		var got []*Approval
-		resume := ""
-		err := k.store.View(ctx, func(tx ReadTx) error {
-			var err error
-			if sc, ok := tx.(ApprovalScanner); ok {
-				scanned = true
-				got, resume, err = sc.ScanApprovals(tenant, status, after, listScanChunk)
-				return err
-			}
-			got, err = tx.ListApprovals(tenant, status)
-			return err
-		})
-		if err != nil {
-			return nil, err
+	scanned := false
+	err := k.readInChunks(ctx, "", func(tx ReadTx, after string) (string, error) {
+		if sc, ok := tx.(ApprovalScanner); ok {
+			scanned = true
+			got, resume, err := sc.ScanApprovals(tenant, status, after, listScanChunk)
+			out = append(out, got...)
+			return resume, err
 		}
+		got, err := tx.ListApprovals(tenant, status)
 		out = append(out, got...)
-		if resume == "" {
-			if scanned {
-				sortApprovals(out)
-			}
-			return out, nil
-		}
-		after = resume
+		return "", err
+	})
+	if err != nil {
+		return nil, err
 	}
+	if scanned {
+		SortApprovals(out)
+	}
+	return out, nil
 }
 
-// sortApprovals sorts approvals newest first (ListApprovals's order).
-func sortApprovals(l []*Approval) {
+// SortApprovals sorts approvals newest first, then by id, highest first:
+// the order of ReadTx.ListApprovals.
+func SortApprovals(l []*Approval) {
 	slices.SortStableFunc(l, func(a, b *Approval) int {
 		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
 			return c

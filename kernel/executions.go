@@ -143,9 +143,29 @@ func (k *Kernel) GetExecution(ctx context.Context, tenant, id string) (*Executio
 	return e, err
 }
 
-// listScanChunk is how many executions a filtered ListExecutions examines
-// in one read transaction (see ExecutionScanner).
+// listScanChunk is how many records a read that may examine many (a
+// filtered ListExecutions, ListApprovals, PendingApprovals) examines in one
+// read transaction (see ExecutionScanner).
 var listScanChunk = 2000
+
+// readInChunks calls read in one read transaction after another, each
+// given the position the last one returned (from, first), until one
+// returns "": a long read in bounded pieces, so that no one read
+// transaction holds up the store's writer for long (see ExecutionScanner).
+func (k *Kernel) readInChunks(ctx context.Context, from string, read func(tx ReadTx, from string) (resume string, err error)) error {
+	for {
+		resume := ""
+		err := k.store.View(ctx, func(tx ReadTx) error {
+			var err error
+			resume, err = read(tx, from)
+			return err
+		})
+		if err != nil || resume == "" {
+			return err
+		}
+		from = resume
+	}
+}
 
 // ListExecutions lists a tenant's executions newest first. next is the
 // cursor of the following page ("" at the end). A filtered list reads the
@@ -162,27 +182,23 @@ func (k *Kernel) ListExecutions(ctx context.Context, tenant string, f ExecutionF
 	want := f.Limit
 	f.Limit++
 	filtered := f.AgentID != "" || f.Status != ""
-	for {
-		var got []*Execution
-		resume := ""
-		err = k.store.View(ctx, func(tx ReadTx) error {
-			var err error
-			if sc, ok := tx.(ExecutionScanner); ok && filtered {
-				got, resume, err = sc.ScanExecutions(tenant, f, listScanChunk)
-				return err
-			}
-			got, err = tx.ListExecutions(tenant, f)
-			return err
-		})
-		if err != nil {
-			return nil, "", err
+	err = k.readInChunks(ctx, f.Before, func(tx ReadTx, before string) (string, error) {
+		g := f
+		g.Before, g.Limit = before, f.Limit-len(out)
+		if g.Limit <= 0 {
+			return "", nil // the page is full (a Limit of 0 would mean none)
 		}
+		if sc, ok := tx.(ExecutionScanner); ok && filtered {
+			got, resume, err := sc.ScanExecutions(tenant, g, listScanChunk)
+			out = append(out, got...)
+			return resume, err
+		}
+		got, err := tx.ListExecutions(tenant, g)
 		out = append(out, got...)
-		f.Limit -= len(got)
-		if resume == "" || f.Limit <= 0 {
-			break
-		}
-		f.Before = resume
+		return "", err
+	})
+	if err != nil {
+		return nil, "", err
 	}
 	if len(out) > want {
 		out = out[:want]

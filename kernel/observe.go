@@ -239,34 +239,29 @@ func (k *Kernel) countExecutions(ctx context.Context) (map[ExecStatus]int, error
 func (k *Kernel) PendingApprovals(ctx context.Context) (int, time.Time, error) {
 	var n int
 	var oldest time.Time
-	for after := ""; ; {
+	err := k.readInChunks(ctx, "", func(tx ReadTx, after string) (string, error) {
+		var refs []ApprovalRef
 		resume := ""
-		err := k.store.View(ctx, func(tx ReadTx) error {
-			var refs []ApprovalRef
-			var err error
-			if sc, ok := tx.(PendingApprovalScanner); ok {
-				refs, resume, err = sc.ScanPendingApprovals(after, listScanChunk)
-			} else {
-				refs, err = tx.ExpiredApprovals(time.Unix(1<<62, 0), 0)
-			}
-			if err != nil {
-				return err
-			}
-			for _, ref := range refs {
-				a, err := tx.Approval(ref.Tenant, ref.ApprovalID)
-				if err != nil || a.Status != ApprovalPending {
-					continue
-				}
-				n++
-				if oldest.IsZero() || a.CreatedAt.Before(oldest) {
-					oldest = a.CreatedAt
-				}
-			}
-			return nil
-		})
-		if err != nil || resume == "" {
-			return n, oldest, err
+		var err error
+		if sc, ok := tx.(PendingApprovalScanner); ok {
+			refs, resume, err = sc.ScanPendingApprovals(after, listScanChunk)
+		} else {
+			refs, err = tx.ExpiredApprovals(time.Unix(1<<62, 0), 0)
 		}
-		after = resume
-	}
+		if err != nil {
+			return "", err
+		}
+		for _, ref := range refs {
+			a, err := tx.Approval(ref.Tenant, ref.ApprovalID)
+			if err != nil || a.Status != ApprovalPending {
+				continue
+			}
+			n++
+			if oldest.IsZero() || a.CreatedAt.Before(oldest) {
+				oldest = a.CreatedAt
+			}
+		}
+		return resume, nil
+	})
+	return n, oldest, err
 }

@@ -247,9 +247,8 @@ func get[T any](b *bolt.Bucket, k []byte) (v *T, ok bool, err error) {
 	return v, true, nil
 }
 
-// scan decodes every record whose key starts with pfx, in key order, and
-// keeps those keep accepts (all when keep is nil).
-func scan[T any](b *bolt.Bucket, pfx []byte, keep func(*T) bool) ([]*T, error) {
+// scan decodes every record whose key starts with pfx, in key order.
+func scan[T any](b *bolt.Bucket, pfx []byte) ([]*T, error) {
 	var out []*T
 	c := b.Cursor()
 	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
@@ -257,9 +256,7 @@ func scan[T any](b *bolt.Bucket, pfx []byte, keep func(*T) bool) ([]*T, error) {
 		if err != nil {
 			return nil, fmt.Errorf("key %q: %w", k, err)
 		}
-		if keep == nil || keep(x) {
-			out = append(out, x)
-		}
+		out = append(out, x)
 	}
 	return out, nil
 }
@@ -639,7 +636,7 @@ func (r *readTx) ListAgents(tenant string) ([]*kernel.Agent, error) {
 	if !readable(tenant) {
 		return nil, nil
 	}
-	agents, err := scan[kernel.Agent](r.bucket(bAgents), prefix(tenant), nil)
+	agents, err := scan[kernel.Agent](r.bucket(bAgents), prefix(tenant))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: list agents of %s: %w", tenant, err)
 	}
@@ -723,21 +720,11 @@ func (r *readTx) Approval(tenant, id string) (*kernel.Approval, error) {
 // ListApprovals implements kernel.ReadTx: newest (CreatedAt, then id)
 // first.
 func (r *readTx) ListApprovals(tenant string, status kernel.ApprovalStatus) ([]*kernel.Approval, error) {
-	if !readable(tenant) {
-		return nil, nil
-	}
-	list, err := scan(r.bucket(bApprovals), prefix(tenant), func(a *kernel.Approval) bool {
-		return status == "" || a.Status == status
-	})
+	list, _, err := r.ScanApprovals(tenant, status, "", 0)
 	if err != nil {
-		return nil, fmt.Errorf("bbolt: list approvals of %s: %w", tenant, err)
+		return nil, err
 	}
-	slices.SortStableFunc(list, func(a, b *kernel.Approval) int {
-		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
-			return c
-		}
-		return cmp.Compare(b.ID, a.ID)
-	})
+	kernel.SortApprovals(list)
 	return list, nil
 }
 
@@ -838,7 +825,7 @@ func (r *readTx) ListBundles(tenant string) ([]*kernel.BundleRecord, error) {
 		}
 		pfx = prefix(tenant)
 	}
-	list, err := scan[kernel.BundleRecord](r.bucket(bBundles), pfx, nil)
+	list, err := scan[kernel.BundleRecord](r.bucket(bBundles), pfx)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: list bundles of %q: %w", tenant, err)
 	}
@@ -886,7 +873,7 @@ func (r *readTx) Tenant(id string) (*kernel.Tenant, error) {
 
 // ListTenants implements kernel.ReadTx: ordered by id.
 func (r *readTx) ListTenants() ([]*kernel.Tenant, error) {
-	list, err := scan[kernel.Tenant](r.bucket(bTenants), nil, nil)
+	list, err := scan[kernel.Tenant](r.bucket(bTenants), nil)
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: list tenants: %w", err)
 	}
@@ -917,7 +904,7 @@ func (r *readTx) ListAPIKeys(tenant string) ([]*kernel.APIKey, error) {
 	if !readable(tenant) {
 		return nil, nil
 	}
-	list, err := scan[kernel.APIKey](r.bucket(bAPIKeys), prefix(tenant), nil)
+	list, err := scan[kernel.APIKey](r.bucket(bAPIKeys), prefix(tenant))
 	if err != nil {
 		return nil, fmt.Errorf("bbolt: list api keys of %s: %w", tenant, err)
 	}
