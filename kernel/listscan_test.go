@@ -30,11 +30,8 @@ func TestFilteredListInChunks(t *testing.T) {
 		}
 	}
 	// A kernel on the same store whose read transactions only offer
-	// kernel.ReadTx (not started: it only lists).
-	plain, err := kernel.New(plainReadStore{bst}, &deliverer{got: make(chan kernel.Delivery, 1)}, &script{}, nil, kernel.Config{ReapInterval: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// kernel.ReadTx.
+	plain := readingKernel(t, plainReadStore{bst})
 	// pages lists every page's ids, following next to the end.
 	pages := func(k *kernel.Kernel, f kernel.ExecutionFilter) [][]string {
 		var out [][]string
@@ -101,14 +98,7 @@ func TestListApprovalsInChunks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newKernel := func(st kernel.Store) *kernel.Kernel {
-		k, err := kernel.New(st, &deliverer{got: make(chan kernel.Delivery, 1)}, &script{}, nil, kernel.Config{ReapInterval: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	scanning, plain := newKernel(bst), newKernel(plainReadStore{bst})
+	scanning, plain := readingKernel(t, bst), readingKernel(t, plainReadStore{bst})
 	list := func(k *kernel.Kernel, status kernel.ApprovalStatus) []string {
 		l, err := k.ListApprovals(ctx, kernel.DefaultTenant, status)
 		if err != nil {
@@ -161,18 +151,11 @@ func TestPendingApprovalsInChunks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newKernel := func(st kernel.Store) *kernel.Kernel {
-		k, err := kernel.New(st, &deliverer{got: make(chan kernel.Delivery, 1)}, &script{}, nil, kernel.Config{ReapInterval: time.Hour})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return k
-	}
-	wantN, wantOldest, err := newKernel(plainReadStore{bst}).PendingApprovals(ctx)
+	wantN, wantOldest, err := readingKernel(t, plainReadStore{bst}).PendingApprovals(ctx)
 	if err != nil || wantN != 9 || !wantOldest.Equal(base.Add(time.Minute)) {
 		t.Fatalf("without the scan: %d pending, oldest %s, %v; want 9, %s", wantN, wantOldest, err, base.Add(time.Minute))
 	}
-	scanning := newKernel(bst)
+	scanning := readingKernel(t, bst)
 	for _, chunk := range []int{1, 2, 5, 2000} {
 		restore := kernel.SetListScanChunk(chunk)
 		n, oldest, err := scanning.PendingApprovals(ctx)
@@ -181,4 +164,14 @@ func TestPendingApprovalsInChunks(t *testing.T) {
 			t.Errorf("%d at a time: %d pending, oldest %s, %v; want %d, %s", chunk, n, oldest, err, wantN, wantOldest)
 		}
 	}
+}
+
+// readingKernel is a kernel on st that is not started: it only reads.
+func readingKernel(t *testing.T, st kernel.Store) *kernel.Kernel {
+	t.Helper()
+	k, err := kernel.New(st, &deliverer{got: make(chan kernel.Delivery, 1)}, &script{}, nil, kernel.Config{ReapInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
