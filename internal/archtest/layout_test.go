@@ -58,7 +58,7 @@ var layout = []row{
 	{"internal/llmrec", []string{std, "server/wire"}, "the llm_call record (format, refusal, usage, stream recorder) shared by the SDK's Transport and the gateway: standard library only"},
 	{"internal/metrics", []string{std, "kernel", "kernel/policy", "github.com/prometheus/client_golang"}, "Prometheus metrics: the only user of the Prometheus client"},
 
-	{"store/bbolt", []string{std, "kernel", "kernel/policy", "store/storecopy", "go.etcd.io/bbolt"}, "the embedded store: the only user of bbolt"},
+	{"store/bbolt", []string{std, "kernel", "kernel/policy", "store/storecopy", "go.etcd.io/bbolt", "golang.org/x/sys/unix"}, "the embedded store: the only user of bbolt (and of x/sys, for sync_file_range)"},
 	{"store/postgres", []string{std, "kernel", "kernel/policy", "store/storecopy", "github.com/jackc/pgx/v5"}, "the shared-database store: the only user of pgx"},
 	{"store/postgres/pgtest", []string{std, testPkg, "store/postgres"}, "a PostgreSQL schema per test, skipping without WICKET_TEST_POSTGRES (test support)"},
 	{"store/storecopy", []string{std, "kernel"}, "wicket store copy: moves every record between two stores, checked and compared by digest"},

@@ -99,6 +99,9 @@ type Options struct {
 	// onCheckpoint, for tests, is called with the file's path once each
 	// checkpoint is durable.
 	onCheckpoint func(path string)
+	// onWriteback, for tests, is called with startWriteback's result each
+	// time the checkpointer starts writing the file's pages back.
+	onWriteback func(error)
 }
 
 // DefaultGatherWindow is the default Options.GatherWindow. Over HTTP the
@@ -178,6 +181,8 @@ type Store struct {
 	ckptReq chan ckptRequest // tests' requests to the writer
 	// onCheckpoint is Options.onCheckpoint.
 	onCheckpoint func(path string)
+	// onWriteback is Options.onWriteback.
+	onWriteback func(error)
 	// failure, once set, is returned by every Update: the log or the file
 	// failed a write, and only a restart knows what is on disk.
 	failure atomic.Pointer[error]
@@ -313,6 +318,7 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	if useWAL {
 		s.onCheckpoint = opts.onCheckpoint
+		s.onWriteback = opts.onWriteback
 		if err := s.startWAL(lsn, opts.CheckpointInterval, opts.walMmap, opts.walSegment); err != nil {
 			_ = db.Close()
 			return nil, fmt.Errorf("bbolt: open %s: %w", path, err)

@@ -371,6 +371,7 @@ func (s *Store) commitOpen() error {
 	if s.wal == nil {
 		return nil
 	}
+	s.wal.hintWriteback()
 	var size int64
 	if err := s.db.View(func(tx *bolt.Tx) error { size = tx.Size(); return nil }); err != nil {
 		s.fail(err)
