@@ -25,9 +25,13 @@ const walSegmentSize = 8 << 20
 // checkpoint's base is protected by a read transaction, and bbolt cannot
 // remap (grow its mapping) while one is open. Past half of it the store
 // stops using the log (stopWAL) rather than wait.
+// It is 1 TiB where int has 64 bits and 1 GiB elsewhere; the shift is
+// not a constant, so that 32-bit builds, where 1 << 40 overflows int,
+// compile.
 var walMmapReserve = func() int {
 	if strconv.IntSize == 64 {
-		return 1 << 40
+		tib := 40
+		return 1 << tib
 	}
 	return 1 << 30
 }()
