@@ -646,7 +646,7 @@ func (r *readTx) ListAgents(tenant string) ([]*kernel.Agent, error) {
 // DueDispatches implements kernel.ReadTx.
 func (r *readTx) DueDispatches(now time.Time, limit int) ([]kernel.DispatchRef, error) {
 	var out []kernel.DispatchRef
-	err := scanTimeIndex(r.bucket(bDue), now, limit, func(at time.Time, tenant, id string) {
+	_, err := scanTimeIndex(r.bucket(bDue), now, nil, limit, func(at time.Time, tenant, id string) {
 		out = append(out, kernel.DispatchRef{Tenant: tenant, ExecutionID: id, At: at})
 	})
 	if err != nil {
@@ -671,7 +671,7 @@ func (r *readTx) NextDue() (time.Time, bool, error) {
 // ExpiredLeases implements kernel.ReadTx.
 func (r *readTx) ExpiredLeases(now time.Time, limit int) ([]kernel.DispatchRef, error) {
 	var out []kernel.DispatchRef
-	err := scanTimeIndex(r.bucket(bLeases), now, limit, func(at time.Time, tenant, id string) {
+	_, err := scanTimeIndex(r.bucket(bLeases), now, nil, limit, func(at time.Time, tenant, id string) {
 		out = append(out, kernel.DispatchRef{Tenant: tenant, ExecutionID: id, At: at})
 	})
 	if err != nil {
@@ -681,25 +681,33 @@ func (r *readTx) ExpiredLeases(now time.Time, limit int) ([]kernel.DispatchRef, 
 }
 
 // scanTimeIndex calls fn for each entry of a time index with time <= now,
-// oldest first, at most limit times (limit <= 0: no limit).
-func scanTimeIndex(b *bolt.Bucket, now time.Time, limit int, fn func(at time.Time, tenant, id string)) error {
+// oldest first, from just after the key after (nil: from the first), at
+// most limit times (limit <= 0: no limit). When limit stopped it with
+// entries left, it returns the key of the last one read, where the next
+// call goes on (bbolt's bytes: valid only within the transaction).
+func scanTimeIndex(b *bolt.Bucket, now time.Time, after []byte, limit int, fn func(at time.Time, tenant, id string)) (resume []byte, err error) {
 	end := putTime(nil, now)
-	n := 0
+	due := func(k []byte) bool { return k != nil && len(k) >= 8 && bytes.Compare(k[:8], end) <= 0 }
 	c := b.Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		if len(k) < 8 || bytes.Compare(k[:8], end) > 0 {
-			break
+	k, _ := c.First()
+	if after != nil {
+		if k, _ = c.Seek(after); bytes.Equal(k, after) {
+			k, _ = c.Next()
+		}
+	}
+	for n := 0; due(k); k, _ = c.Next() {
+		if limit > 0 && n == limit {
+			return resume, nil
 		}
 		at, tenant, id, ok := parseTimeKey(k)
 		if !ok {
-			return fmt.Errorf("malformed index key %q", k)
+			return nil, fmt.Errorf("malformed index key %q", k)
 		}
 		fn(at, tenant, id)
-		if n++; limit > 0 && n >= limit {
-			break
-		}
+		n++
+		resume = k
 	}
-	return nil
+	return nil, nil
 }
 
 // Approval implements kernel.ReadTx.
@@ -765,34 +773,24 @@ func (r *readTx) ScanApprovals(tenant string, status kernel.ApprovalStatus, afte
 // ScanPendingApprovals implements kernel.PendingApprovalScanner. after
 // and resume are keys of the index of pending approvals.
 func (r *readTx) ScanPendingApprovals(after string, max int) ([]kernel.ApprovalRef, string, error) {
-	c := r.bucket(bApprovalExp).Cursor()
-	var k []byte
-	if after == "" {
-		k, _ = c.First()
-	} else if k, _ = c.Seek([]byte(after)); k != nil && string(k) == after {
-		k, _ = c.Next()
-	}
 	var out []kernel.ApprovalRef
-	var last []byte
-	for ; k != nil; k, _ = c.Next() {
-		if max > 0 && len(out) == max {
-			// The next call goes on after the last one read.
-			return out, string(last), nil
-		}
-		at, tenant, id, ok := parseTimeKey(k)
-		if !ok {
-			return nil, "", fmt.Errorf("bbolt: pending approvals: malformed index key %q", k)
-		}
-		out = append(out, kernel.ApprovalRef{Tenant: tenant, ApprovalID: id, At: at})
-		last = k
+	var from []byte
+	if after != "" {
+		from = []byte(after)
 	}
-	return out, "", nil
+	resume, err := scanTimeIndex(r.bucket(bApprovalExp), time.Unix(1<<62, 0), from, max, func(at time.Time, tenant, id string) {
+		out = append(out, kernel.ApprovalRef{Tenant: tenant, ApprovalID: id, At: at})
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("bbolt: pending approvals: %w", err)
+	}
+	return out, string(resume), nil
 }
 
 // ExpiredApprovals implements kernel.ReadTx.
 func (r *readTx) ExpiredApprovals(now time.Time, limit int) ([]kernel.ApprovalRef, error) {
 	var out []kernel.ApprovalRef
-	err := scanTimeIndex(r.bucket(bApprovalExp), now, limit, func(at time.Time, tenant, id string) {
+	_, err := scanTimeIndex(r.bucket(bApprovalExp), now, nil, limit, func(at time.Time, tenant, id string) {
 		out = append(out, kernel.ApprovalRef{Tenant: tenant, ApprovalID: id, At: at})
 	})
 	if err != nil {
