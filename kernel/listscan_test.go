@@ -77,27 +77,13 @@ func TestFilteredListInChunks(t *testing.T) {
 // lists what a store that cannot scan in chunks lists, in the same order
 // (newest first, then by id).
 func TestListApprovalsInChunks(t *testing.T) {
-	bst, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bst.Close() })
 	ctx := context.Background()
 	base := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 	statuses := []kernel.ApprovalStatus{kernel.ApprovalPending, kernel.ApprovalGranted, kernel.ApprovalDenied}
-	err = bst.Update(ctx, func(tx kernel.Tx) error {
-		for i := range 11 {
-			a := &kernel.Approval{Tenant: kernel.DefaultTenant, ID: "ap-" + string(rune('a'+i)), ExecutionID: "e",
-				Status: statuses[i%3], CreatedAt: base.Add(time.Duration(i%4) * time.Minute), ExpiresAt: base.Add(time.Hour)}
-			if err := tx.PutApproval(a); err != nil {
-				return err
-			}
-		}
-		return nil
+	bst := storeWithApprovals(t, 11, func(i int) *kernel.Approval {
+		return &kernel.Approval{Tenant: kernel.DefaultTenant, ID: "ap-" + string(rune('a'+i)), ExecutionID: "e",
+			Status: statuses[i%3], CreatedAt: base.Add(time.Duration(i%4) * time.Minute), ExpiresAt: base.Add(time.Hour)}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	scanning, plain := readingKernel(t, bst), readingKernel(t, plainReadStore{bst})
 	list := func(k *kernel.Kernel, status kernel.ApprovalStatus) []string {
 		l, err := k.ListApprovals(ctx, kernel.DefaultTenant, status)
@@ -130,27 +116,13 @@ func TestListApprovalsInChunks(t *testing.T) {
 // pending approvals a few entries at a time counts what a store without
 // the scan counts, across tenants, and finds the same oldest.
 func TestPendingApprovalsInChunks(t *testing.T) {
-	bst, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bst.Close() })
 	ctx := context.Background()
 	base := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 	statuses := []kernel.ApprovalStatus{kernel.ApprovalPending, kernel.ApprovalGranted, kernel.ApprovalPending}
-	err = bst.Update(ctx, func(tx kernel.Tx) error {
-		for i := range 13 {
-			a := &kernel.Approval{Tenant: []string{kernel.DefaultTenant, "t2"}[i%2], ID: "ap-" + string(rune('a'+i)), ExecutionID: "e",
-				Status: statuses[i%3], CreatedAt: base.Add(time.Duration(13-i) * time.Minute), ExpiresAt: base.Add(time.Duration(i%4) * time.Hour)}
-			if err := tx.PutApproval(a); err != nil {
-				return err
-			}
-		}
-		return nil
+	bst := storeWithApprovals(t, 13, func(i int) *kernel.Approval {
+		return &kernel.Approval{Tenant: []string{kernel.DefaultTenant, "t2"}[i%2], ID: "ap-" + string(rune('a'+i)), ExecutionID: "e",
+			Status: statuses[i%3], CreatedAt: base.Add(time.Duration(13-i) * time.Minute), ExpiresAt: base.Add(time.Duration(i%4) * time.Hour)}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	wantN, wantOldest, err := readingKernel(t, plainReadStore{bst}).PendingApprovals(ctx)
 	if err != nil || wantN != 9 || !wantOldest.Equal(base.Add(time.Minute)) {
 		t.Fatalf("without the scan: %d pending, oldest %s, %v; want 9, %s", wantN, wantOldest, err, base.Add(time.Minute))
@@ -164,6 +136,29 @@ func TestPendingApprovalsInChunks(t *testing.T) {
 			t.Errorf("%d at a time: %d pending, oldest %s, %v; want %d, %s", chunk, n, oldest, err, wantN, wantOldest)
 		}
 	}
+}
+
+// storeWithApprovals is an embedded store (without fsync) holding the n
+// approvals approval makes.
+func storeWithApprovals(t *testing.T, n int, approval func(i int) *kernel.Approval) *bbolt.Store {
+	t.Helper()
+	bst, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bst.Close() })
+	err = bst.Update(context.Background(), func(tx kernel.Tx) error {
+		for i := range n {
+			if err := tx.PutApproval(approval(i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bst
 }
 
 // readingKernel is a kernel on st that is not started: it only reads.
