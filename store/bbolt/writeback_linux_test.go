@@ -21,15 +21,7 @@ import (
 // pages back (sync_file_range), and the OS takes the request on the
 // descriptor the store keeps for it.
 func TestWritebackAfterTheFileCommit(t *testing.T) {
-	started := make(chan error, 8)
-	opts := openTxOptions
-	opts.onWriteback = func(err error) {
-		select {
-		case started <- err:
-		default:
-		}
-	}
-	s := openStore(t, opts, true)
+	s, started := openWritebackStore(t)
 	for i := range 3 {
 		err := s.Update(context.Background(), func(tx kernel.Tx) error {
 			return tx.PutCounter("t", "k", []byte(strconv.Itoa(i)))
@@ -45,14 +37,36 @@ func TestWritebackAfterTheFileCommit(t *testing.T) {
 		if err := s.flush(); err != nil {
 			t.Fatal(err)
 		}
+		waitWriteback(t, started, "file commit "+strconv.Itoa(i))
+	}
+}
+
+// openWritebackStore opens a store whose open transaction is committed
+// to the file only when a test flushes it; started gets the result of
+// each writeback the checkpointer starts.
+func openWritebackStore(t *testing.T) (s *Store, started <-chan error) {
+	ch := make(chan error, 8)
+	opts := openTxOptions
+	opts.onWriteback = func(err error) {
 		select {
-		case err := <-started:
-			if err != nil {
-				t.Fatalf("writeback after file commit %d: %v", i, err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no writeback started after file commit %d", i)
+		case ch <- err:
+		default:
 		}
+	}
+	return openStore(t, opts, true), ch
+}
+
+// waitWriteback fails the test unless a writeback starts, without error,
+// after what.
+func waitWriteback(t *testing.T, started <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-started:
+		if err != nil {
+			t.Fatalf("writeback after %s: %v", what, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no writeback started after %s", what)
 	}
 }
 
@@ -97,15 +111,7 @@ func dirtyPages(t *testing.T, fd uintptr) uint64 {
 // the kernel's flusher, nor at the next checkpoint): the hint does what
 // it is for, on the descriptor the store keeps.
 func TestWritebackLeavesNoDirtyPage(t *testing.T) {
-	started := make(chan error, 8)
-	opts := openTxOptions
-	opts.onWriteback = func(err error) {
-		select {
-		case started <- err:
-		default:
-		}
-	}
-	s := openStore(t, opts, true)
+	s, started := openWritebackStore(t)
 	var fs unix.Statfs_t
 	if err := unix.Statfs(s.path, &fs); err != nil || fs.Type == unix.TMPFS_MAGIC {
 		t.Skip("no writeback on this file system")
@@ -123,14 +129,7 @@ func TestWritebackLeavesNoDirtyPage(t *testing.T) {
 			t.Fatal(err)
 		}
 		fd := s.wal.metaFile.Fd() // the test runs between the writer's commits
-		select {
-		case err := <-started:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("no writeback")
-		}
+		waitWriteback(t, started, "round "+strconv.Itoa(round))
 		if n := dirtyPages(t, fd); n != 0 {
 			t.Fatalf("round %d: %d dirty pages left after the writeback", round, n)
 		}
