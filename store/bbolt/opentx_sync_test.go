@@ -128,18 +128,7 @@ func TestOpenTxViewsAcrossTheLogsEnd(t *testing.T) {
 func TestOpenTxViewCancelledDuringTheSync(t *testing.T) {
 	s := openStore(t, openTxOptions, true)
 	ctx := context.Background()
-	syncing, release := make(chan struct{}), make(chan struct{})
-	testHookSync = func() {
-		testHookSync = nil
-		close(syncing)
-		<-release
-	}
-	defer func() { testHookSync = nil }()
-	updated := make(chan error, 1)
-	go func() {
-		updated <- s.Update(ctx, func(tx kernel.Tx) error { return tx.PutCounter("t", "k", []byte("v")) })
-	}()
-	<-syncing
+	release, updated := updateHeldInSync(t, s, "k", nil)
 	cctx, cancel := context.WithCancel(ctx)
 	read, returned := make(chan string, 1), make(chan error, 1)
 	go func() {

@@ -281,18 +281,7 @@ func viewCounterErr(s *Store, k string) string {
 func TestOpenTxViewDuringTheSync(t *testing.T) {
 	s := openStore(t, openTxOptions, true)
 	ctx := context.Background()
-	syncing, release := make(chan struct{}), make(chan struct{})
-	testHookSync = func() {
-		testHookSync = nil // the next batches sync at once
-		close(syncing)
-		<-release
-	}
-	defer func() { testHookSync = nil }()
-	updated := make(chan error, 1)
-	go func() {
-		updated <- s.Update(ctx, func(tx kernel.Tx) error { return tx.PutCounter("t", "k", []byte("v")) })
-	}()
-	<-syncing
+	release, updated := updateHeldInSync(t, s, "k", nil)
 	read, returned := make(chan string, 1), make(chan string, 1)
 	go func() {
 		var v []byte
@@ -318,4 +307,29 @@ func TestOpenTxViewDuringTheSync(t *testing.T) {
 	if v := <-returned; v != "v" {
 		t.Fatalf("the View returned %q after the sync, want v", v)
 	}
+}
+
+// updateHeldInSync starts an Update that puts counter k of tenant t to
+// "v", and holds its record's sync: the writer runs during (if any), then
+// waits until release is closed. It returns once the batch is in the open
+// transaction and its record not yet synced; updated gets the Update's
+// result. Later batches sync at once.
+func updateHeldInSync(t *testing.T, s *Store, k string, during func()) (release chan struct{}, updated <-chan error) {
+	t.Helper()
+	syncing, rel := make(chan struct{}), make(chan struct{})
+	testHookSync = func() {
+		testHookSync = nil
+		if during != nil {
+			during()
+		}
+		close(syncing)
+		<-rel
+	}
+	t.Cleanup(func() { testHookSync = nil })
+	up := make(chan error, 1)
+	go func() {
+		up <- s.Update(context.Background(), func(tx kernel.Tx) error { return tx.PutCounter("t", k, []byte("v")) })
+	}()
+	<-syncing
+	return rel, up
 }

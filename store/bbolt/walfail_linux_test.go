@@ -115,22 +115,12 @@ func TestWALViewOfAFailedSync(t *testing.T) {
 		t.Skip("no /dev/full:", err)
 	}
 	defer full.Close()
-	syncing, release := make(chan struct{}), make(chan struct{})
-	testHookSync = func() {
-		testHookSync = nil
+	release, updated := updateHeldInSync(t, s, "lost", func() {
 		// The active segment's descriptor now writes to /dev/full.
 		if err := syscall.Dup3(int(full.Fd()), int(s.wal.log.f.Fd()), 0); err != nil {
 			panic(err)
 		}
-		close(syncing)
-		<-release
-	}
-	defer func() { testHookSync = nil }()
-	updated := make(chan error, 1)
-	go func() {
-		updated <- s.Update(ctx, func(tx kernel.Tx) error { return tx.PutCounter("t", "lost", []byte("v")) })
-	}()
-	<-syncing
+	})
 	read, returned := make(chan string, 1), make(chan error, 1)
 	go func() {
 		returned <- s.View(ctx, func(tx kernel.ReadTx) error {
