@@ -149,7 +149,7 @@ func TestOpenTxViewCancelledDuringTheSync(t *testing.T) {
 		defer func() { _ = recover() }()
 		_ = s.View(ctx, func(tx kernel.ReadTx) error { panic("boom") })
 	}()
-	close(release)
+	release()
 	if err := <-updated; err != nil {
 		t.Fatal(err)
 	}

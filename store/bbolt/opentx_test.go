@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -300,7 +301,7 @@ func TestOpenTxViewDuringTheSync(t *testing.T) {
 		t.Fatalf("the View returned %q before the batch's record was synced", v)
 	case <-time.After(50 * time.Millisecond):
 	}
-	close(release)
+	release()
 	if err := <-updated; err != nil {
 		t.Fatal(err)
 	}
@@ -313,10 +314,13 @@ func TestOpenTxViewDuringTheSync(t *testing.T) {
 // "v", and holds its record's sync: the writer runs during (if any), then
 // waits until release is closed. It returns once the batch is in the open
 // transaction and its record not yet synced; updated gets the Update's
-// result. Later batches sync at once.
-func updateHeldInSync(t *testing.T, s *Store, k string, during func()) (release chan struct{}, updated <-chan error) {
+// result. Later batches sync at once. A test that ends without calling
+// release has it called first by its cleanup, so that the store closes
+// and the test fails rather than hangs.
+func updateHeldInSync(t *testing.T, s *Store, k string, during func()) (release func(), updated <-chan error) {
 	t.Helper()
 	syncing, rel := make(chan struct{}), make(chan struct{})
+	release = sync.OnceFunc(func() { close(rel) })
 	testHookSync = func() {
 		testHookSync = nil
 		if during != nil {
@@ -325,11 +329,14 @@ func updateHeldInSync(t *testing.T, s *Store, k string, during func()) (release 
 		close(syncing)
 		<-rel
 	}
-	t.Cleanup(func() { testHookSync = nil })
+	t.Cleanup(func() {
+		release()
+		testHookSync = nil
+	})
 	up := make(chan error, 1)
 	go func() {
 		up <- s.Update(context.Background(), func(tx kernel.Tx) error { return tx.PutCounter("t", k, []byte("v")) })
 	}()
 	<-syncing
-	return rel, up
+	return release, up
 }

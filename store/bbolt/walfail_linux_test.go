@@ -132,7 +132,7 @@ func TestWALViewOfAFailedSync(t *testing.T) {
 	if v := <-read; v != "v" {
 		t.Fatalf("a View during the write read %q, want the batch's v", v)
 	}
-	close(release)
+	release()
 	if err := <-updated; err == nil {
 		t.Fatal("the Update whose record failed returned nil")
 	}
