@@ -211,9 +211,9 @@ func (s *Store) commit(batch []*request) {
 // tryOpen is try with a write-ahead log: the functions of batch run in
 // the writer's open bbolt transaction (begun if there is none), their
 // record is appended and synced, and the transaction is committed to the
-// file only once it is older than openFor (by run, after the answers). Until then the batch is
-// durable (its record is in the log) and visible to View, which reads the
-// open transaction under s.mu's read lock.
+// file only once it is older than openFor (by run, after the answers).
+// Until then the batch is durable (its record is in the log) and visible
+// to View, which reads the open transaction under s.mu's read lock.
 //
 // The writer holds s.mu while the functions run, and lets it go for the
 // record's sync: a View may then read the batch, but does not return
