@@ -687,7 +687,7 @@ func (r *readTx) ExpiredLeases(now time.Time, limit int) ([]kernel.DispatchRef, 
 // call goes on (bbolt's bytes: valid only within the transaction).
 func scanTimeIndex(b *bolt.Bucket, now time.Time, after []byte, limit int, fn func(at time.Time, tenant, id string)) (resume []byte, err error) {
 	end := putTime(nil, now)
-	due := func(k []byte) bool { return k != nil && len(k) >= 8 && bytes.Compare(k[:8], end) <= 0 }
+	due := func(k []byte) bool { return len(k) >= 8 && bytes.Compare(k[:8], end) <= 0 }
 	c := b.Cursor()
 	k, _ := c.First()
 	if after != nil {
