@@ -44,6 +44,20 @@ type rejectVector struct {
 	ErrorContains string `json:"error_contains"`
 }
 
+// MarshalJSON writes "input" even when it is empty (the empty input is a
+// vector), and leaves it out only for a vector carried by "input_hex".
+func (r rejectVector) MarshalJSON() ([]byte, error) {
+	type plain rejectVector
+	if r.InputHex != "" {
+		return json.Marshal(plain(r))
+	}
+	return json.Marshal(struct {
+		Name          string `json:"name"`
+		Input         string `json:"input"`
+		ErrorContains string `json:"error_contains"`
+	}{r.Name, r.Input, r.ErrorContains})
+}
+
 func (r rejectVector) bytes(t testing.TB) []byte {
 	if r.InputHex != "" {
 		b, err := hex.DecodeString(r.InputHex)
@@ -386,5 +400,28 @@ func TestVectorsStepIDsDistinct(t *testing.T) {
 			t.Errorf("step_ids[%d] and [%d] have the same id", j, i)
 		}
 		seen[v.StepID] = i
+	}
+}
+
+// TestVectorsRejectedCarryTheirInput checks that every refused vector in the
+// file names its input, as "input" or "input_hex" but not both: a reader in
+// another language must not have to guess that a missing field is "".
+func TestVectorsRejectedCarryTheirInput(t *testing.T) {
+	b, err := os.ReadFile(vectorsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Rejected []map[string]json.RawMessage `json:"rejected"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range raw.Rejected {
+		_, in := v["input"]
+		_, hx := v["input_hex"]
+		if in == hx {
+			t.Errorf("rejected[%d] %s: has input %v, input_hex %v; want exactly one", i, v["name"], in, hx)
+		}
 	}
 }
