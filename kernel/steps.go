@@ -272,7 +272,10 @@ func (k *Kernel) preread(tx ReadTx, sub *submission, pre *preread) error {
 		pre.decision = &StepDecision{Decision: DecisionExecutionTerminal, Reason: "execution is " + string(e.Status)}
 		return nil
 	}
-	if !leaseLive(e) {
+	// A dispatch parked on an approval keeps its lease for the step that
+	// waits; anything else under a lease that is not live waits too.
+	parked := !leaseLive(e)
+	if parked && e.Status != ExecBlocked {
 		pre.decision = &StepDecision{Decision: DecisionExecutionBlocked, ApprovalID: e.BlockedOn, Reason: "the execution waits on an approval"}
 		return nil
 	}
@@ -305,6 +308,19 @@ func (k *Kernel) preread(tx ReadTx, sub *submission, pre *preread) error {
 		// A session keeps its lease while blocked: only the step that waits
 		// is answered (blocked until its approval is resolved).
 		pre.decision = &StepDecision{Decision: DecisionExecutionBlocked, ApprovalID: e.BlockedOn, Reason: "the execution waits on an approval"}
+		return nil
+	}
+	if parked {
+		// The step that waits, submitted again under the lease its attempt
+		// was parked with (an agent whose blocked answer was lost): blocked
+		// again, as a session's holder is answered, and nothing is written
+		// (a blocked answer consumes no occurrence).
+		a, err := tx.Approval(e.Tenant, e.BlockedOn)
+		if err != nil {
+			return fmt.Errorf("read approval %s: %w", e.BlockedOn, err)
+		}
+		pre.decision = &StepDecision{Decision: DecisionBlocked, StepID: pre.stepID, Occurrence: pre.occ,
+			ApprovalID: a.ID, Reason: a.Reason, RuleID: a.RuleID}
 		return nil
 	}
 	if !needsPolicy(pre.step) {
@@ -608,7 +624,7 @@ func (k *Kernel) afterApproval(r *rec, e *Execution, s *Step, base *StepDecision
 	switch a.Status {
 	case ApprovalPending:
 		base.Decision = DecisionBlocked
-		base.Reason = a.Reason
+		base.Reason, base.RuleID = a.Reason, a.RuleID
 		return base, nil
 	case ApprovalGranted:
 		// A retried interrupted step was counted when it first ran.

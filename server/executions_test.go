@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -377,5 +378,49 @@ func TestStreamDeltaNeedsCurrentLease(t *testing.T) {
 	e.agent(r.as, "POST", url, map[string]any{"seq": 1, "data": json.RawMessage(`{"delta":"hi"}`)}).want(t, http.StatusAccepted).decode(t, &acc)
 	if acc.Subscribers != 0 {
 		t.Fatalf("subscribers %d", acc.Subscribers)
+	}
+}
+
+// TestBlockedStepAgainUnderParkedLease: an agent whose blocked answer was
+// lost submits the step again under the same (now parked) lease. It is
+// answered blocked on the same approval with the same step id and
+// occurrence, as a session's holder is (docs/protocol.md#decisions), its
+// identity is still checked, and nothing is recorded; another step is
+// execution_blocked.
+func TestBlockedStepAgainUnderParkedLease(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("bot")
+	args := map[string]any{"to": "x", "amount": 100}
+	d := e.submit(r, "tool_call", "wire_money", args)
+	if d.Decision != wire.DecisionBlocked || d.ApprovalID == "" || d.StepID == "" {
+		t.Fatalf("first %+v", d)
+	}
+	var before wire.Execution
+	e.admin("GET", "/v0/executions/"+r.id, nil).want(t, http.StatusOK).decode(t, &before)
+
+	again := e.submit(r, "tool_call", "wire_money", args)
+	if again.Decision != wire.DecisionBlocked || again.StepID != d.StepID || again.Occurrence != d.Occurrence ||
+		again.ApprovalID != d.ApprovalID || again.Reason != d.Reason || again.RuleID != d.RuleID {
+		t.Fatalf("again under the parked lease %+v, want the first answer %+v", again, d)
+	}
+
+	// The step's identity is checked under the parked lease too.
+	body := bodyBytes(t, map[string]any{"kind": "tool_call", "target": "wire_money", "args": args})
+	path := "/v0/executions/" + r.id + "/steps"
+	h := map[string]string{wire.HeaderAgentID: "bot", wire.HeaderStepID: strings.Repeat("f", 64),
+		wire.HeaderDispatchID: r.lease.DispatchID, wire.HeaderDispatchAttempt: strconv.Itoa(r.lease.Attempt)}
+	h[wire.HeaderWicketSignature] = signV1(botSecret, "POST", path, h, body, time.Now())
+	eb := e.do("POST", path, rawBody(body), h).wantErr(t, http.StatusConflict, wire.CodeStepIDDivergence)
+	if eb.Details["step_id"] != d.StepID {
+		t.Fatalf("divergence details %+v, want step_id %s", eb.Details, d.StepID)
+	}
+
+	if other := e.submit(r, "tool_call", "search", nil); other.Decision != wire.DecisionExecutionBlocked || other.ApprovalID != d.ApprovalID {
+		t.Fatalf("another step %+v", other)
+	}
+	var after wire.Execution
+	e.admin("GET", "/v0/executions/"+r.id, nil).want(t, http.StatusOK).decode(t, &after)
+	if after.LastSeq != before.LastSeq || after.Status != "blocked" {
+		t.Fatalf("after the resubmissions: last_seq %d status %s, want %d blocked (nothing recorded)", after.LastSeq, after.Status, before.LastSeq)
 	}
 }
