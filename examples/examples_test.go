@@ -15,6 +15,7 @@ import (
 
 	"github.com/wicket-run/wicket/internal/fakellm"
 	"github.com/wicket-run/wicket/internal/testkit"
+	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/rules"
 	"github.com/wicket-run/wicket/sdk/agent"
@@ -189,6 +190,19 @@ func (e *example) status(id, want string) *client.Execution {
 			e.t.Fatalf("execution %s is %s, want %s (error %s, reason %q)", id, x.Status, want, x.Error, x.Reason)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// register registers an agent served by a process started by the test
+// (its webhook at http://addr/webhook) and binds it to the rules policy.
+func register(t *testing.T, admin *client.Client, id, addr, secret, policy string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: id, WebhookURL: "http://" + addr + "/webhook", Secret: secret}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.SetPolicy(ctx, id, policy); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -420,12 +434,7 @@ func TestGatewayPython(t *testing.T) {
 	for _, model := range []string{"gpt-py", "gpt-denied", "gpt-gated"} {
 		addr := freeAddr(t)
 		id := "py-" + strings.TrimPrefix(model, "gpt-")
-		if _, err := admin.PutAgent(ctx, wire.AgentRequest{ID: id, WebhookURL: "http://" + addr + "/webhook", Secret: secret}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := admin.SetPolicy(ctx, id, policy); err != nil {
-			t.Fatal(err)
-		}
+		register(t, admin, id, addr, secret, policy)
 		logf := filepath.Join(t.TempDir(), id+".log")
 		out, err := os.Create(logf)
 		if err != nil {
@@ -527,5 +536,145 @@ func TestGatewayPython(t *testing.T) {
 				t.Fatalf("gated: the agent's log:\n%s", b)
 			}
 		}
+	}
+}
+
+// TestAgentPython runs examples/agent-python, an agent written in Python
+// from docs/ alone: its step identity agrees with the kernel's test vectors;
+// under a real kernel it computes every step id itself (the kernel checks
+// each one), is denied a destructive tool, fails a step whose effect
+// failed, unwinds on an approval and, delivered again once it is granted,
+// replays what ran. Killed (SIGKILL) inside an at_most_once effect while its
+// heartbeats hold the lease, it is delivered again when the lease expires:
+// everything recorded replays, nothing runs twice, and the step that was in
+// flight comes back failed indeterminate.
+func TestAgentPython(t *testing.T) {
+	t.Parallel()
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 is not installed: the Python agent example is not run (apt-get install -y python3; .ci/run installs it)")
+	}
+	if out, err := exec.Command(py, "agent-python/agent.py", "--check-vectors", "../kernel/canon/testdata/vectors.json").CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), "all agree") {
+		t.Fatalf("the Python step identity against kernel/canon's vectors: %v\n%s", err, out)
+	}
+
+	const lease = 2 * time.Second
+	env := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()},
+		Config: kernel.Config{LeaseTimeout: lease, DispatchTimeout: time.Second}})
+	admin := client.New(env.URL, client.WithAPIKey(testkit.AdminKey))
+	ctx := context.Background()
+	const id, secret = "py-research", "python-research-secret-0123456789"
+	addr := freeAddr(t)
+	register(t, admin, id, addr, secret, "default_action: allow\nrules:\n"+
+		"  - id: keep-drafts\n    priority: 1\n    when: {target: delete_drafts}\n    then: {decision: deny, reason: drafts are kept}\n"+
+		"  - id: publish-review\n    priority: 2\n    when: {target: publish}\n    then: {decision: require_approval, reason: a human reads it first}\n")
+
+	// Both lives of the agent write to one log.
+	logf := filepath.Join(t.TempDir(), id+".log")
+	out, err := os.Create(logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	logged := func(s string) int {
+		b, _ := os.ReadFile(logf)
+		return strings.Count(string(b), s)
+	}
+	start := func(slow string) *exec.Cmd {
+		cmd := exec.Command(py, "agent-python/agent.py", "--kernel", env.URL, "--listen", addr, "--id", id, "--secret", secret, "--slow", slow)
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	until := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(timeout)
+		for !cond() {
+			if time.Now().After(deadline) {
+				b, _ := os.ReadFile(logf)
+				t.Fatalf("%s: not after %v; the agent's log:\n%s", what, timeout, b)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	first := start("publish")
+	until("the agent listens", func() bool { return logged("listening on") == 1 })
+	x, err := admin.CreateExecution(ctx, client.CreateExecutionRequest{AgentID: id, Input: json.RawMessage(`{"topic":"wicket"}`)}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The publish waits for a human; the agent unwound.
+	var pending []client.Approval
+	until("the publish approval", func() bool {
+		aps, err := admin.Approvals(ctx, "pending")
+		pending = pending[:0]
+		for _, a := range aps {
+			if a.ExecutionID == x.ID {
+				pending = append(pending, a)
+			}
+		}
+		return err == nil && len(pending) == 1 && logged("unwound: blocked") == 1
+	})
+	if pending[0].Target != "publish" {
+		t.Fatalf("pending %+v", pending)
+	}
+	if _, err := admin.Grant(ctx, pending[0].ID, wire.ResolveApprovalRequest{RequestHash: pending[0].RequestHash}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Delivered again, it replays up to the publish, which now runs (slowly).
+	// Its heartbeats hold the lease past the lease timeout.
+	until("the publish effect", func() bool { return logged("effect publish") == 1 })
+	held, err := admin.GetExecution(ctx, x.ID)
+	if err != nil || held.Dispatch == nil || held.Dispatch.LeaseUntil == nil {
+		t.Fatalf("execution %+v: %v", held, err)
+	}
+	renewedBy := held.Dispatch.LeaseUntil.Add(lease)
+	until("a lease renewed by heartbeats", func() bool {
+		cur, err := admin.GetExecution(ctx, x.ID)
+		if err != nil || cur.Dispatch == nil || cur.Dispatch.ID != held.Dispatch.ID || cur.Dispatch.Attempt != held.Dispatch.Attempt {
+			t.Fatalf("the lease moved while the agent heartbeats: %+v, was %+v (%v)", cur.Dispatch, held.Dispatch, err)
+		}
+		return cur.Dispatch.LeaseUntil != nil && cur.Dispatch.LeaseUntil.After(renewedBy)
+	})
+
+	// Killed inside the effect; a new process takes the next attempt.
+	if err := first.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	start("")
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	done, err := admin.Wait(wctx, x.ID)
+	cancel()
+	if err != nil || done.Status != "completed" {
+		b, _ := os.ReadFile(logf)
+		t.Fatalf("execution %+v: %v\n%s", done, err, b)
+	}
+	var o struct {
+		At           string          `json:"at"`
+		Summary      string          `json:"summary"`
+		DeleteDrafts string          `json:"delete_drafts"`
+		Fetch        map[string]any  `json:"fetch"`
+		Published    json.RawMessage `json:"published"`
+	}
+	if err := json.Unmarshal(done.Output, &o); err != nil || o.At == "" || o.Summary != "2 papers on wicket" ||
+		o.DeleteDrafts != "denied: drafts are kept" || o.Fetch["code"] != "ConnectionError" ||
+		!strings.Contains(string(o.Published), `"code":"indeterminate"`) {
+		t.Fatalf("output %s (%v)", done.Output, err)
+	}
+	for effect, want := range map[string]int{"search": 1, "fetch": 1, "summarize": 1, "publish": 1, "delete_drafts": 0} {
+		if n := logged("effect " + effect + " "); n != want {
+			b, _ := os.ReadFile(logf)
+			t.Errorf("the %s effect ran %d times, want %d; the agent's log:\n%s", effect, n, want, b)
+		}
+	}
+	if n := logged("step tool_call search #0"); n != 3 {
+		t.Errorf("search submitted %d times, want 3 (one per delivery)", n)
 	}
 }
