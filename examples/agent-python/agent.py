@@ -279,13 +279,19 @@ class Kernel:
         if lease:
             h["Rebuno-Dispatch-Id"], h["Rebuno-Dispatch-Attempt"] = did, str(att)
         h.update(headers or {})
-        c = http.client.HTTPConnection(self.host, self.port, timeout=30)
-        try:
-            c.request(method, target, body=body or None, headers=h)
-            r = c.getresponse()
-            data = r.read()
-        finally:
-            c.close()
+        for wait in (0.1, 0.2, 0.5, 1, 2, 4, 8, 15, None):  # a kernel restarting: its acked leases hold
+            c = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            try:
+                c.request(method, target, body=body or None, headers=h)
+                r = c.getresponse()
+                data = r.read()
+                break
+            except ConnectionRefusedError:  # never reached the kernel: safe to send again
+                if wait is None:
+                    raise
+                time.sleep(wait)
+            finally:
+                c.close()
         doc = json.loads(data) if data else None
         if r.status >= 400:
             raise APIError(r.status, doc)
@@ -339,6 +345,9 @@ class Execution:
                 self.log("heartbeat: %s" % e)
                 if e.code == "lease_superseded":
                     return
+                continue
+            except OSError as e:
+                self.log("heartbeat: %r" % e)
                 continue
             if until:  # a third of what is left, as the SDKs do with 30 s of 90
                 interval = min(30.0, max(0.2, (until - time.time()) / 3))
