@@ -224,6 +224,9 @@ func (k *Kernel) CreateKey(ctx context.Context, tenant, role, principal, secret 
 	if principal == "" {
 		return nil, "", Errorf(CodeValidation, "principal is required")
 	}
+	if len(principal) > MaxPrincipalBytes {
+		return nil, "", Errorf(CodeValidation, "principal is %d bytes; at most %d", len(principal), MaxPrincipalBytes)
+	}
 	if secret == "" {
 		var b [24]byte
 		_, _ = rand.Read(b[:])
