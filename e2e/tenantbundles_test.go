@@ -97,6 +97,17 @@ func TestTenantBundleCeilings(t *testing.T) {
 	if st, msg := put(p.url, keys["other"], "/v0/bundles/b3", rules(3)); st != http.StatusOK {
 		t.Fatalf("other tenant's bundle: %d %s", st, msg)
 	}
+	// Every rate limit a step matches is a counter written with the step,
+	// on the writer every tenant shares: a manifest declares at most 100.
+	var rl strings.Builder
+	rl.WriteString("name: limited\nengine: rules\ndefault_action: allow\nrate_limits:\n")
+	for i := range 101 {
+		fmt.Fprintf(&rl, "  - {id: r%d, max_calls: 1000000, window: 1h, per: tenant}\n", i)
+	}
+	if st, msg := put(p.url, keys["other"], "/v0/bundles/limited", map[string]any{"engine": "rules",
+		"files": map[string]string{"bundle.yaml": rl.String(), "rules.yaml": "default_action: allow\n"}}); st != http.StatusBadRequest || !strings.Contains(msg, "rate_limits") {
+		t.Fatalf("101 rate limits: %d %q, want 400 naming rate_limits", st, msg)
+	}
 	if st, msg := put(p.url, testkit.AdminKey, "/v0/bundles/guard?tenant=acme", rules(4)); st != http.StatusOK {
 		t.Fatalf("the admin's bundle in acme: %d %s", st, msg)
 	}
