@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/kernel/policy"
@@ -22,7 +23,9 @@ import (
 // error: the step is denied (fail closed) with a short reason naming the
 // field and its ceiling, and nothing large is recorded.
 func TestHostileDecisionSizes(t *testing.T) {
-	env := testkit.Start(t, testkit.Options{Dir: t.TempDir(), Config: fast(), Engines: []plugins.Engine{rego.New()}})
+	cfg := fast()
+	cfg.LeaseTimeout = time.Minute // a session's steps here may take long under -race
+	env := testkit.Start(t, testkit.Options{Dir: t.TempDir(), Config: cfg, Engines: []plugins.Engine{rego.New()}})
 	big := fmt.Sprintf(`sprintf("%%0%dd", [0])`, 900000)
 	for _, tc := range []struct {
 		name, decision, field string

@@ -159,6 +159,11 @@ type ReadTx interface {
 	Step(tenant, executionID, stepID string) (*Step, error)
 	// ListSteps returns the steps of an execution ordered by Seq.
 	ListSteps(tenant, executionID string) ([]*Step, error)
+	// StepsPage returns the steps of an execution with Seq > afterSeq,
+	// ordered by Seq: at most limit of them, and no more once the records
+	// read take maxBytes (at least one is returned; <= 0: no bound). more
+	// reports that steps are left after the page.
+	StepsPage(tenant, executionID string, afterSeq uint64, limit, maxBytes int) (steps []*Step, more bool, err error)
 	// Occurrence returns the counter stored under key (zero value when absent).
 	Occurrence(tenant, executionID, key string) (Occurrence, error)
 

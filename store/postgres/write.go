@@ -429,6 +429,14 @@ func (w *writeTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) 
 	return flushed(w, func() ([]*kernel.Step, error) { return w.readTx.ListSteps(tenant, executionID) })
 }
 
+// StepsPage implements kernel.ReadTx, seeing buffered writes.
+func (w *writeTx) StepsPage(tenant, executionID string, afterSeq uint64, limit, maxBytes int) ([]*kernel.Step, bool, error) {
+	if err := w.flush(); err != nil {
+		return nil, false, err
+	}
+	return w.readTx.StepsPage(tenant, executionID, afterSeq, limit, maxBytes)
+}
+
 // Occurrence implements kernel.ReadTx, seeing buffered writes.
 func (w *writeTx) Occurrence(tenant, executionID, k string) (kernel.Occurrence, error) {
 	if !readable(tenant, executionID) {
