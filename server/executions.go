@@ -224,6 +224,9 @@ func (s *Server) streamDelta(c *call) (int, any, error) {
 	if len(req.Data) == 0 {
 		return 0, nil, errorf(kernel.CodeValidation, "data is required")
 	}
+	if len(req.Data) > MaxDeltaBytes {
+		return 0, nil, errorf(kernel.CodeValidation, "data is %d bytes; at most %d a delta", len(req.Data), MaxDeltaBytes)
+	}
 	id, stepID := c.vars("id"), c.vars("step_id")
 	// The kernel has no lease check without a write; read and compare as
 	// the kernel's own agent mutations do.
