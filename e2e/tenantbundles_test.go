@@ -3,6 +3,7 @@ package e2e
 import (
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -137,5 +138,87 @@ func TestTenantBundleCeilings(t *testing.T) {
 	}
 	if st, err := testkit.Bearer(p.url, "", "GET", "/v0/health", nil, nil); err != nil || st != http.StatusOK {
 		t.Fatalf("health: %d %v", st, err)
+	}
+}
+
+// TestTenantAgentAndKeyCeilings: against a real `wicket serve`, a tenant
+// has at most --max-tenant-agents agents and --max-tenant-keys keys: the
+// kernel caches agents in memory and lists both whole, so a tenant-admin
+// registering without end grew every replica's memory and answers. One
+// more is a 400 naming the flag, and nothing is stored; re-registering an
+// agent is not one more; deleting makes room; another tenant has its own.
+func TestTenantAgentAndKeyCeilings(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t), "--max-tenant-agents", "3", "--max-tenant-keys", "3")
+	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
+	keys := map[string]string{}
+	for _, tenant := range []string{"acme", "other"} {
+		if _, err := testkit.Bearer(p.url, testkit.AdminKey, "POST", "/v0/tenants", map[string]any{"id": tenant}, nil); err != nil {
+			t.Fatal(err)
+		}
+		var k struct {
+			Key string `json:"key"`
+		}
+		if _, err := testkit.Bearer(p.url, testkit.AdminKey, "POST", "/v0/tenants/"+tenant+"/keys", map[string]any{"role": "tenant-admin", "principal": tenant + "-ops"}, &k); err != nil {
+			t.Fatal(err)
+		}
+		keys[tenant] = k.Key
+	}
+	agent := func(tenant, id string) (int, error) {
+		return testkit.Bearer(p.url, keys[tenant], "POST", "/v0/agents", map[string]any{"id": id, "secret": "agent-secret-0123456789"}, nil)
+	}
+	for i := range 3 {
+		if st, err := agent("acme", fmt.Sprintf("a%d", i)); err != nil {
+			t.Fatalf("agent %d of 3: %d %v", i, st, err)
+		}
+	}
+	if st, err := agent("acme", "a3"); st != http.StatusBadRequest || !strings.Contains(fmt.Sprint(err), "--max-tenant-agents") {
+		t.Fatalf("a fourth agent: %d %v, want 400 naming --max-tenant-agents", st, err)
+	}
+	if st, err := agent("acme", "a0"); err != nil {
+		t.Fatalf("re-registering a0: %d %v", st, err)
+	}
+	if st, err := agent("other", "a3"); err != nil {
+		t.Fatalf("another tenant's agent: %d %v", st, err)
+	}
+	if _, err := testkit.Bearer(p.url, keys["acme"], "DELETE", "/v0/agents/a1", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := agent("acme", "a3"); err != nil {
+		t.Fatalf("an agent after a deletion: %d %v", st, err)
+	}
+	var l struct {
+		Agents []json.RawMessage `json:"agents"`
+	}
+	if _, err := testkit.Bearer(p.url, keys["acme"], "GET", "/v0/agents", nil, &l); err != nil || len(l.Agents) != 3 {
+		t.Fatalf("acme lists %d agents, %v; want 3", len(l.Agents), err)
+	}
+
+	// acme holds its tenant-admin key; two more, then the ceiling.
+	key := func(tenant string) (int, string, error) {
+		var k struct {
+			KeyID string `json:"key_id"`
+		}
+		st, err := testkit.Bearer(p.url, keys[tenant], "POST", "/v0/tenants/"+tenant+"/keys", map[string]any{"role": "client", "principal": "ci"}, &k)
+		return st, k.KeyID, err
+	}
+	var last string
+	for i := range 2 {
+		st, id, err := key("acme")
+		if err != nil {
+			t.Fatalf("key %d: %d %v", i+2, st, err)
+		}
+		last = id
+	}
+	if st, _, err := key("acme"); st != http.StatusBadRequest || !strings.Contains(fmt.Sprint(err), "--max-tenant-keys") {
+		t.Fatalf("a fourth key: %d %v, want 400 naming --max-tenant-keys", st, err)
+	}
+	if st, _, err := key("other"); err != nil {
+		t.Fatalf("another tenant's key: %d %v", st, err)
+	}
+	if _, err := testkit.Bearer(p.url, keys["acme"], "DELETE", "/v0/tenants/acme/keys/"+last, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, err := key("acme"); err != nil {
+		t.Fatalf("a key after a revocation: %d %v", st, err)
 	}
 }

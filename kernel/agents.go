@@ -104,6 +104,14 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 			}
 		} else if !errors.Is(err, ErrNotFound) {
 			return fmt.Errorf("read agent %s: %w", a.ID, err)
+		} else if max := k.cfg.MaxTenantAgents; max > 0 {
+			n, err := r.tx.CountAgents(a.Tenant)
+			if err != nil {
+				return err
+			}
+			if n >= max {
+				return Errorf(CodeValidation, "tenant %s holds %d agents, the kernel's ceiling (serve --max-tenant-agents): delete one before registering %s", a.Tenant, n, a.ID)
+			}
 		}
 		if n.Signing == "" {
 			n.Signing = SigningV1

@@ -76,6 +76,12 @@ type Config struct {
 	// in bytes, as MaxTenantBundles bounds their number (default 256 MiB;
 	// negative: no ceiling).
 	MaxTenantBundleBytes int64
+	// MaxTenantAgents bounds the agents of a tenant (default 10000;
+	// negative: no ceiling).
+	MaxTenantAgents int
+	// MaxTenantKeys bounds the API keys of a tenant (default 1000;
+	// negative: no ceiling).
+	MaxTenantKeys int
 	// LLMGatewayTokens gives every claimed dispatch attempt an LLM gateway
 	// token (Delivery.LLMGatewayToken; see AuthenticateLLMToken). Set it
 	// when the LLM gateway is served.
@@ -112,6 +118,8 @@ func DefaultConfig() Config {
 		RetentionPause:       10 * time.Millisecond,
 		MaxTenantBundles:     1000,
 		MaxTenantBundleBytes: 256 << 20,
+		MaxTenantAgents:      10000,
+		MaxTenantKeys:        1000,
 	}
 }
 
@@ -168,6 +176,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxTenantBundleBytes == 0 {
 		c.MaxTenantBundleBytes = d.MaxTenantBundleBytes
+	}
+	if c.MaxTenantAgents == 0 {
+		c.MaxTenantAgents = d.MaxTenantAgents
+	}
+	if c.MaxTenantKeys == 0 {
+		c.MaxTenantKeys = d.MaxTenantKeys
 	}
 	return c
 }

@@ -174,6 +174,8 @@ type ReadTx interface {
 	Agent(tenant, id string) (*Agent, error)
 	// ListAgents returns the tenant's agents ordered by id.
 	ListAgents(tenant string) ([]*Agent, error)
+	// CountAgents returns how many agents the tenant has.
+	CountAgents(tenant string) (int, error)
 
 	// DueDispatches returns executions whose dispatch is queued with DueAt <= now, oldest first.
 	DueDispatches(now time.Time, limit int) ([]DispatchRef, error)
@@ -204,6 +206,8 @@ type ReadTx interface {
 	APIKeyByHash(hash string) (*APIKey, error)
 	// ListAPIKeys lists a tenant's keys.
 	ListAPIKeys(tenant string) ([]*APIKey, error)
+	// CountAPIKeys returns how many keys the tenant has.
+	CountAPIKeys(tenant string) (int, error)
 }
 
 // ExecutionHeadReader is implemented by a ReadTx that can read an

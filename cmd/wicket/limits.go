@@ -51,6 +51,9 @@ type limitOptions struct {
 	// and MaxTenantBundleBytes.
 	tenantBundles     int
 	tenantBundleBytes byteSize
+	// tenantAgents and tenantKeys: kernel.Config.MaxTenantAgents and
+	// MaxTenantKeys.
+	tenantAgents, tenantKeys int
 }
 
 func limitFlags(o *limitOptions, fs *flag.FlagSet) {
@@ -80,6 +83,8 @@ func limitFlags(o *limitOptions, fs *flag.FlagSet) {
 	o.tenantBundleBytes = byteSize(kd.MaxTenantBundleBytes)
 	envSize("WICKET_MAX_TENANT_BUNDLE_BYTES", &o.tenantBundleBytes)
 	fs.Var(&o.tenantBundleBytes, "max-tenant-bundle-bytes", "most bytes of stored bundle archives a tenant's own keys may take it to (WICKET_MAX_TENANT_BUNDLE_BYTES)")
+	fs.IntVar(&o.tenantAgents, "max-tenant-agents", envInt("WICKET_MAX_TENANT_AGENTS", kd.MaxTenantAgents), "most agents a tenant may have (WICKET_MAX_TENANT_AGENTS)")
+	fs.IntVar(&o.tenantKeys, "max-tenant-keys", envInt("WICKET_MAX_TENANT_KEYS", kd.MaxTenantKeys), "most API keys a tenant may have (WICKET_MAX_TENANT_KEYS)")
 	fs.DurationVar(&o.bundleLoadTimeout, "bundle-load-timeout", envDuration("WICKET_BUNDLE_LOAD_TIMEOUT", 10*time.Second), "at boot, a stored bundle that does not compile within this is skipped (WICKET_BUNDLE_LOAD_TIMEOUT)")
 }
 
@@ -118,6 +123,8 @@ func (o *limitOptions) limits() (bundle.Limits, error) {
 		return bundle.Limits{}, usageError{"serve: --wasm-cache-max must be positive"}
 	case o.tenantBundles <= 0:
 		return bundle.Limits{}, usageError{"serve: --max-tenant-bundles must be positive"}
+	case o.tenantAgents <= 0 || o.tenantKeys <= 0:
+		return bundle.Limits{}, usageError{"serve: --max-tenant-agents and --max-tenant-keys must be positive"}
 	case o.tenantBundleBytes <= 0:
 		return bundle.Limits{}, usageError{"serve: --max-tenant-bundle-bytes must be positive"}
 	case o.regoMemory < 32<<20:

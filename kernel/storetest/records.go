@@ -779,6 +779,26 @@ func testAgents(t *testing.T, s kernel.Store) {
 			return fmt.Errorf("ListAgents: %w", err)
 		}
 		sameJSON(t, "ListAgents", list, []*kernel.Agent{mk("a", "http://127.0.0.1:5001/a"), moved})
+		for _, c := range []struct {
+			tenant string
+			want   int
+		}{{"t", 2}, {"t2", 0}, {"", 0}} {
+			if n, err := tx.CountAgents(c.tenant); err != nil || n != c.want {
+				t.Errorf("CountAgents(%q) = %d, %v; want %d", c.tenant, n, err, c.want)
+			}
+		}
+		return nil
+	})
+	// A write transaction counts its own writes.
+	update(t, s, func(tx kernel.Tx) error {
+		a := mk("d", "http://127.0.0.1:5001/d")
+		a.Tenant = "t2"
+		if err := tx.PutAgent(a); err != nil {
+			return err
+		}
+		if n, err := tx.CountAgents("t2"); err != nil || n != 1 {
+			t.Errorf("CountAgents in the transaction that put one: %d, %v", n, err)
+		}
 		return nil
 	})
 }
@@ -1003,6 +1023,12 @@ func testTenantsAndKeys(t *testing.T, s kernel.Store) {
 			return fmt.Errorf("ListAPIKeys: %w", err)
 		}
 		sameJSON(t, "ListAPIKeys(acme)", keys, []*kernel.APIKey{rotated})
+		if n, err := tx.CountAPIKeys("acme"); err != nil || n != len(keys) {
+			t.Errorf("CountAPIKeys(acme) = %d, %v; want %d", n, err, len(keys))
+		}
+		if n, err := tx.CountAPIKeys("nobody"); err != nil || n != 0 {
+			t.Errorf("CountAPIKeys(nobody) = %d, %v; want 0", n, err)
+		}
 		return nil
 	})
 }

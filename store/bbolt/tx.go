@@ -692,6 +692,24 @@ func (r *readTx) ListAgents(tenant string) ([]*kernel.Agent, error) {
 	return agents, nil
 }
 
+// CountAgents implements kernel.ReadTx, without decoding a record.
+func (r *readTx) CountAgents(tenant string) (int, error) {
+	if !readable(tenant) {
+		return 0, nil
+	}
+	return count(r.bucket(bAgents), prefix(tenant)), nil
+}
+
+// count returns how many keys start with pfx.
+func count(b *bolt.Bucket, pfx []byte) int {
+	n := 0
+	c := b.Cursor()
+	for k, _ := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
 // DueDispatches implements kernel.ReadTx.
 func (r *readTx) DueDispatches(now time.Time, limit int) ([]kernel.DispatchRef, error) {
 	var out []kernel.DispatchRef
@@ -956,6 +974,14 @@ func (r *readTx) ListAPIKeys(tenant string) ([]*kernel.APIKey, error) {
 		return nil, fmt.Errorf("bbolt: list api keys of %s: %w", tenant, err)
 	}
 	return list, nil
+}
+
+// CountAPIKeys implements kernel.ReadTx, without decoding a record.
+func (r *readTx) CountAPIKeys(tenant string) (int, error) {
+	if !readable(tenant) {
+		return 0, nil
+	}
+	return count(r.bucket(bAPIKeys), prefix(tenant)), nil
 }
 
 // put encodes v and stores it under k.

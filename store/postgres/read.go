@@ -290,6 +290,29 @@ func (r *readTx) ListAgents(tenant string) ([]*kernel.Agent, error) {
 	return list, nil
 }
 
+// CountAgents implements kernel.ReadTx.
+func (r *readTx) CountAgents(tenant string) (int, error) {
+	return r.count("agents", tenant)
+}
+
+// CountAPIKeys implements kernel.ReadTx.
+func (r *readTx) CountAPIKeys(tenant string) (int, error) {
+	return r.count("api_keys", tenant)
+}
+
+// count returns how many rows of table (a constant of this package)
+// belong to tenant.
+func (r *readTx) count(table, tenant string) (int, error) {
+	if !readable(tenant) {
+		return 0, nil
+	}
+	var n int64
+	if _, err := r.s.queryRow(`SELECT count(*) FROM `+table+` WHERE tenant = $1`, []any{tenant}, &n); err != nil {
+		return 0, fmt.Errorf("postgres: count %s of %s: %w", table, tenant, err)
+	}
+	return int(n), nil
+}
+
 // timeRefs runs a query of (tenant, id, time) rows.
 func (r *readTx) timeRefs(sql string, now time.Time, limit int, fn func(tenant, id string, at time.Time)) error {
 	return r.s.query(sql, []any{nanos(now), limitArg(limit)}, func(rows pgx.Rows) error {

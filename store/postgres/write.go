@@ -576,6 +576,16 @@ func (w *writeTx) APIKeyByHash(hash string) (*kernel.APIKey, error) {
 	return flushed(w, func() (*kernel.APIKey, error) { return w.readTx.APIKeyByHash(hash) })
 }
 
+// CountAgents implements kernel.ReadTx, seeing buffered writes.
+func (w *writeTx) CountAgents(tenant string) (int, error) {
+	return flushed(w, func() (int, error) { return w.readTx.CountAgents(tenant) })
+}
+
+// CountAPIKeys implements kernel.ReadTx, seeing buffered writes.
+func (w *writeTx) CountAPIKeys(tenant string) (int, error) {
+	return flushed(w, func() (int, error) { return w.readTx.CountAPIKeys(tenant) })
+}
+
 // ListAPIKeys implements kernel.ReadTx.
 func (w *writeTx) ListAPIKeys(tenant string) ([]*kernel.APIKey, error) {
 	return flushed(w, func() ([]*kernel.APIKey, error) { return w.readTx.ListAPIKeys(tenant) })
