@@ -59,6 +59,14 @@ type ApprovalRef struct {
 	At         time.Time
 }
 
+// OpenStepsLister is implemented by a store's transactions that can list
+// the steps of an execution that are not terminal (succeeded, failed,
+// cancelled) without reading every step's arguments and results; the
+// kernel ends an execution with it, and with ReadTx.ListSteps otherwise.
+type OpenStepsLister interface {
+	OpenSteps(tenant, executionID string) ([]*Step, error)
+}
+
 // BundleRecord is a stored bundle: its identity, its owner and its archive
 // (a reproducible .tar.gz of the bundle files).
 type BundleRecord struct {

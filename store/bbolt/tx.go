@@ -536,6 +536,35 @@ func (r *readTx) StepsPage(tenant, executionID string, afterSeq uint64, limit, m
 	return out, false, nil
 }
 
+// OpenSteps implements kernel.OpenStepsLister: it reads each step's
+// status from the head of its record and decodes only the steps that are
+// not terminal, so ending an execution does not copy the arguments and
+// results of every step it ran.
+func (r *readTx) OpenSteps(tenant, executionID string) ([]*kernel.Step, error) {
+	if !readable(tenant, executionID) {
+		return nil, nil
+	}
+	var steps []*kernel.Step
+	err := forEachStep(r.tx, tenant, executionID, func(id string, raw []byte) error {
+		if st, ok := stepStatus(raw); ok && st.Terminal() {
+			return nil
+		}
+		s, err := decodeStepAt(raw, tenant, executionID, id)
+		if err != nil {
+			return err
+		}
+		if !s.Status.Terminal() {
+			steps = append(steps, s)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: open steps of %s/%s: %w", tenant, executionID, err)
+	}
+	slices.SortStableFunc(steps, func(a, b *kernel.Step) int { return cmp.Compare(a.Seq, b.Seq) })
+	return steps, nil
+}
+
 // forEachStep calls fn with the id and the record of every step of an
 // execution, in step id order. The record is valid only during the call.
 func forEachStep(tx *bolt.Tx, tenant, executionID string, fn func(id string, raw []byte) error) error {
