@@ -307,14 +307,30 @@ func (c *command) printHelp(w io.Writer, fs *flag.FlagSet) {
 		if name != "" {
 			head += " " + name
 		}
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && !strings.Contains(f.Usage, "secret") && !strings.Contains(f.Name, "key") {
-			usage += fmt.Sprintf(" (default %q)", f.DefValue)
+		if !zeroDefault(f.DefValue) && !strings.Contains(f.Usage, "secret") && !strings.Contains(f.Name, "key") {
+			if name == "string" {
+				usage += fmt.Sprintf(" (default %q)", f.DefValue)
+			} else {
+				usage += fmt.Sprintf(" (default %s)", f.DefValue)
+			}
 		}
 		lines = append(lines, head+"\n        "+strings.ReplaceAll(usage, "\n", "\n        "))
 	})
 	if len(lines) > 0 {
 		fmt.Fprintf(w, "\nflags:\n%s\n", strings.Join(lines, "\n"))
 	}
+}
+
+// zeroDefault reports whether a flag's default is its type's zero value,
+// which the help leaves out (as the flag package does): a zero duration
+// prints as "0s", and saying "(default 0s)" beside a usage that explains
+// what 0 means would contradict it.
+func zeroDefault(def string) bool {
+	switch def {
+	case "", "false", "0", "0s", "[]":
+		return true
+	}
+	return false
 }
 
 // explain adds what to check to an error that means no kernel answered at

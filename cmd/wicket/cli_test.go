@@ -69,6 +69,30 @@ func TestEveryCommandHelpAndBadFlag(t *testing.T) {
 	}
 }
 
+// TestHelpDefaults: a flag's default is shown as the flag package shows it
+// (strings quoted, numbers and durations bare) and left out when it is the
+// zero value, so that "0s" never contradicts a usage saying what 0 means.
+func TestHelpDefaults(t *testing.T) {
+	for _, c := range commands {
+		out, _, _ := runExit(t, append(strings.Fields(c.name), "--help")...)
+		for _, bad := range []string{`(default "0s")`, `(default 0s)`, `(default "0")`, `(default "false")`} {
+			if strings.Contains(out, bad) {
+				t.Errorf("%s --help shows %s", c.name, bad)
+			}
+		}
+	}
+	serve, _, _ := runExit(t, "serve", "--help")
+	for _, want := range []string{`(WICKET_ADDR) (default "127.0.0.1:8080")`, `(WICKET_MAX_BODY) (default 1048576)`, `(WICKET_LEASE_TIMEOUT) (default 1m30s)`} {
+		if !strings.Contains(serve, want) {
+			t.Errorf("serve --help lacks %s", want)
+		}
+	}
+	proxy, _, _ := runExit(t, "mcp-proxy", "--help")
+	if !strings.Contains(proxy, "is renewed (default 30s; keep it under the kernel's --lease-timeout)\n") {
+		t.Errorf("mcp-proxy --help: --heartbeat's default is not 30s alone: %q", proxy)
+	}
+}
+
 // TestUsageMistakesExitTwo: missing or extra arguments, unknown commands and
 // subcommands, and groups without a subcommand exit 2; group help exits 0.
 func TestUsageMistakesExitTwo(t *testing.T) {
