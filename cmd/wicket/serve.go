@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/wicket-run/wicket/internal/manifest"
@@ -206,6 +207,20 @@ func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, usageError{fmt.Sprintf("--log-format %q: want text or json", format)}
+}
+
+// listenError says which flag's address could not be listened on, without
+// repeating the address as net.OpError does, and what to do when another
+// process holds the port.
+func listenError(flagName, addr string, err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		err = op.Err
+	}
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("serve: %s %s: %w (another process listens there: stop it or choose another %s)", flagName, addr, err, flagName)
+	}
+	return fmt.Errorf("serve: %s %s: %w", flagName, addr, err)
 }
 
 // isLoopback reports whether a listen address only serves this machine.
@@ -414,14 +429,14 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", o.addr, err)
+		return listenError("--addr", o.addr, err)
 	}
 	self := []net.Addr{ln.Addr()}
 	var mln net.Listener
 	if o.metricsAddr != "" {
 		if mln, err = net.Listen("tcp", o.metricsAddr); err != nil {
 			ln.Close()
-			return fmt.Errorf("listen %s (metrics): %w", o.metricsAddr, err)
+			return listenError("--metrics-addr", o.metricsAddr, err)
 		}
 		self = append(self, mln.Addr())
 	}
@@ -432,7 +447,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 			if mln != nil {
 				mln.Close()
 			}
-			return fmt.Errorf("listen %s: %w", o.llm.addr, err)
+			return listenError("--llm-addr", o.llm.addr, err)
 		}
 		self = append(self, lln.Addr())
 	}
