@@ -297,7 +297,7 @@ func TestServeAdminKeyFileErrors(t *testing.T) {
 		{"both flags", "admin-key-0123456789\n", []string{"--admin-key", "admin-key-0123456789"}, "not both"},
 		{"empty file", "\n", nil, "is empty"},
 		{"two lines", "admin-key-0123456789\nsecond-line\n", nil, "more than one line"},
-		{"short key", "short\n", nil, "at least 16 bytes"},
+		{"short key", "short\n", nil, "is 5 bytes; it must be at least 16"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := os.WriteFile(key, []byte(tc.content), 0o600); err != nil {

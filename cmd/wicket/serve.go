@@ -264,13 +264,13 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		}
 	}
 	if !keysConfigured && !isLoopback(o.addr) {
-		return usageError{fmt.Sprintf("serve: refusing to listen on %s without an API key: set --admin-key (WICKET_ADMIN_KEY) or bind a loopback address", o.addr)}
+		return usageError{fmt.Sprintf("serve: refusing to listen on %s without an API key: set --admin-key-file (or --admin-key, WICKET_ADMIN_KEY) or bind a loopback address", o.addr)}
 	}
 	if o.signatureTolerance <= 0 {
 		return usageError{"serve: --signature-tolerance must be positive"}
 	}
-	if o.adminKey != "" && len(o.adminKey) < 16 {
-		return usageError{"serve: --admin-key must be at least 16 bytes"}
+	if o.adminKey != "" && len(o.adminKey) < minAdminKey {
+		return usageError{fmt.Sprintf("serve: --admin-key is %d bytes; it must be at least %d", len(o.adminKey), minAdminKey)}
 	}
 	limits, err := o.limits.limits()
 	if err != nil {
@@ -577,6 +577,9 @@ func checkDefaultPolicy(ctx context.Context, k *kernel.Kernel, name string, log 
 	return nil
 }
 
+// minAdminKey is the shortest admin key serve accepts, in bytes.
+const minAdminKey = 16
+
 // readKeyFile reads the admin key from a file (one line; surrounding
 // whitespace is dropped), so that it is not on the command line for ps to
 // show. A file others may read is logged as a warning: it is the kernel's
@@ -599,6 +602,9 @@ func readKeyFile(path string, log *slog.Logger) (string, error) {
 	}
 	if strings.ContainsAny(key, "\r\n") {
 		return "", usageError{fmt.Sprintf("serve: --admin-key-file %s holds more than one line", path)}
+	}
+	if len(key) < minAdminKey {
+		return "", usageError{fmt.Sprintf("serve: the key in --admin-key-file %s is %d bytes; it must be at least %d (openssl rand -hex 32 > %[1]s)", path, len(key), minAdminKey)}
 	}
 	return key, nil
 }
