@@ -20,6 +20,9 @@ func ValidBundleName(s string) bool { return bundlePattern.MatchString(s) }
 // ValidID reports whether s is a valid agent, tenant or bundle id.
 func ValidID(s string) bool { return idPattern.MatchString(s) }
 
+// IDRule says what ValidID accepts, for the errors that refuse an id.
+const IDRule = "want 1-128 of [A-Za-z0-9_.:-], starting with a letter or digit"
+
 // PutAgent registers or updates an agent (upsert). The secret must be at
 // least 16 bytes, and a bundle it is bound to must be stored in its tenant.
 // An empty Signing keeps an existing agent's scheme and gives a new agent
@@ -29,7 +32,7 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 		a.Tenant = DefaultTenant
 	}
 	if !ValidID(a.ID) {
-		return nil, Errorf(CodeValidation, "agent id %q is invalid: want 1-128 of [A-Za-z0-9_.:-], starting with a letter or digit", a.ID)
+		return nil, Errorf(CodeValidation, "agent id %q is invalid: "+IDRule, a.ID)
 	}
 	if a.WebhookURL != "" { // none: a gate-only agent, driven by sessions
 		u, err := url.Parse(a.WebhookURL)
