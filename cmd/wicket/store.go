@@ -146,6 +146,10 @@ func checkStoreFile(path string) error {
 // and renames it to path.
 func backupTo(ctx context.Context, o *clientOpts, path string, check bool) (int64, error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".part*")
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return 0, fmt.Errorf("-o %s: cannot write in %s: %w", path, filepath.Dir(path), pe.Err)
+	}
 	if err != nil {
 		return 0, err
 	}

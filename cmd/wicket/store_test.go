@@ -345,3 +345,13 @@ func TestStoreBackupUnderLoad(t *testing.T) {
 		t.Fatalf("store check after compact: %s", errOut)
 	}
 }
+
+// TestStoreBackupUnwritableOutput: -o in a directory that does not exist
+// names -o and the directory, not the temporary file the copy goes to.
+func TestStoreBackupUnwritableOutput(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "missing", "backup.db")
+	_, errOut, code := runExit(t, "store", "backup", "--url", closedURL(t), "-o", out)
+	if code != 1 || !strings.Contains(errOut, "-o "+out+": cannot write in "+filepath.Dir(out)) || strings.Contains(errOut, ".part") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
