@@ -56,11 +56,11 @@ the store as it is. It needs free disk space for the copy.`,
 					if err != nil {
 						return err
 					}
-					dst := storePath(*data)
+					what := storePath(*data)
 					if *out != "" {
-						dst = *out
+						what += " into " + *out
 					}
-					_, err = fmt.Fprintf(stdout, "compacted %s: %s → %s (%s)\n", dst, bytesString(st.Before), bytesString(st.After), time.Since(start).Round(time.Millisecond))
+					_, err = fmt.Fprintf(stdout, "compacted %s: %s → %s (%s)\n", what, bytesString(st.Before), bytesString(st.After), time.Since(start).Round(time.Millisecond))
 					return err
 				}
 			}},

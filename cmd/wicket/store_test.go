@@ -338,7 +338,11 @@ func TestStoreBackupUnderLoad(t *testing.T) {
 	if err := s.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if out, errOut, code := runExit(t, "store", "compact", "--data", s.data); code != 0 || !strings.Contains(out, "compacted") {
+	copyTo := filepath.Join(t.TempDir(), "compacted.db")
+	if out, errOut, code := runExit(t, "store", "compact", "--data", s.data, "-o", copyTo); code != 0 || !strings.HasPrefix(out, "compacted "+storePath(s.data)+" into "+copyTo+": ") {
+		t.Fatalf("store compact -o: %d %s %s", code, out, errOut)
+	}
+	if out, errOut, code := runExit(t, "store", "compact", "--data", s.data); code != 0 || !strings.HasPrefix(out, "compacted "+storePath(s.data)+": ") {
 		t.Fatalf("store compact: %d %s %s", code, out, errOut)
 	}
 	if _, errOut, code := runExit(t, "store", "check", "--data", s.data); code != 0 {
