@@ -236,10 +236,44 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// checkPositive refuses a size, count or timeout flag that is zero or
+// negative: below them, a zero would silently mean the default and a
+// negative one would expire approvals at once or time every webhook out.
+func (o *serveOptions) checkPositive() error {
+	for _, f := range []struct {
+		name string
+		val  int64
+	}{
+		{"max-body", o.maxBody}, {"max-bundle-body", o.net.maxBundleBody}, {"llm-max-body", o.llm.maxBody},
+		{"max-conns", int64(o.net.maxConns)}, {"max-streams-per-tenant", int64(o.net.maxStreamsPerTenant)},
+		{"dispatch-max-attempts", int64(o.dispatchMaxAttempts)},
+	} {
+		if f.val <= 0 {
+			return usageError{fmt.Sprintf("serve: --%s %d: want a positive number", f.name, f.val)}
+		}
+	}
+	for _, f := range []struct {
+		name string
+		val  time.Duration
+	}{
+		{"lease-timeout", o.leaseTimeout}, {"dispatch-timeout", o.dispatchTimeout}, {"approval-timeout", o.approvalTimeout},
+		{"read-header-timeout", o.net.readHeaderTimeout}, {"read-timeout", o.net.readTimeout}, {"idle-timeout", o.net.idleTmo},
+		{"llm-upstream-timeout", o.llm.upstreamTimeout}, {"retention-interval", o.retentionInterval},
+	} {
+		if f.val <= 0 {
+			return usageError{fmt.Sprintf("serve: --%s %s: want a positive duration", f.name, f.val)}
+		}
+	}
+	return nil
+}
+
 // serve runs the kernel until ctx ends.
 func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error {
 	log, err := newLogger(o.logLevel, o.logFormat, stderr)
 	if err != nil {
+		return err
+	}
+	if err := o.checkPositive(); err != nil {
 		return err
 	}
 	defer startGCHeadroom(gcHeadroom)()
