@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
+
+	"github.com/wicket-run/wicket/sdk/client"
 )
 
 // The command line is one table of leaf commands ("exec get", "tenant key
@@ -339,13 +343,20 @@ func (o *clientOpts) explain(err error) error {
 	if err == nil {
 		return nil
 	}
-	var op *net.OpError
-	if errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &op) && op.Op == "dial") {
-		return fmt.Errorf("%w\nno kernel answers at %s: is `wicket serve` running there? (set --url or WICKET_URL)", err, o.url)
+	if u, perr := url.Parse(o.url); o.used && (perr != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+		return usagef("--url %q is not a kernel URL: want http://HOST:PORT or https://HOST (set --url or WICKET_URL)", o.url)
 	}
 	var dns *net.DNSError
 	if errors.As(err, &dns) {
 		return fmt.Errorf("%w\ncannot resolve the host of %s (set --url or WICKET_URL)", err, o.url)
+	}
+	var op *net.OpError
+	if errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &op) && op.Op == "dial") {
+		return fmt.Errorf("%w\nno kernel answers at %s: is `wicket serve` running there? (set --url or WICKET_URL)", err, o.url)
+	}
+	var api *client.APIError
+	if errors.As(err, &api) && api.Status == http.StatusUnauthorized && o.key == "" {
+		return fmt.Errorf("%w\nno API key given: set --key or WICKET_API_KEY (or WICKET_ADMIN_KEY to the admin key)", err)
 	}
 	return err
 }
