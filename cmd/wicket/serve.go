@@ -236,10 +236,12 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// checkPositive refuses a size, count or timeout flag that is zero or
-// negative: below them, a zero would silently mean the default and a
-// negative one would expire approvals at once or time every webhook out.
-func (o *serveOptions) checkPositive() error {
+// checkFlags refuses, before anything is opened or created, a size, count
+// or timeout flag that is zero or negative (below them, a zero would
+// silently mean the default and a negative one would expire approvals at
+// once or time every webhook out) and the flags whose values are
+// malformed whatever the store holds.
+func (o *serveOptions) checkFlags() error {
 	for _, f := range []struct {
 		name string
 		val  int64
@@ -264,6 +266,24 @@ func (o *serveOptions) checkPositive() error {
 			return usageError{fmt.Sprintf("serve: --%s %s: want a positive duration", f.name, f.val)}
 		}
 	}
+	// What needs no store is checked before the data directory is made.
+	switch {
+	case o.retention < 0 || (o.retention > 0 && o.retention < kernel.MinRetention):
+		return usageError{fmt.Sprintf("serve: --retention %s: want 0 (keep forever) or at least %s", o.retention, kernel.MinRetention)}
+	case kernel.ApprovalExpiry(o.approvalExpiry) != kernel.ExpireFailsExecution && kernel.ApprovalExpiry(o.approvalExpiry) != kernel.ExpireDeniesStep:
+		return usageError{fmt.Sprintf("serve: --approval-expiry %q: want %s or %s", o.approvalExpiry, kernel.ExpireFailsExecution, kernel.ExpireDeniesStep)}
+	case o.limits.regoIsolation != "process" && o.limits.regoIsolation != "none":
+		return usageError{fmt.Sprintf("serve: --rego-isolation %q: want process or none", o.limits.regoIsolation)}
+	case o.store != "" && !isPostgres(o.store):
+		return usageError{fmt.Sprintf("serve: --store %q: want a postgres:// URL, or nothing for the embedded store under --data", redactSpec(o.store))}
+	}
+	switch o.defaultPolicy {
+	case "", "allow", "deny":
+	default:
+		if !kernel.ValidBundleName(o.defaultPolicy) {
+			return usageError{fmt.Sprintf("serve: --default-policy %q: want allow, deny or a bundle name", o.defaultPolicy)}
+		}
+	}
 	return nil
 }
 
@@ -273,7 +293,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	if err := o.checkPositive(); err != nil {
+	if err := o.checkFlags(); err != nil {
 		return err
 	}
 	defer startGCHeadroom(gcHeadroom)()
