@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -612,11 +613,34 @@ func TestLimits(t *testing.T) {
 	}
 }
 
+// hangUp returns the address of a listener that closes every connection
+// it accepts without a byte: a provider that is down. It stays bound
+// until the test ends, so no other server can take its port meanwhile
+// (a fixed "unreachable" port such as 1 can be bound by anyone root).
+func hangUp(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
 // Errors: no or bad tokens, another lease, an unconfigured model, a body
 // too large, a provider's error (recorded as the step's error and replayed
 // as it came) and an unreachable provider.
 func TestErrors(t *testing.T) {
-	g := startGW(t, kernel.Config{}, llmgw.Provider{Name: "down", Dialect: llmgw.DialectAnthropic, BaseURL: "http://127.0.0.1:1",
+	g := startGW(t, kernel.Config{}, llmgw.Provider{Name: "down", Dialect: llmgw.DialectAnthropic, BaseURL: "http://" + hangUp(t),
 		Models: []llmgw.Model{{Name: "claude-down"}}})
 	url := g.env.URL + "/llm/openai/v1/chat/completions"
 	chat := `{"model":"gpt-fake","messages":[{"role":"user","content":"hi"}]}`
