@@ -87,6 +87,9 @@ func checkEngine(b *Bundle, ob *opabundle.Bundle, o Options) error {
 			return &Error{File: RulesFile, Err: classed(ErrMissingFile, "missing: the rules engine needs it")}
 		}
 		a, line, err := rulesDefaultAction(files[RulesFile])
+		if errors.As(err, new(yamlSyntaxError)) {
+			return &Error{File: RulesFile, Err: err}
+		}
 		if err != nil {
 			return &Error{File: RulesFile, Line: line, Field: "default_action", Err: err}
 		}
