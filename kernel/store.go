@@ -159,6 +159,11 @@ type ReadTx interface {
 	Step(tenant, executionID, stepID string) (*Step, error)
 	// ListSteps returns the steps of an execution ordered by Seq.
 	ListSteps(tenant, executionID string) ([]*Step, error)
+	// StepsPage returns the steps of an execution with Seq > afterSeq,
+	// ordered by Seq: at most limit of them, and no more once the records
+	// read take maxBytes (at least one is returned; <= 0: no bound). more
+	// reports that steps are left after the page.
+	StepsPage(tenant, executionID string, afterSeq uint64, limit, maxBytes int) (steps []*Step, more bool, err error)
 	// Occurrence returns the counter stored under key (zero value when absent).
 	Occurrence(tenant, executionID, key string) (Occurrence, error)
 
@@ -169,6 +174,8 @@ type ReadTx interface {
 	Agent(tenant, id string) (*Agent, error)
 	// ListAgents returns the tenant's agents ordered by id.
 	ListAgents(tenant string) ([]*Agent, error)
+	// CountAgents returns how many agents the tenant has.
+	CountAgents(tenant string) (int, error)
 
 	// DueDispatches returns executions whose dispatch is queued with DueAt <= now, oldest first.
 	DueDispatches(now time.Time, limit int) ([]DispatchRef, error)
@@ -199,6 +206,8 @@ type ReadTx interface {
 	APIKeyByHash(hash string) (*APIKey, error)
 	// ListAPIKeys lists a tenant's keys.
 	ListAPIKeys(tenant string) ([]*APIKey, error)
+	// CountAPIKeys returns how many keys the tenant has.
+	CountAPIKeys(tenant string) (int, error)
 }
 
 // ExecutionHeadReader is implemented by a ReadTx that can read an
