@@ -239,6 +239,15 @@ func TestEchoAgent(t *testing.T) {
 			if err := json.Unmarshal(x.Output, &out); err != nil || out.Echo["message"] != "hello" {
 				t.Fatalf("output %s: %v", x.Output, err)
 			}
+			// A step policy denies fails the execution at once, instead of
+			// leaving it running to be delivered again at every lease.
+			if _, err := e.admin.SetPolicy(context.Background(), "echo-agent", "default_action: deny\nrules: []\n"); err != nil {
+				t.Fatal(err)
+			}
+			f := e.status(e.create(`{"message":"no"}`).ID, "failed")
+			if !strings.Contains(string(f.Error), "step denied: ") {
+				t.Fatalf("the denied execution's error: %s", f.Error)
+			}
 		})
 	}
 }

@@ -20,6 +20,9 @@ func ValidBundleName(s string) bool { return bundlePattern.MatchString(s) }
 // ValidID reports whether s is a valid agent, tenant or bundle id.
 func ValidID(s string) bool { return idPattern.MatchString(s) }
 
+// IDRule says what ValidID accepts, for the errors that refuse an id.
+const IDRule = "want 1-128 of [A-Za-z0-9_.:-], starting with a letter or digit"
+
 // Ceilings on what a tenant-admin configures, so that each record stays
 // small: agents are cached in memory with their secret and webhook URL,
 // and the server keeps a verifier per secret.
@@ -42,7 +45,7 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 		a.Tenant = DefaultTenant
 	}
 	if !ValidID(a.ID) {
-		return nil, Errorf(CodeValidation, "agent id %q is invalid: want 1-128 of [A-Za-z0-9_.:-], starting with a letter or digit", a.ID)
+		return nil, Errorf(CodeValidation, "agent id %q is invalid: "+IDRule, a.ID)
 	}
 	if len(a.WebhookURL) > MaxWebhookURLBytes {
 		return nil, Errorf(CodeValidation, "agent %s: webhook_url is %d bytes; at most %d", a.ID, len(a.WebhookURL), MaxWebhookURLBytes)

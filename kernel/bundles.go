@@ -197,7 +197,7 @@ func (k *Kernel) SetBundleSource(ctx context.Context, tenant, name string, src *
 		return nil, Errorf(CodeUnavailable, "this kernel does not pull bundles")
 	}
 	if !ValidID(name) {
-		return nil, Errorf(CodeValidation, "bundle name %q is invalid", name)
+		return nil, Errorf(CodeValidation, "bundle name %q is invalid: "+IDRule, name)
 	}
 	if err := validOwner(owner); err != nil {
 		return nil, err

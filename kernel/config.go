@@ -194,6 +194,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("lease timeout %s is too short", c.LeaseTimeout)
 	case c.DispatchMaxAttempts < 1:
 		return fmt.Errorf("dispatch max attempts must be >= 1, got %d", c.DispatchMaxAttempts)
+	case c.DispatchTimeout < 0:
+		return fmt.Errorf("dispatch timeout %s must not be negative", c.DispatchTimeout)
+	case c.ApprovalTimeout < 0:
+		return fmt.Errorf("approval timeout %s must not be negative", c.ApprovalTimeout)
 	case c.DispatchTimeout >= c.LeaseTimeout:
 		return fmt.Errorf("dispatch timeout %s must be shorter than the lease timeout %s", c.DispatchTimeout, c.LeaseTimeout)
 	case c.DispatchBackoff <= 0 || c.DispatchBackoffMax < c.DispatchBackoff:

@@ -26,7 +26,7 @@ func HashKey(secret string) string {
 // admin has stored them into it.
 func (k *Kernel) CreateTenant(ctx context.Context, t Tenant) (*Tenant, error) {
 	if !ValidID(t.ID) {
-		return nil, Errorf(CodeValidation, "tenant id %q is invalid", t.ID)
+		return nil, Errorf(CodeValidation, "tenant id %q is invalid: "+IDRule, t.ID)
 	}
 	if err := ValidRetention(t.Retention); err != nil {
 		return nil, err
@@ -53,7 +53,7 @@ func (k *Kernel) CreateTenant(ctx context.Context, t Tenant) (*Tenant, error) {
 // existing one is left as it is (manifest provisioning).
 func (k *Kernel) EnsureTenant(ctx context.Context, id string) error {
 	if !ValidID(id) {
-		return Errorf(CodeValidation, "tenant id %q is invalid", id)
+		return Errorf(CodeValidation, "tenant id %q is invalid: "+IDRule, id)
 	}
 	if id == DefaultTenant {
 		return nil

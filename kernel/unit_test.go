@@ -53,6 +53,8 @@ func TestConfig(t *testing.T) {
 		{"dispatch timeout >= lease", func(c *Config) { c.DispatchTimeout = c.LeaseTimeout }},
 		{"no attempts", func(c *Config) { c.DispatchMaxAttempts = -1 }},
 		{"bad expiry", func(c *Config) { c.ApprovalExpiry = "shrug" }},
+		{"negative dispatch timeout", func(c *Config) { c.DispatchTimeout = -time.Second }},
+		{"negative approval timeout", func(c *Config) { c.ApprovalTimeout = -time.Hour }},
 		{"backoff max < base", func(c *Config) { c.DispatchBackoff = time.Minute; c.DispatchBackoffMax = time.Second }},
 	} {
 		c := DefaultConfig()

@@ -36,7 +36,7 @@ var engineName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,31}$`)
 func (s *Server) putBundle(c *call) (int, any, error) {
 	name := c.vars("name")
 	if !kernel.ValidID(name) {
-		return 0, nil, errorf(kernel.CodeValidation, "bundle name %q is invalid", name)
+		return 0, nil, errorf(kernel.CodeValidation, "bundle name %q is invalid: "+kernel.IDRule, name)
 	}
 	ct := c.r.Header.Get("Content-Type")
 	if ct == "" {

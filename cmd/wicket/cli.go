@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
+
+	"github.com/wicket-run/wicket/sdk/client"
 )
 
 // The command line is one table of leaf commands ("exec get", "tenant key
@@ -307,8 +311,12 @@ func (c *command) printHelp(w io.Writer, fs *flag.FlagSet) {
 		if name != "" {
 			head += " " + name
 		}
-		if f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && !strings.Contains(f.Usage, "secret") && !strings.Contains(f.Name, "key") {
-			usage += fmt.Sprintf(" (default %q)", f.DefValue)
+		if !zeroDefault(f.DefValue) && !strings.Contains(f.Usage, "secret") && !strings.Contains(f.Name, "key") {
+			if name == "string" {
+				usage += fmt.Sprintf(" (default %q)", f.DefValue)
+			} else {
+				usage += fmt.Sprintf(" (default %s)", f.DefValue)
+			}
 		}
 		lines = append(lines, head+"\n        "+strings.ReplaceAll(usage, "\n", "\n        "))
 	})
@@ -317,19 +325,38 @@ func (c *command) printHelp(w io.Writer, fs *flag.FlagSet) {
 	}
 }
 
+// zeroDefault reports whether a flag's default is its type's zero value,
+// which the help leaves out (as the flag package does): a zero duration
+// prints as "0s", and saying "(default 0s)" beside a usage that explains
+// what 0 means would contradict it.
+func zeroDefault(def string) bool {
+	switch def {
+	case "", "false", "0", "0s", "[]":
+		return true
+	}
+	return false
+}
+
 // explain adds what to check to an error that means no kernel answered at
 // the URL.
 func (o *clientOpts) explain(err error) error {
 	if err == nil {
 		return nil
 	}
-	var op *net.OpError
-	if errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &op) && op.Op == "dial") {
-		return fmt.Errorf("%w\nno kernel answers at %s: is `wicket serve` running there? (set --url or WICKET_URL)", err, o.url)
+	if u, perr := url.Parse(o.url); o.used && (perr != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+		return usagef("--url %q is not a kernel URL: want http://HOST:PORT or https://HOST (set --url or WICKET_URL)", o.url)
 	}
 	var dns *net.DNSError
 	if errors.As(err, &dns) {
 		return fmt.Errorf("%w\ncannot resolve the host of %s (set --url or WICKET_URL)", err, o.url)
+	}
+	var op *net.OpError
+	if errors.Is(err, syscall.ECONNREFUSED) || (errors.As(err, &op) && op.Op == "dial") {
+		return fmt.Errorf("%w\nno kernel answers at %s: is `wicket serve` running there? (set --url or WICKET_URL)", err, o.url)
+	}
+	var api *client.APIError
+	if errors.As(err, &api) && api.Status == http.StatusUnauthorized && o.key == "" {
+		return fmt.Errorf("%w\nno API key given: set --key or WICKET_API_KEY (or WICKET_ADMIN_KEY to the admin key)", err)
 	}
 	return err
 }

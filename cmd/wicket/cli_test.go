@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -69,6 +70,30 @@ func TestEveryCommandHelpAndBadFlag(t *testing.T) {
 	}
 }
 
+// TestHelpDefaults: a flag's default is shown as the flag package shows it
+// (strings quoted, numbers and durations bare) and left out when it is the
+// zero value, so that "0s" never contradicts a usage saying what 0 means.
+func TestHelpDefaults(t *testing.T) {
+	for _, c := range commands {
+		out, _, _ := runExit(t, append(strings.Fields(c.name), "--help")...)
+		for _, bad := range []string{`(default "0s")`, `(default 0s)`, `(default "0")`, `(default "false")`} {
+			if strings.Contains(out, bad) {
+				t.Errorf("%s --help shows %s", c.name, bad)
+			}
+		}
+	}
+	serve, _, _ := runExit(t, "serve", "--help")
+	for _, want := range []string{`(WICKET_ADDR) (default "127.0.0.1:8080")`, `(WICKET_MAX_BODY) (default 1048576)`, `(WICKET_LEASE_TIMEOUT) (default 1m30s)`} {
+		if !strings.Contains(serve, want) {
+			t.Errorf("serve --help lacks %s", want)
+		}
+	}
+	proxy, _, _ := runExit(t, "mcp-proxy", "--help")
+	if !strings.Contains(proxy, "is renewed (default 30s; keep it under the kernel's --lease-timeout)\n") {
+		t.Errorf("mcp-proxy --help: --heartbeat's default is not 30s alone: %q", proxy)
+	}
+}
+
 // TestUsageMistakesExitTwo: missing or extra arguments, unknown commands and
 // subcommands, and groups without a subcommand exit 2; group help exits 0.
 func TestUsageMistakesExitTwo(t *testing.T) {
@@ -123,10 +148,17 @@ func TestRefusedConnection(t *testing.T) {
 			}
 			args = append(args, e...)
 		}
-		args = append(args, "--url", url, "--key", "k")
-		out, errOut, code := runExit(t, args...)
+		out, errOut, code := runExit(t, append(args, "--url", url, "--key", "k")...)
 		if code != 1 || !strings.Contains(errOut, "no kernel answers at "+url) || !strings.Contains(errOut, "`wicket serve` running") {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
+		// A --url that is not a kernel URL (no scheme, another scheme)
+		// is a usage mistake that says what a kernel URL looks like.
+		for _, bad := range []string{strings.TrimPrefix(url, "http://"), "ftp://" + strings.TrimPrefix(url, "http://")} {
+			out, errOut, code := runExit(t, append(args, "--url", bad, "--key", "k")...)
+			if code != 2 || !strings.Contains(errOut, fmt.Sprintf("--url %q is not a kernel URL: want http://HOST:PORT", bad)) {
+				t.Errorf("%q --url %s: exit %d, stdout %q, stderr %q", args, bad, code, out, errOut)
+			}
 		}
 	}
 	if n < 25 {
@@ -207,5 +239,25 @@ func TestStreamLines(t *testing.T) {
 		if !strings.Contains(brief, want) {
 			t.Errorf("brief lines lack %q:\n%s", want, brief)
 		}
+	}
+}
+
+// TestMissingKeyHint: a 401 from a kernel that wants a key, when the
+// command was given none, says which flag and variables give one; with a
+// wrong key the kernel's answer stands alone.
+func TestMissingKeyHint(t *testing.T) {
+	t.Setenv("WICKET_API_KEY", "")
+	t.Setenv("WICKET_ADMIN_KEY", "")
+	s := startServe(t, "--admin-key", "admin-key-0123456789")
+	_, errOut, code := runExit(t, "exec", "ls", "--url", s.url)
+	if code != 1 || !strings.Contains(errOut, "401 unauthenticated") || !strings.Contains(errOut, "no API key given: set --key or WICKET_API_KEY") {
+		t.Errorf("no key: exit %d, stderr %q", code, errOut)
+	}
+	_, errOut, code = runExit(t, "exec", "ls", "--url", s.url, "--key", "not-the-key-0123456789")
+	if code != 1 || !strings.Contains(errOut, "401 unauthenticated") || strings.Contains(errOut, "no API key given") {
+		t.Errorf("wrong key: exit %d, stderr %q", code, errOut)
+	}
+	if out, errOut, code := runExit(t, "exec", "ls", "--url", s.url, "--key", "admin-key-0123456789"); code != 0 {
+		t.Errorf("the admin key: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }

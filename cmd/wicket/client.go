@@ -22,6 +22,9 @@ import (
 // clientOpts are the connection flags of the client commands.
 type clientOpts struct {
 	url, key, tenant string
+	// used is set once the command built a client: its error may then
+	// come from a --url that is not a kernel URL.
+	used bool
 }
 
 // clientFlags adds --url, --key and --tenant (WICKET_URL, WICKET_API_KEY,
@@ -36,6 +39,7 @@ func clientFlags(fs *flag.FlagSet) *clientOpts {
 
 // client builds the API client the flags describe.
 func (o *clientOpts) client() *client.Client {
+	o.used = true
 	opts := []client.Option{client.WithUserAgent("wicket-cli/" + version)}
 	if o.key != "" {
 		opts = append(opts, client.WithAPIKey(o.key))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +90,31 @@ func TestBadEnvTwinIsAUsageError(t *testing.T) {
 	_, _, err := runCmd(t, ctx, "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--retention", "720h")
 	if _, ok := err.(usageError); ok {
 		t.Fatalf("--retention given: %v", err)
+	}
+}
+
+// TestServeRefusesNonPositiveLimits: a size, count or timeout flag of zero
+// or less is a usage error naming the flag, refused before the store is
+// opened, rather than silently the default (or, for a negative approval
+// timeout, approvals that expire as they are made); so is a flag whose
+// value is malformed whatever the store holds.
+func TestServeRefusesNonPositiveLimits(t *testing.T) {
+	for _, args := range [][]string{
+		{"--max-body", "0"}, {"--max-bundle-body", "-1"}, {"--llm-max-body", "0"}, {"--max-conns", "-5"},
+		{"--max-streams-per-tenant", "0"}, {"--dispatch-max-attempts", "0"}, {"--lease-timeout", "0s"},
+		{"--dispatch-timeout", "-1s"}, {"--approval-timeout", "-1h"}, {"--read-header-timeout", "0s"},
+		{"--read-timeout", "-1s"}, {"--idle-timeout", "0s"}, {"--llm-upstream-timeout", "-1s"}, {"--retention-interval", "0s"},
+		// and the values malformed whatever the store holds
+		{"--retention", "30s"}, {"--approval-expiry", "never"}, {"--rego-isolation", "bogus"},
+		{"--store", "mysql://x"}, {"--default-policy", "BAD!"},
+	} {
+		data := filepath.Join(t.TempDir(), "data")
+		_, _, err := runCmd(t, context.Background(), append([]string{"serve", "--data", data, "--addr", "127.0.0.1:0"}, args...)...)
+		if _, ok := err.(usageError); !ok || !strings.Contains(err.Error(), args[0]+" ") || !strings.Contains(err.Error(), "want ") {
+			t.Errorf("%v: %T %v, want a usage error naming %s", args, err, err, args[0])
+		}
+		if _, err := os.Stat(data); !os.IsNotExist(err) {
+			t.Errorf("%v: the data directory was created before the flags were checked", args)
+		}
 	}
 }

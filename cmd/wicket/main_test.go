@@ -58,6 +58,61 @@ func TestServeRefusesWritableStore(t *testing.T) {
 	}
 }
 
+// TestServeAddressInUse: a port another process listens on fails serve
+// with an error naming the flag, the address once, and what to do; a data
+// directory another serve holds names --data.
+func TestServeAddressInUse(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	addr := ln.Addr().String()
+	_, _, err = runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", addr)
+	if err == nil {
+		t.Fatal("serve listened on a port in use")
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "--addr "+addr+": bind: address already in use") || strings.Count(msg, addr) != 1 || !strings.Contains(msg, "choose another --addr") {
+		t.Errorf("port in use: %q", msg)
+	}
+	_, _, err = runCmd(t, context.Background(), "serve", "--data", t.TempDir(), "--addr", "127.0.0.1:0", "--metrics-addr", addr)
+	if err == nil || !strings.Contains(err.Error(), "--metrics-addr "+addr+": bind: address already in use") {
+		t.Errorf("metrics port in use: %v", err)
+	}
+}
+
+func TestServeDataInUse(t *testing.T) {
+	dir := t.TempDir()
+	ready := filepath.Join(t.TempDir(), "ready")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		var out, errb bytes.Buffer
+		done <- run(ctx, []string{"serve", "--data", dir, "--addr", "127.0.0.1:0", "--ready-file", ready}, &out, &errb)
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("first serve: %v", err)
+		}
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if b, err := os.ReadFile(ready); err == nil && len(b) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("first serve not ready")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, _, err := runCmd(t, context.Background(), "serve", "--data", dir, "--addr", "127.0.0.1:0")
+	if err == nil || !strings.Contains(err.Error(), "locked by another process") || !strings.Contains(err.Error(), "running with --data "+dir+"?") {
+		t.Errorf("second serve on the same --data: %v", err)
+	}
+}
+
 // TestServeLifecycle starts serve in-process, checks health and the store's
 // mode, and shuts it down gracefully by cancelling the context (what
 // SIGTERM/SIGINT do).
@@ -242,7 +297,7 @@ func TestServeAdminKeyFileErrors(t *testing.T) {
 		{"both flags", "admin-key-0123456789\n", []string{"--admin-key", "admin-key-0123456789"}, "not both"},
 		{"empty file", "\n", nil, "is empty"},
 		{"two lines", "admin-key-0123456789\nsecond-line\n", nil, "more than one line"},
-		{"short key", "short\n", nil, "at least 16 bytes"},
+		{"short key", "short\n", nil, "is 5 bytes; it must be at least 16"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := os.WriteFile(key, []byte(tc.content), 0o600); err != nil {

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/wicket-run/wicket/internal/manifest"
@@ -208,6 +209,20 @@ func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
 	return nil, usageError{fmt.Sprintf("--log-format %q: want text or json", format)}
 }
 
+// listenError says which flag's address could not be listened on, without
+// repeating the address as net.OpError does, and what to do when another
+// process holds the port.
+func listenError(flagName, addr string, err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		err = op.Err
+	}
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("serve: %s %s: %w (another process listens there: stop it or choose another %s)", flagName, addr, err, flagName)
+	}
+	return fmt.Errorf("serve: %s %s: %w", flagName, addr, err)
+}
+
 // isLoopback reports whether a listen address only serves this machine.
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
@@ -221,10 +236,64 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// checkFlags refuses, before anything is opened or created, a size, count
+// or timeout flag that is zero or negative (below them, a zero would
+// silently mean the default and a negative one would expire approvals at
+// once or time every webhook out) and the flags whose values are
+// malformed whatever the store holds.
+func (o *serveOptions) checkFlags() error {
+	for _, f := range []struct {
+		name string
+		val  int64
+	}{
+		{"max-body", o.maxBody}, {"max-bundle-body", o.net.maxBundleBody}, {"llm-max-body", o.llm.maxBody},
+		{"max-conns", int64(o.net.maxConns)}, {"max-streams-per-tenant", int64(o.net.maxStreamsPerTenant)},
+		{"dispatch-max-attempts", int64(o.dispatchMaxAttempts)},
+	} {
+		if f.val <= 0 {
+			return usageError{fmt.Sprintf("serve: --%s %d: want a positive number", f.name, f.val)}
+		}
+	}
+	for _, f := range []struct {
+		name string
+		val  time.Duration
+	}{
+		{"lease-timeout", o.leaseTimeout}, {"dispatch-timeout", o.dispatchTimeout}, {"approval-timeout", o.approvalTimeout},
+		{"read-header-timeout", o.net.readHeaderTimeout}, {"read-timeout", o.net.readTimeout}, {"idle-timeout", o.net.idleTmo},
+		{"llm-upstream-timeout", o.llm.upstreamTimeout}, {"retention-interval", o.retentionInterval},
+	} {
+		if f.val <= 0 {
+			return usageError{fmt.Sprintf("serve: --%s %s: want a positive duration", f.name, f.val)}
+		}
+	}
+	// What needs no store is checked before the data directory is made.
+	switch {
+	case o.retention < 0 || (o.retention > 0 && o.retention < kernel.MinRetention):
+		return usageError{fmt.Sprintf("serve: --retention %s: want 0 (keep forever) or at least %s", o.retention, kernel.MinRetention)}
+	case kernel.ApprovalExpiry(o.approvalExpiry) != kernel.ExpireFailsExecution && kernel.ApprovalExpiry(o.approvalExpiry) != kernel.ExpireDeniesStep:
+		return usageError{fmt.Sprintf("serve: --approval-expiry %q: want %s or %s", o.approvalExpiry, kernel.ExpireFailsExecution, kernel.ExpireDeniesStep)}
+	case o.limits.regoIsolation != "process" && o.limits.regoIsolation != "none":
+		return usageError{fmt.Sprintf("serve: --rego-isolation %q: want process or none", o.limits.regoIsolation)}
+	case o.store != "" && !isPostgres(o.store):
+		return usageError{fmt.Sprintf("serve: --store %q: want a postgres:// URL, or nothing for the embedded store under --data", redactSpec(o.store))}
+	}
+	switch o.defaultPolicy {
+	case "", "allow", "deny":
+	default:
+		if !kernel.ValidBundleName(o.defaultPolicy) {
+			return usageError{fmt.Sprintf("serve: --default-policy %q: want allow, deny or a bundle name", o.defaultPolicy)}
+		}
+	}
+	return nil
+}
+
 // serve runs the kernel until ctx ends.
 func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error {
 	log, err := newLogger(o.logLevel, o.logFormat, stderr)
 	if err != nil {
+		return err
+	}
+	if err := o.checkFlags(); err != nil {
 		return err
 	}
 	defer startGCHeadroom(gcHeadroom)()
@@ -249,13 +318,13 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		}
 	}
 	if !keysConfigured && !isLoopback(o.addr) {
-		return usageError{fmt.Sprintf("serve: refusing to listen on %s without an API key: set --admin-key (WICKET_ADMIN_KEY) or bind a loopback address", o.addr)}
+		return usageError{fmt.Sprintf("serve: refusing to listen on %s without an API key: set --admin-key-file (or --admin-key, WICKET_ADMIN_KEY) or bind a loopback address", o.addr)}
 	}
 	if o.signatureTolerance <= 0 {
 		return usageError{"serve: --signature-tolerance must be positive"}
 	}
-	if o.adminKey != "" && len(o.adminKey) < 16 {
-		return usageError{"serve: --admin-key must be at least 16 bytes"}
+	if o.adminKey != "" && len(o.adminKey) < minAdminKey {
+		return usageError{fmt.Sprintf("serve: --admin-key is %d bytes; it must be at least %d", len(o.adminKey), minAdminKey)}
 	}
 	limits, err := o.limits.limits()
 	if err != nil {
@@ -415,14 +484,14 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	ln, err := net.Listen("tcp", o.addr)
 	if err != nil {
-		return fmt.Errorf("listen %s: %w", o.addr, err)
+		return listenError("--addr", o.addr, err)
 	}
 	self := []net.Addr{ln.Addr()}
 	var mln net.Listener
 	if o.metricsAddr != "" {
 		if mln, err = net.Listen("tcp", o.metricsAddr); err != nil {
 			ln.Close()
-			return fmt.Errorf("listen %s (metrics): %w", o.metricsAddr, err)
+			return listenError("--metrics-addr", o.metricsAddr, err)
 		}
 		self = append(self, mln.Addr())
 	}
@@ -433,7 +502,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 			if mln != nil {
 				mln.Close()
 			}
-			return fmt.Errorf("listen %s: %w", o.llm.addr, err)
+			return listenError("--llm-addr", o.llm.addr, err)
 		}
 		self = append(self, lln.Addr())
 	}
@@ -563,6 +632,9 @@ func checkDefaultPolicy(ctx context.Context, k *kernel.Kernel, name string, log 
 	return nil
 }
 
+// minAdminKey is the shortest admin key serve accepts, in bytes.
+const minAdminKey = 16
+
 // readKeyFile reads the admin key from a file (one line; surrounding
 // whitespace is dropped), so that it is not on the command line for ps to
 // show. A file others may read is logged as a warning: it is the kernel's
@@ -585,6 +657,9 @@ func readKeyFile(path string, log *slog.Logger) (string, error) {
 	}
 	if strings.ContainsAny(key, "\r\n") {
 		return "", usageError{fmt.Sprintf("serve: --admin-key-file %s holds more than one line", path)}
+	}
+	if len(key) < minAdminKey {
+		return "", usageError{fmt.Sprintf("serve: the key in --admin-key-file %s is %d bytes; it must be at least %d (openssl rand -hex 32 > %[1]s)", path, len(key), minAdminKey)}
 	}
 	return key, nil
 }

@@ -56,11 +56,11 @@ the store as it is. It needs free disk space for the copy.`,
 					if err != nil {
 						return err
 					}
-					dst := storePath(*data)
+					what := storePath(*data)
 					if *out != "" {
-						dst = *out
+						what += " into " + *out
 					}
-					_, err = fmt.Fprintf(stdout, "compacted %s: %s → %s (%s)\n", dst, bytesString(st.Before), bytesString(st.After), time.Since(start).Round(time.Millisecond))
+					_, err = fmt.Fprintf(stdout, "compacted %s: %s → %s (%s)\n", what, bytesString(st.Before), bytesString(st.After), time.Since(start).Round(time.Millisecond))
 					return err
 				}
 			}},
@@ -146,6 +146,10 @@ func checkStoreFile(path string) error {
 // and renames it to path.
 func backupTo(ctx context.Context, o *clientOpts, path string, check bool) (int64, error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".part*")
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return 0, fmt.Errorf("-o %s: cannot write in %s: %w", path, filepath.Dir(path), pe.Err)
+	}
 	if err != nil {
 		return 0, err
 	}

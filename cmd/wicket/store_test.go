@@ -338,10 +338,24 @@ func TestStoreBackupUnderLoad(t *testing.T) {
 	if err := s.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if out, errOut, code := runExit(t, "store", "compact", "--data", s.data); code != 0 || !strings.Contains(out, "compacted") {
+	copyTo := filepath.Join(t.TempDir(), "compacted.db")
+	if out, errOut, code := runExit(t, "store", "compact", "--data", s.data, "-o", copyTo); code != 0 || !strings.HasPrefix(out, "compacted "+storePath(s.data)+" into "+copyTo+": ") {
+		t.Fatalf("store compact -o: %d %s %s", code, out, errOut)
+	}
+	if out, errOut, code := runExit(t, "store", "compact", "--data", s.data); code != 0 || !strings.HasPrefix(out, "compacted "+storePath(s.data)+": ") {
 		t.Fatalf("store compact: %d %s %s", code, out, errOut)
 	}
 	if _, errOut, code := runExit(t, "store", "check", "--data", s.data); code != 0 {
 		t.Fatalf("store check after compact: %s", errOut)
+	}
+}
+
+// TestStoreBackupUnwritableOutput: -o in a directory that does not exist
+// names -o and the directory, not the temporary file the copy goes to.
+func TestStoreBackupUnwritableOutput(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "missing", "backup.db")
+	_, errOut, code := runExit(t, "store", "backup", "--url", closedURL(t), "-o", out)
+	if code != 1 || !strings.Contains(errOut, "-o "+out+": cannot write in "+filepath.Dir(out)) || strings.Contains(errOut, ".part") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,9 @@ func openStore(ctx context.Context, spec, data string, noSync, noWAL bool, commi
 	case spec == "":
 		path := filepath.Join(data, "wicket.db")
 		st, err := bbolt.Open(path, bbolt.Options{NoSync: noSync, WAL: !noWAL, CommitInterval: commitEvery, OnCommit: onCommit})
+		if errors.Is(err, bbolt.ErrLocked) {
+			return nil, fmt.Errorf("open store: %w: is another `wicket serve` running with --data %s? stop it, or give this one another --data", err, data)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}

@@ -16,12 +16,13 @@
 // body logs a line, so watch the agent's log), the refund runs once, and
 // the execution completes.
 //
-//	go run ./cmd/wicket serve
+//	go build -o wicket ./cmd/wicket    # once, from the repository root
+//	./wicket serve
 //	go run ./examples/approval
-//	go run ./cmd/wicket exec create approval --input '{"order_id":"A-1001","reason":"arrived broken"}'
-//	go run ./cmd/wicket approval ls --status pending
-//	go run ./cmd/wicket approval grant <approval id> --by alice --rationale "photo checks out"
-//	go run ./cmd/wicket exec events <execution id>
+//	./wicket exec create approval --input '{"order_id":"A-1001","reason":"arrived broken"}'
+//	./wicket approval ls --status pending
+//	./wicket approval grant <approval id> --by alice --rationale "photo checks out"
+//	./wicket exec events <execution id>
 //
 // (approval deny instead of grant makes the refund step denied: the handler
 // gets an *agent.PolicyError and the execution fails.)
@@ -121,7 +122,7 @@ func handle(ctx context.Context, in input) (refund, error) {
 	r, err := pay.Call(ctx, refundArgs{OrderID: o.ID, AmountCents: o.AmountCents, Currency: o.Currency, Reason: in.Reason})
 	var blocked *agent.Blocked
 	if errors.As(err, &blocked) {
-		log.Printf("the refund waits for approval %s; run:\n\tgo run ./cmd/wicket approval grant %s --by alice", blocked.ApprovalID, blocked.ApprovalID)
+		log.Printf("the refund waits for approval %s; run:\n\t./wicket approval grant %s --by alice", blocked.ApprovalID, blocked.ApprovalID)
 	}
 	// Returning the *agent.Blocked ends the dispatch without a verdict (the
 	// execution stays blocked); a denied refund (*agent.PolicyError) fails
@@ -166,7 +167,7 @@ func main() {
 	// The kernel may still be starting (go run compiles it first): wait.
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	if err := admin.WaitReady(wctx); err != nil {
-		log.Fatalf("is the kernel running (go run ./cmd/wicket serve)? %v", err)
+		log.Fatalf("is the kernel running (./wicket serve)? %v", err)
 	}
 	cancel()
 	bundle := *id + "-policy"
@@ -178,7 +179,7 @@ func main() {
 	if _, err := admin.PutAgent(ctx, client.AgentRequest{ID: *id, WebhookURL: webhook, Secret: *secret, Policy: &bundle}); err != nil {
 		log.Fatalf("register agent %s with %s: %v", *id, *kernelURL, err)
 	}
-	log.Printf("agent %s is registered (policy bundle %s revision %s) and serving %s; now run:\n\tgo run ./cmd/wicket exec create %s --input '{\"order_id\":\"A-1001\",\"reason\":\"arrived broken\"}'",
+	log.Printf("agent %s is registered (policy bundle %s revision %s) and serving %s; now run:\n\t./wicket exec create %s --input '{\"order_id\":\"A-1001\",\"reason\":\"arrived broken\"}'",
 		*id, b.Name, b.Revision, webhook, *id)
 
 	// Serve until SIGINT/SIGTERM, then shut down gracefully: running

@@ -152,9 +152,12 @@ func (a *agent) run(p lease) error {
 			return err
 		}
 	case "replay": // already recorded: use it, do not run again
+	case "denied": // policy said no: without its one step the execution fails
+		log.Printf("execution %s: step %s: denied (%s)", p.ExecutionID, d.StepID, d.Reason)
+		return a.call("POST", base+"/fail", &p, map[string]any{"error": map[string]any{"message": "step denied: " + d.Reason, "step_id": d.StepID}}, nil)
 	default:
 		log.Printf("execution %s: step %s: %s (%s)", p.ExecutionID, d.StepID, d.Decision, d.Reason)
-		return nil // blocked/denied/terminal: the kernel has the record
+		return nil // blocked, rate limited or terminal: a new dispatch comes, or nothing is left to do
 	}
 	return a.call("POST", base+"/complete", &p, map[string]any{"output": result}, nil)
 }

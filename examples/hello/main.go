@@ -8,10 +8,11 @@
 // and serves the kernel's signed webhooks on /webhook. Run a kernel, then
 // the agent, then an execution:
 //
-//	go run ./cmd/wicket serve
+//	go build -o wicket ./cmd/wicket    # once, from the repository root
+//	./wicket serve
 //	go run ./examples/hello
-//	go run ./cmd/wicket exec create hello --input '{"name":"Ada"}' --wait
-//	go run ./cmd/wicket exec events <execution id>
+//	./wicket exec create hello --input '{"name":"Ada"}' --wait
+//	./wicket exec events <execution id>
 //
 // Flags: --kernel (WICKET_URL), --listen, --admin-key (WICKET_ADMIN_KEY;
 // only for a kernel started with one), --id, --secret (WICKET_AGENT_SECRET).
@@ -107,14 +108,14 @@ func main() {
 	// The kernel may still be starting (go run compiles it first): wait.
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	if err := admin.WaitReady(wctx); err != nil {
-		log.Fatalf("is the kernel running (go run ./cmd/wicket serve)? %v", err)
+		log.Fatalf("is the kernel running (./wicket serve)? %v", err)
 	}
 	cancel()
 	webhook := "http://" + ln.Addr().String() + "/webhook"
 	if _, err := admin.PutAgent(ctx, client.AgentRequest{ID: *id, WebhookURL: webhook, Secret: *secret}); err != nil {
 		log.Fatalf("register agent %s with %s: %v", *id, *kernelURL, err)
 	}
-	log.Printf("agent %s is registered and serving %s; now run:\n\tgo run ./cmd/wicket exec create %s --input '{\"name\":\"Ada\"}' --wait", *id, webhook, *id)
+	log.Printf("agent %s is registered and serving %s; now run:\n\t./wicket exec create %s --input '{\"name\":\"Ada\"}' --wait", *id, webhook, *id)
 
 	// Serve until SIGINT/SIGTERM, then shut down gracefully: running
 	// handlers get a few seconds to finish, and whatever does not finish

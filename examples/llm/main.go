@@ -18,11 +18,12 @@
 // to agent.RaiseForRefusal, so that a call refused by policy comes back as
 // *agent.PolicyError, *agent.Blocked, ... instead of an opaque 403.
 //
-//	go run ./cmd/wicket serve
+//	go build -o wicket ./cmd/wicket    # once, from the repository root
+//	./wicket serve
 //	go run ./examples/llm
-//	go run ./cmd/wicket exec create llm --input '{"prompt":"Tell me about durable execution"}' --wait
-//	go run ./cmd/wicket exec watch <execution id>    # live, while a call streams
-//	go run ./cmd/wicket exec events <execution id>
+//	./wicket exec create llm --input '{"prompt":"Tell me about durable execution"}' --wait
+//	./wicket exec watch <execution id>    # live, while a call streams
+//	./wicket exec events <execution id>
 //
 // Flags: --kernel (WICKET_URL), --listen, --admin-key (WICKET_ADMIN_KEY;
 // only for a kernel started with one), --id, --secret (WICKET_AGENT_SECRET),
@@ -228,14 +229,14 @@ func main() {
 	// The kernel may still be starting (go run compiles it first): wait.
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	if err := admin.WaitReady(wctx); err != nil {
-		log.Fatalf("is the kernel running (go run ./cmd/wicket serve)? %v", err)
+		log.Fatalf("is the kernel running (./wicket serve)? %v", err)
 	}
 	cancel()
 	webhook := "http://" + ln.Addr().String() + "/webhook"
 	if _, err := admin.PutAgent(ctx, client.AgentRequest{ID: *id, WebhookURL: webhook, Secret: *secret}); err != nil {
 		log.Fatalf("register agent %s with %s: %v", *id, *kernelURL, err)
 	}
-	log.Printf("agent %s is registered and serving %s (fake LLM at %s); now run:\n\tgo run ./cmd/wicket exec create %s --input '{\"prompt\":\"Tell me about durable execution\"}' --wait",
+	log.Printf("agent %s is registered and serving %s (fake LLM at %s); now run:\n\t./wicket exec create %s --input '{\"prompt\":\"Tell me about durable execution\"}' --wait",
 		*id, webhook, llm.baseURL, *id)
 
 	// Serve until SIGINT/SIGTERM, then shut down gracefully: running

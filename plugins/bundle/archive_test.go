@@ -182,6 +182,28 @@ func TestLoadDirErrors(t *testing.T) {
 	}
 }
 
+// TestLoadDirNotABundle: a directory with nothing of a bundle in it is
+// "not a bundle", blamed on no file; one with a bundle.yaml but no policy
+// is blamed on bundle.yaml's engine.
+func TestLoadDirNotABundle(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "README"), []byte("hi\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Options{Name: "x"}.LoadDir(dir)
+	var e *Error
+	if !errors.As(err, &e) || e.File != "" || !errors.Is(err, ErrMissingFile) || !strings.Contains(err.Error(), "not a bundle: no bundle.yaml or .manifest") {
+		t.Errorf("a directory that is no bundle: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, ManifestFile), []byte("name: x\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Options{Name: "x"}.LoadDir(dir)
+	if !errors.As(err, &e) || e.File != ManifestFile || e.Field != "engine" {
+		t.Errorf("a bundle.yaml with no policy: %v", err)
+	}
+}
+
 // TestHostileTarballs feeds archives an attacker could upload and checks
 // that each is refused with a precise error before any damage is done.
 func TestHostileTarballs(t *testing.T) {

@@ -136,6 +136,7 @@ func TestLoadErrors(t *testing.T) {
 		{"wasm magic", map[string][]byte{"bundle.yaml": []byte(wasm), "policy.wasm": []byte("MZ\x90\x00")}, nil, "policy.wasm", "", []string{"magic"}},
 		{"default_action conflict", withFiles(rulesFiles(), "bundle.yaml", man("default_action: allow\n")), nil, "rules.yaml", "default_action", []string{`"deny" contradicts`}},
 		{"rules default_action bad", withFiles(rulesFiles(), "rules.yaml", "default_action: maybe\n"), nil, "rules.yaml", "default_action", []string{`"maybe"`}},
+		{"rules not YAML", withFiles(rulesFiles(), "rules.yaml", "rules: [{bad\n"), nil, "rules.yaml", "", []string{"rules.yaml: line 1: "}},
 		// data.json
 		{"data.json invalid", withFiles(rulesFiles(), "data.json", `{"a": }`), nil, "data.json", "", []string{"invalid JSON"}},
 		{"data.json not object", withFiles(rulesFiles(), "data.json", `[1]`), nil, "data.json", "", []string{"JSON object"}},

@@ -395,11 +395,12 @@ func (b *Bundle) DefaultAction() policy.Action {
 }
 
 // rulesDefaultAction reads the top-level default_action of rules.yaml
-// without validating the rest, which is the rules engine's job.
+// without validating the rest, which is the rules engine's job. A file
+// that is not YAML at all is a yamlSyntaxError.
 func rulesDefaultAction(src []byte) (policy.Action, int, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(src, &doc); err != nil {
-		return "", 0, errors.New(yamlReason(err))
+		return "", 0, yamlSyntaxError{yamlReason(err)}
 	}
 	if doc.Kind != yaml.DocumentNode || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
 		return "", 0, nil
@@ -425,3 +426,9 @@ func rulesDefaultAction(src []byte) (policy.Action, int, error) {
 	}
 	return "", 0, nil
 }
+
+// yamlSyntaxError is a file that does not parse as YAML: a problem of the
+// file, not of one of its fields.
+type yamlSyntaxError struct{ reason string }
+
+func (e yamlSyntaxError) Error() string { return e.reason }

@@ -87,6 +87,9 @@ func checkEngine(b *Bundle, ob *opabundle.Bundle, o Options) error {
 			return &Error{File: RulesFile, Err: classed(ErrMissingFile, "missing: the rules engine needs it")}
 		}
 		a, line, err := rulesDefaultAction(files[RulesFile])
+		if errors.As(err, new(yamlSyntaxError)) {
+			return &Error{File: RulesFile, Err: err}
+		}
 		if err != nil {
 			return &Error{File: RulesFile, Line: line, Field: "default_action", Err: err}
 		}
@@ -162,6 +165,13 @@ func complete(b *Bundle, o Options) error {
 		case hasRules:
 			m.Engine = EngineRules
 		default:
+			_, hasManifest := b.Files[ManifestFile]
+			_, hasOPAManifest := b.Files[OPAManifestFile]
+			if !hasManifest && !hasOPAManifest {
+				// Nothing here says it is a bundle: do not blame a
+				// bundle.yaml that is not there.
+				return &Error{Err: classed(ErrMissingFile, "not a bundle: no bundle.yaml or .manifest, and no rules.yaml, .rego file or policy.wasm")}
+			}
 			return mf("engine", classed(ErrMissingFile, "cannot tell the engine: the bundle has no rules.yaml, .rego file or policy.wasm"))
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -231,6 +232,14 @@ func TestReadOnly(t *testing.T) {
 	}
 	if _, err := Open(filepath.Join(t.TempDir(), "missing.db"), Options{ReadOnly: true}); err == nil {
 		t.Fatal("read-only Open created a file")
+	}
+	// Nor a directory: `wicket store check --data TYPO` leaves no TYPO behind.
+	missing := filepath.Join(t.TempDir(), "missing")
+	if _, err := Open(filepath.Join(missing, "wicket.db"), Options{ReadOnly: true}); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("read-only Open in a missing directory: %v", err)
+	}
+	if _, err := os.Stat(missing); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("read-only Open created the directory: %v", err)
 	}
 }
 

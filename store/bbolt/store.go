@@ -217,7 +217,8 @@ type Store struct {
 var _ kernel.Store = (*Store)(nil)
 
 // Open opens the store at path, creating the file (mode 0600) and its parent
-// directory (mode 0700) when missing, and migrates it to SchemaVersion.
+// directory (mode 0700) when missing (never with ReadOnly), and migrates it
+// to SchemaVersion.
 //
 // # Errors
 //
@@ -228,8 +229,10 @@ var _ kernel.Store = (*Store)(nil)
 // (ErrLocked). Every error names path.
 func Open(path string, opts Options) (*Store, error) {
 	opts = opts.withDefaults()
-	if err := os.MkdirAll(filepath.Dir(path), DirMode); err != nil {
-		return nil, fmt.Errorf("bbolt: open %s: create directory: %w", path, err)
+	if !opts.ReadOnly {
+		if err := os.MkdirAll(filepath.Dir(path), DirMode); err != nil {
+			return nil, fmt.Errorf("bbolt: open %s: create directory: %w", path, err)
+		}
 	}
 	var cp *checkpoint
 	fi, err := os.Stat(path)
