@@ -2,6 +2,7 @@ package kernel
 
 import (
 	"cmp"
+	"container/heap"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,35 +13,102 @@ import (
 	"github.com/wicket-run/wicket/kernel/policy"
 )
 
-// ListApprovals lists a tenant's approvals, newest first. Where the store
-// allows it (ApprovalScanner), it reads them listScanChunk at a time, one
-// read transaction each, so the list is not one snapshot.
-func (k *Kernel) ListApprovals(ctx context.Context, tenant string, status ApprovalStatus) ([]*Approval, error) {
+// MaxApprovalsPageBytes bounds what one page of ListApprovals holds of
+// approvals' arguments, results and texts: an approval carries its step's
+// arguments (up to a request body), so a thousand could be gigabytes.
+const MaxApprovalsPageBytes = 8 << 20
+
+// ListApprovals lists a page of a tenant's approvals, newest first: those
+// whose id is below before ("": from the newest), at most limit of them
+// (<= 0: 1000), fewer once they hold MaxApprovalsPageBytes (never none).
+// next is the before of the following page ("" when this is the last).
+// Where the store allows it (ApprovalScanner), it reads them
+// listScanChunk at a time, one read transaction each, so the list is not
+// one snapshot; however many there are, it holds one page of them.
+func (k *Kernel) ListApprovals(ctx context.Context, tenant string, status ApprovalStatus, before string, limit int) ([]*Approval, string, error) {
 	switch status {
 	case "", ApprovalPending, ApprovalGranted, ApprovalDenied, ApprovalExpired, ApprovalHappened:
 	default:
-		return nil, Errorf(CodeValidation, "status %q is invalid (want pending, granted, denied, expired or happened)", status)
+		return nil, "", Errorf(CodeValidation, "status %q is invalid (want pending, granted, denied, expired or happened)", status)
 	}
-	var out []*Approval
-	scanned := false
+	if limit <= 0 {
+		limit = 1000
+	}
+	w := approvalWindow{limit: limit, budget: MaxApprovalsPageBytes}
+	keep := func(l []*Approval) {
+		for _, a := range l {
+			if before == "" || a.ID < before {
+				w.add(a)
+			}
+		}
+	}
 	err := k.readInChunks(ctx, "", func(tx ReadTx, after string) (string, error) {
 		if sc, ok := tx.(ApprovalScanner); ok {
-			scanned = true
 			got, resume, err := sc.ScanApprovals(tenant, status, after, listScanChunk)
-			out = append(out, got...)
+			keep(got)
 			return resume, err
 		}
 		got, err := tx.ListApprovals(tenant, status)
-		out = append(out, got...)
+		keep(got)
 		return "", err
 	})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	if scanned {
-		SortApprovals(out)
+	out := []*Approval(w.h)
+	SortApprovals(out)
+	next := ""
+	if w.dropped && len(out) > 0 {
+		next = slices.MinFunc(out, func(a, b *Approval) int { return cmp.Compare(a.ID, b.ID) }).ID
 	}
-	return out, nil
+	return out, next, nil
+}
+
+// approvalWindow keeps the approvals of the highest ids it is given, at
+// most limit of them and budget bytes (but always one), in whatever order
+// they come: an approval at or below an id it let go is not kept, so what
+// it holds is every approval above the highest id it let go.
+type approvalWindow struct {
+	h       approvalHeap
+	limit   int
+	budget  int
+	size    int
+	floor   string // the highest id let go
+	dropped bool
+}
+
+func approvalSize(a *Approval) int {
+	return 256 + len(a.Args) + len(a.Result) + len(a.Rationale) + len(a.Message) + len(a.Reason)
+}
+
+func (w *approvalWindow) add(a *Approval) {
+	if w.dropped && a.ID <= w.floor {
+		return
+	}
+	heap.Push(&w.h, a)
+	w.size += approvalSize(a)
+	for len(w.h) > w.limit || len(w.h) > 1 && w.size > w.budget {
+		o := heap.Pop(&w.h).(*Approval)
+		w.size -= approvalSize(o)
+		if !w.dropped || o.ID > w.floor {
+			w.floor = o.ID
+		}
+		w.dropped = true
+	}
+}
+
+// approvalHeap is a min-heap of approvals by id (container/heap).
+type approvalHeap []*Approval
+
+func (h approvalHeap) Len() int           { return len(h) }
+func (h approvalHeap) Less(i, j int) bool { return h[i].ID < h[j].ID }
+func (h approvalHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *approvalHeap) Push(x any)        { *h = append(*h, x.(*Approval)) }
+func (h *approvalHeap) Pop() any {
+	old := *h
+	a := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return a
 }
 
 // SortApprovals sorts approvals newest first, then by id, highest first:

@@ -86,7 +86,7 @@ func TestListApprovalsInChunks(t *testing.T) {
 	})
 	scanning, plain := readingKernel(t, bst), readingKernel(t, plainReadStore{bst})
 	list := func(k *kernel.Kernel, status kernel.ApprovalStatus) []string {
-		l, err := k.ListApprovals(ctx, kernel.DefaultTenant, status)
+		l, _, err := k.ListApprovals(ctx, kernel.DefaultTenant, status, "", 0)
 		if err != nil {
 			t.Fatal(err)
 		}

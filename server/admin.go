@@ -121,11 +121,20 @@ func (s *Server) evalPolicy(c *call) (int, any, error) {
 }
 
 func (s *Server) listApprovals(c *call) (int, any, error) {
-	as, err := s.k.ListApprovals(c.ctx, c.tenant, kernel.ApprovalStatus(c.r.URL.Query().Get("status")))
+	q := c.r.URL.Query()
+	n, err := intParam(q.Get("limit"), "limit", 1000, 1000)
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.ApprovalList{Approvals: mapSlice(as, approvalView)}, nil
+	cursor := q.Get("cursor")
+	if len(cursor) > 128 {
+		return 0, nil, errorf(kernel.CodeValidation, "cursor is %d bytes; a cursor is an approval id", len(cursor))
+	}
+	as, next, err := s.k.ListApprovals(c.ctx, c.tenant, kernel.ApprovalStatus(q.Get("status")), cursor, n)
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, wire.ApprovalList{Approvals: mapSlice(as, approvalView), NextCursor: next}, nil
 }
 
 func (s *Server) getApproval(c *call) (int, any, error) {

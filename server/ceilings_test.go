@@ -44,3 +44,17 @@ func TestFieldCeilings(t *testing.T) {
 	e.admin("POST", "/v0/agents", map[string]any{"id": "max", "secret": long(kernel.MaxSecretBytes), "webhook_url": "http://127.0.0.1:9/" + long(kernel.MaxWebhookURLBytes-len("http://127.0.0.1:9/"))}).want(t, http.StatusCreated)
 	e.admin("POST", "/v0/tenants/default/keys", map[string]any{"role": "client", "principal": long(kernel.MaxPrincipalBytes)}).want(t, http.StatusCreated)
 }
+
+// TestApprovalsListParams: GET /v0/approvals is paged (limit at most 1000,
+// a cursor is an approval id); bad values are a 400 naming them.
+func TestApprovalsListParams(t *testing.T) {
+	e := newEnv(t)
+	for _, q := range []string{"?limit=0", "?limit=1001", "?limit=x", "?cursor=" + strings.Repeat("c", 129), "?status=nope"} {
+		e.admin("GET", "/v0/approvals"+q, nil).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	}
+	var l wire.ApprovalList
+	e.admin("GET", "/v0/approvals?limit=10&cursor=ap-zz", nil).want(t, http.StatusOK).decode(t, &l)
+	if len(l.Approvals) != 0 || l.NextCursor != "" {
+		t.Fatalf("an empty tenant's page: %+v", l)
+	}
+}

@@ -17,16 +17,35 @@ import (
 
 // Approvals lists the tenant's approvals; status ("pending", "granted",
 // "denied", "expired") filters them, "" lists all.
+// It follows the pages the kernel answers in.
 func (c *Client) Approvals(ctx context.Context, status string) ([]Approval, error) {
-	path := "/v0/approvals"
-	if status != "" {
-		path += "?status=" + url.QueryEscape(status)
+	var all []Approval
+	cursor := ""
+	for {
+		q := url.Values{}
+		if status != "" {
+			q.Set("status", status)
+		}
+		if cursor != "" {
+			q.Set("cursor", cursor)
+		}
+		path := "/v0/approvals"
+		if len(q) > 0 {
+			path += "?" + q.Encode()
+		}
+		var l wire.ApprovalList
+		if err := c.Do(ctx, http.MethodGet, path, nil, nil, &l); err != nil {
+			return nil, err
+		}
+		all = append(all, l.Approvals...)
+		if l.NextCursor == "" {
+			if all == nil {
+				all = []Approval{}
+			}
+			return all, nil
+		}
+		cursor = l.NextCursor
 	}
-	var l wire.ApprovalList
-	if err := c.Do(ctx, http.MethodGet, path, nil, nil, &l); err != nil {
-		return nil, err
-	}
-	return l.Approvals, nil
 }
 
 // Approval reads one approval.

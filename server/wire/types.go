@@ -532,6 +532,9 @@ type Approval struct {
 // ApprovalList is the answer of GET /v0/approvals.
 type ApprovalList struct {
 	Approvals []Approval `json:"approvals"`
+	// NextCursor, when set, is the cursor of the next page
+	// (GET /v0/approvals?cursor=); empty on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // ResolveApprovalRequest is the body of POST /v0/approvals/{id}/grant,
