@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -55,6 +56,22 @@ type gw struct {
 func startGW(t *testing.T, cfg kernel.Config, extra ...llmgw.Provider) *gw {
 	t.Helper()
 	return startGWWith(t, cfg, &fakellm.Provider{APIKey: providerKey}, extra...)
+}
+
+// closedURL is the base URL of a loopback port nobody listens on: one the
+// OS just handed out and took back. A fixed port (1, say) is no such thing
+// on a shared machine, where any root process may listen on it.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return url
 }
 
 // startGWWith is startGW in front of prov (set its fields before).
@@ -616,7 +633,7 @@ func TestLimits(t *testing.T) {
 // too large, a provider's error (recorded as the step's error and replayed
 // as it came) and an unreachable provider.
 func TestErrors(t *testing.T) {
-	g := startGW(t, kernel.Config{}, llmgw.Provider{Name: "down", Dialect: llmgw.DialectAnthropic, BaseURL: "http://127.0.0.1:1",
+	g := startGW(t, kernel.Config{}, llmgw.Provider{Name: "down", Dialect: llmgw.DialectAnthropic, BaseURL: closedURL(t),
 		Models: []llmgw.Model{{Name: "claude-down"}}})
 	url := g.env.URL + "/llm/openai/v1/chat/completions"
 	chat := `{"model":"gpt-fake","messages":[{"role":"user","content":"hi"}]}`
