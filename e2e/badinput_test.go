@@ -91,8 +91,8 @@ func TestBadInput(t *testing.T) {
 		{"wrong signature", "POST", steps, `{"kind":"tool_call","target":"t"}`, func(b []byte) map[string]string { return signed("owner", []byte("not-the-secret-0123"), b, &r.Lease) }, 401, "unauthenticated"},
 		{"another agent's execution", "POST", steps, `{"kind":"tool_call","target":"t"}`, func(b []byte) map[string]string {
 			return signed("intruder", []byte("intruder-secret-0123456789"), b, &r.Lease)
-		}, 404, "not_found"},
-		{"unknown execution", "POST", "/v0/executions/01a2265a-0000-7000-8000-000000000000/steps", `{"kind":"tool_call","target":"t"}`, func(b []byte) map[string]string { return signed("owner", sec, b, &r.Lease) }, 404, "not_found"},
+		}, 401, "unauthenticated"},
+		{"unknown execution", "POST", "/v0/executions/01a2265a-0000-7000-8000-000000000000/steps", `{"kind":"tool_call","target":"t"}`, func(b []byte) map[string]string { return signed("owner", sec, b, &r.Lease) }, 401, "unauthenticated"},
 		{"unknown step", "POST", steps + "/" + strings.Repeat("0", 64) + "/complete", `{"result":1}`, func(b []byte) map[string]string { return signed("owner", sec, b, &r.Lease) }, 404, "not_found"},
 		{"unknown dispatch", "POST", steps, `{"kind":"tool_call","target":"t"}`, func(b []byte) map[string]string {
 			return signed("owner", sec, b, &kernel.Lease{DispatchID: "01a2265a-0000-7000-8000-00000000dead", Attempt: 1})

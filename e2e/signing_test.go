@@ -184,7 +184,7 @@ func TestAgentSignaturesBindTheRequest(t *testing.T) {
 
 	// The body scheme is refused for a v1 agent, whatever it signs.
 	bodyRead := agentRequest("bot", secret, kernel.SigningBody, "GET", "/v0/executions/"+x1.ID, nil, nil, now)
-	if st, body := bodyRead.send(t, p.url); st != http.StatusUnauthorized || !strings.Contains(body, "signing: v1") {
+	if st, body := bodyRead.send(t, p.url); st != http.StatusUnauthorized || !strings.Contains(body, "signing scheme") {
 		t.Errorf("a body-signed read by a v1 agent: %d %s", st, body)
 	}
 
@@ -203,7 +203,7 @@ func TestAgentSignaturesBindTheRequest(t *testing.T) {
 	if st := status(agentRequest("seeds", secret, kernel.SigningBody, "GET", "/v0/executions/"+xs.ID, nil, nil, now)); st != http.StatusOK {
 		t.Errorf("a body agent's body-signed read: %d", st)
 	}
-	if st, body := agentRequest("seeds", secret, kernel.SigningV1, "GET", "/v0/executions/"+xs.ID, nil, nil, now).send(t, p.url); st != http.StatusUnauthorized || !strings.Contains(body, "signing: body") {
+	if st, body := agentRequest("seeds", secret, kernel.SigningV1, "GET", "/v0/executions/"+xs.ID, nil, nil, now).send(t, p.url); st != http.StatusUnauthorized || !strings.Contains(body, "signing scheme") {
 		t.Errorf("a v1-signed read by a body agent: %d %s", st, body)
 	}
 	var seedsView wire.Agent

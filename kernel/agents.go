@@ -20,6 +20,19 @@ func ValidBundleName(s string) bool { return bundlePattern.MatchString(s) }
 // ValidID reports whether s is a valid agent, tenant or bundle id.
 func ValidID(s string) bool { return idPattern.MatchString(s) }
 
+// Ceilings on what a tenant-admin configures, so that each record stays
+// small: agents are cached in memory with their secret and webhook URL,
+// and the server keeps a verifier per secret.
+const (
+	// MaxSecretBytes bounds an agent's secret (an HMAC key: 32 bytes are
+	// plenty; keys past 64 bytes are hashed first anyway).
+	MaxSecretBytes = 1024
+	// MaxWebhookURLBytes bounds an agent's webhook URL.
+	MaxWebhookURLBytes = 4096
+	// MaxPrincipalBytes bounds the principal an API key names.
+	MaxPrincipalBytes = 256
+)
+
 // PutAgent registers or updates an agent (upsert). The secret must be at
 // least 16 bytes, and a bundle it is bound to must be stored in its tenant.
 // An empty Signing keeps an existing agent's scheme and gives a new agent
@@ -30,6 +43,9 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	}
 	if !ValidID(a.ID) {
 		return nil, Errorf(CodeValidation, "agent id %q is invalid: want 1-128 of [A-Za-z0-9_.:-], starting with a letter or digit", a.ID)
+	}
+	if len(a.WebhookURL) > MaxWebhookURLBytes {
+		return nil, Errorf(CodeValidation, "agent %s: webhook_url is %d bytes; at most %d", a.ID, len(a.WebhookURL), MaxWebhookURLBytes)
 	}
 	if a.WebhookURL != "" { // none: a gate-only agent, driven by sessions
 		u, err := url.Parse(a.WebhookURL)
@@ -49,6 +65,9 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	}
 	if len(a.Secret) < 16 {
 		return nil, Errorf(CodeValidation, "agent %s: secret must be at least 16 bytes", a.ID)
+	}
+	if len(a.Secret) > MaxSecretBytes {
+		return nil, Errorf(CodeValidation, "agent %s: secret is %d bytes; at most %d", a.ID, len(a.Secret), MaxSecretBytes)
 	}
 	switch a.Signing {
 	case "", SigningV1, SigningBody:
@@ -85,6 +104,14 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 			}
 		} else if !errors.Is(err, ErrNotFound) {
 			return fmt.Errorf("read agent %s: %w", a.ID, err)
+		} else if max := k.cfg.MaxTenantAgents; max > 0 {
+			n, err := r.tx.CountAgents(a.Tenant)
+			if err != nil {
+				return err
+			}
+			if n >= max {
+				return Errorf(CodeValidation, "tenant %s holds %d agents, the kernel's ceiling (serve --max-tenant-agents): delete one before registering %s", a.Tenant, n, a.ID)
+			}
 		}
 		if n.Signing == "" {
 			n.Signing = SigningV1

@@ -106,6 +106,12 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	// meanwhile cannot activate an older revision after this one.
 	k.sh.bundleMu.Lock()
 	defer k.sh.bundleMu.Unlock()
+	if owner == BundleOwnerTenant {
+		if err := k.checkBundleCeilings(tenant, br.Name, len(br.Archive)); err != nil {
+			l.Discard(cb)
+			return nil, err
+		}
+	}
 	_, err = k.update(ctx, func(r *rec) error {
 		if err := k.requireTenant(r.tx, tenant); err != nil {
 			return err
@@ -124,10 +130,37 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, err
 	}
 	l.Activate(tenant, cb)
-	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest)
+	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest, len(br.Archive))
 	k.log.Info("bundle activated", "tenant", tenant, "bundle", br.Name, "revision", br.Revision, "engine", br.Engine,
 		"sha256", br.Digest, "compile", compiled.Round(time.Microsecond).String())
 	return br, nil
+}
+
+// checkBundleCeilings refuses a tenant's bundle of size bytes (its
+// archive) named name when, with the tenant's other live bundles, it would
+// take the tenant past Config.MaxTenantBundles bundles or
+// Config.MaxTenantBundleBytes of archives: every bundle is kept in the
+// store and compiled in memory, so without them one tenant's uploads would
+// take the disk and memory every tenant shares. A bundle replacing one of
+// the same name counts instead of it. The account is this replica's live
+// bundles (replicas storing at the same moment may each admit one).
+// bundleMu must be held.
+func (k *Kernel) checkBundleCeilings(tenant, name string, size int) error {
+	var n int
+	bytes := int64(size)
+	for ref, a := range k.sh.active {
+		if ref.Tenant == tenant && ref.Name != name {
+			n++
+			bytes += a.size
+		}
+	}
+	if max := k.cfg.MaxTenantBundles; max > 0 && n+1 > max {
+		return Errorf(CodeValidation, "tenant %s holds %d bundles, the kernel's ceiling (serve --max-tenant-bundles): delete one before storing %s", tenant, n, name)
+	}
+	if max := k.cfg.MaxTenantBundleBytes; max > 0 && bytes > max {
+		return Errorf(CodeValidation, "bundle %s (an archive of %d bytes) would take tenant %s's bundles to %d bytes, over the kernel's ceiling of %d (serve --max-tenant-bundle-bytes)", name, size, tenant, bytes, max)
+	}
+	return nil
 }
 
 // BundlePull names the bundle server a bundle is pulled from (OPA's bundle

@@ -68,6 +68,20 @@ type Config struct {
 	// RetentionPause is the pause between retention transactions (default
 	// 10ms), so that step traffic keeps the store's writer.
 	RetentionPause time.Duration
+	// MaxTenantBundles bounds the bundles a tenant's own keys may store in
+	// it (default 1000; negative: no ceiling). Bundles the admin stores are
+	// counted but never refused.
+	MaxTenantBundles int
+	// MaxTenantBundleBytes bounds the stored archives of a tenant's bundles,
+	// in bytes, as MaxTenantBundles bounds their number (default 256 MiB;
+	// negative: no ceiling).
+	MaxTenantBundleBytes int64
+	// MaxTenantAgents bounds the agents of a tenant (default 10000;
+	// negative: no ceiling).
+	MaxTenantAgents int
+	// MaxTenantKeys bounds the API keys of a tenant (default 1000;
+	// negative: no ceiling).
+	MaxTenantKeys int
 	// LLMGatewayTokens gives every claimed dispatch attempt an LLM gateway
 	// token (Delivery.LLMGatewayToken; see AuthenticateLLMToken). Set it
 	// when the LLM gateway is served.
@@ -89,19 +103,23 @@ func (SystemClock) Now() time.Time { return time.Now() }
 // Configuration).
 func DefaultConfig() Config {
 	return Config{
-		LeaseTimeout:        90 * time.Second,
-		DispatchMaxAttempts: 10,
-		DispatchTimeout:     10 * time.Second,
-		DispatchBackoff:     500 * time.Millisecond,
-		DispatchBackoffMax:  time.Minute,
-		DeliveryConcurrency: 64,
-		ApprovalTimeout:     24 * time.Hour,
-		ApprovalExpiry:      ExpireFailsExecution,
-		ReapInterval:        time.Second,
-		BundleLoadTimeout:   10 * time.Second,
-		RetentionInterval:   time.Minute,
-		RetentionBatch:      2000,
-		RetentionPause:      10 * time.Millisecond,
+		LeaseTimeout:         90 * time.Second,
+		DispatchMaxAttempts:  10,
+		DispatchTimeout:      10 * time.Second,
+		DispatchBackoff:      500 * time.Millisecond,
+		DispatchBackoffMax:   time.Minute,
+		DeliveryConcurrency:  64,
+		ApprovalTimeout:      24 * time.Hour,
+		ApprovalExpiry:       ExpireFailsExecution,
+		ReapInterval:         time.Second,
+		BundleLoadTimeout:    10 * time.Second,
+		RetentionInterval:    time.Minute,
+		RetentionBatch:       2000,
+		RetentionPause:       10 * time.Millisecond,
+		MaxTenantBundles:     1000,
+		MaxTenantBundleBytes: 256 << 20,
+		MaxTenantAgents:      10000,
+		MaxTenantKeys:        1000,
 	}
 }
 
@@ -152,6 +170,18 @@ func (c Config) withDefaults() Config {
 	}
 	if c.RetentionPause == 0 {
 		c.RetentionPause = d.RetentionPause
+	}
+	if c.MaxTenantBundles == 0 {
+		c.MaxTenantBundles = d.MaxTenantBundles
+	}
+	if c.MaxTenantBundleBytes == 0 {
+		c.MaxTenantBundleBytes = d.MaxTenantBundleBytes
+	}
+	if c.MaxTenantAgents == 0 {
+		c.MaxTenantAgents = d.MaxTenantAgents
+	}
+	if c.MaxTenantKeys == 0 {
+		c.MaxTenantKeys = d.MaxTenantKeys
 	}
 	return c
 }

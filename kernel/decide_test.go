@@ -761,7 +761,7 @@ func TestSubmitGivesUpWhenStateKeepsMoving(t *testing.T) {
 	if kernel.CodeOf(err) != kernel.CodeUnavailable || !errors.Is(err, kernel.ErrUnavailable) {
 		t.Fatalf("err %v, want unavailable", err)
 	}
-	steps, err := h.k.ListSteps(context.Background(), kernel.DefaultTenant, r.id, false)
+	steps, _, err := h.k.ListSteps(context.Background(), kernel.DefaultTenant, r.id, false, 0, 1000)
 	if err != nil {
 		t.Fatal(err)
 	}

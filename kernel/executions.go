@@ -244,11 +244,31 @@ func (k *Kernel) CancelExecution(ctx context.Context, tenant, id, by string) err
 	return err
 }
 
+// openSteps returns the steps of an execution that are not terminal: from
+// the store's OpenStepsLister when tx offers one (it need not read every
+// step's arguments and results), else from ListSteps.
+func openSteps(tx ReadTx, tenant, executionID string) ([]*Step, error) {
+	if l, ok := tx.(OpenStepsLister); ok {
+		return l.OpenSteps(tenant, executionID)
+	}
+	all, err := tx.ListSteps(tenant, executionID)
+	if err != nil {
+		return nil, err
+	}
+	open := all[:0]
+	for _, s := range all {
+		if !s.Status.Terminal() {
+			open = append(open, s)
+		}
+	}
+	return open, nil
+}
+
 // finish moves e to a terminal status: open steps are cancelled, a pending
 // approval expires, the dispatch is discarded, and the terminal event is
 // the last one written.
 func (k *Kernel) finish(r *rec, e *Execution, st ExecStatus, reason string, output, errv json.RawMessage, extra map[string]any) error {
-	steps, err := r.tx.ListSteps(e.Tenant, e.ID)
+	steps, err := openSteps(r.tx, e.Tenant, e.ID)
 	if err != nil {
 		return fmt.Errorf("list steps of %s: %w", e.ID, err)
 	}

@@ -115,6 +115,12 @@ type observedTx struct {
 	o *observed
 }
 
+// OpenSteps passes OpenStepsLister through to the store's transaction, or
+// filters its ListSteps.
+func (t *observedTx) OpenSteps(tenant, executionID string) ([]*Step, error) {
+	return openSteps(t.Tx, tenant, executionID)
+}
+
 func (t *observedTx) Execution(tenant, id string) (*Execution, error) {
 	e, err := t.Tx.Execution(tenant, id)
 	if err == nil {

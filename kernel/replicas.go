@@ -23,7 +23,15 @@ type sharedState struct {
 	// writes) the store and activates under it, so the last activation is
 	// of the last stored revision, whichever replica stored it.
 	bundleMu sync.Mutex
-	active   map[Ref]string // live bundles → digest
+	active   map[Ref]activeBundle // live bundles
+}
+
+// activeBundle is what a replica knows of a live bundle: its digest, and
+// the size of its stored archive (for the tenant's ceilings, see
+// Kernel.checkBundleCeilings).
+type activeBundle struct {
+	digest string
+	size   int64
 }
 
 // shared returns the store's Feed when other kernels may share the store.
@@ -117,22 +125,23 @@ func (k *Kernel) reloadBundle(ctx context.Context, ref Ref) error {
 // sync. bundleMu must be held.
 func (k *Kernel) activateStored(ctx context.Context, rec *BundleRecord) error {
 	ref := Ref{Tenant: rec.Tenant, Name: rec.Name}
-	if d, live := k.sh.active[ref]; live && d == rec.Digest {
+	if a, live := k.sh.active[ref]; live && a.digest == rec.Digest {
 		return nil
 	}
 	if err := k.loadStored(ctx, rec); err != nil {
 		return err
 	}
-	k.markActive(ref, rec.Digest)
+	k.markActive(ref, rec.Digest, len(rec.Archive))
 	return nil
 }
 
-// markActive records the digest of a live bundle. bundleMu must be held.
-func (k *Kernel) markActive(ref Ref, digest string) {
+// markActive records the digest and archive size of a live bundle.
+// bundleMu must be held.
+func (k *Kernel) markActive(ref Ref, digest string, size int) {
 	if k.sh.active == nil {
-		k.sh.active = map[Ref]string{}
+		k.sh.active = map[Ref]activeBundle{}
 	}
-	k.sh.active[ref] = digest
+	k.sh.active[ref] = activeBundle{digest: digest, size: int64(size)}
 }
 
 // syncBundles makes every stored bundle live at its stored revision and
@@ -160,7 +169,7 @@ func (k *Kernel) syncBundles(ctx context.Context) error {
 	for _, rec := range recs {
 		ref := Ref{Tenant: rec.Tenant, Name: rec.Name}
 		stored[ref] = true
-		if d, live := k.sh.active[ref]; !live || d != rec.Digest {
+		if a, live := k.sh.active[ref]; !live || a.digest != rec.Digest {
 			todo = append(todo, rec)
 		}
 	}
@@ -187,7 +196,7 @@ func (k *Kernel) syncBundles(ctx context.Context) error {
 	failed := 0
 	for i, rec := range todo {
 		if errs[i] == nil {
-			k.markActive(Ref{Tenant: rec.Tenant, Name: rec.Name}, rec.Digest)
+			k.markActive(Ref{Tenant: rec.Tenant, Name: rec.Name}, rec.Digest, len(rec.Archive))
 			continue
 		}
 		failed++

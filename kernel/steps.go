@@ -879,26 +879,38 @@ func (k *Kernel) GetStep(ctx context.Context, tenant, executionID, stepID string
 	return s, err
 }
 
-// ListSteps lists an execution's steps in order; terminalOnly keeps the
-// succeeded, failed and cancelled ones.
-func (k *Kernel) ListSteps(ctx context.Context, tenant, executionID string, terminalOnly bool) ([]*Step, error) {
+// MaxStepsPageBytes bounds the stored records one page of ListSteps
+// reads: a step holds up to a request body of arguments and another of
+// result, so a page of a thousand could otherwise be gigabytes.
+const MaxStepsPageBytes = 8 << 20
+
+// ListSteps lists an execution's steps in order, a page at a time: those
+// after afterSeq (0: from the first), at most limit, and fewer once their
+// records take MaxStepsPageBytes (never none). terminalOnly keeps the
+// succeeded, failed and cancelled ones of the page. next is the afterSeq
+// of the following page, 0 when this one is the last.
+func (k *Kernel) ListSteps(ctx context.Context, tenant, executionID string, terminalOnly bool, afterSeq uint64, limit int) ([]*Step, uint64, error) {
 	var out []*Step
+	var next uint64
 	err := k.store.View(ctx, func(tx ReadTx) error {
 		if _, err := loadExec(tx, tenant, executionID); err != nil {
 			return err
 		}
-		all, err := tx.ListSteps(tenant, executionID)
+		page, more, err := tx.StepsPage(tenant, executionID, afterSeq, limit, MaxStepsPageBytes)
 		if err != nil {
 			return err
 		}
-		for _, s := range all {
+		if more && len(page) > 0 {
+			next = page[len(page)-1].Seq
+		}
+		for _, s := range page {
 			if !terminalOnly || s.Status.Terminal() {
 				out = append(out, s)
 			}
 		}
 		return nil
 	})
-	return out, err
+	return out, next, err
 }
 
 // canonArgs canonicalises step args and hashes them (docs/identity.md).

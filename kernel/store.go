@@ -59,6 +59,14 @@ type ApprovalRef struct {
 	At         time.Time
 }
 
+// OpenStepsLister is implemented by a store's transactions that can list
+// the steps of an execution that are not terminal (succeeded, failed,
+// cancelled) without reading every step's arguments and results; the
+// kernel ends an execution with it, and with ReadTx.ListSteps otherwise.
+type OpenStepsLister interface {
+	OpenSteps(tenant, executionID string) ([]*Step, error)
+}
+
 // BundleRecord is a stored bundle: its identity, its owner and its archive
 // (a reproducible .tar.gz of the bundle files).
 type BundleRecord struct {
@@ -159,6 +167,11 @@ type ReadTx interface {
 	Step(tenant, executionID, stepID string) (*Step, error)
 	// ListSteps returns the steps of an execution ordered by Seq.
 	ListSteps(tenant, executionID string) ([]*Step, error)
+	// StepsPage returns the steps of an execution with Seq > afterSeq,
+	// ordered by Seq: at most limit of them, and no more once the records
+	// read take maxBytes (at least one is returned; <= 0: no bound). more
+	// reports that steps are left after the page.
+	StepsPage(tenant, executionID string, afterSeq uint64, limit, maxBytes int) (steps []*Step, more bool, err error)
 	// Occurrence returns the counter stored under key (zero value when absent).
 	Occurrence(tenant, executionID, key string) (Occurrence, error)
 
@@ -169,6 +182,8 @@ type ReadTx interface {
 	Agent(tenant, id string) (*Agent, error)
 	// ListAgents returns the tenant's agents ordered by id.
 	ListAgents(tenant string) ([]*Agent, error)
+	// CountAgents returns how many agents the tenant has.
+	CountAgents(tenant string) (int, error)
 
 	// DueDispatches returns executions whose dispatch is queued with DueAt <= now, oldest first.
 	DueDispatches(now time.Time, limit int) ([]DispatchRef, error)
@@ -199,6 +214,8 @@ type ReadTx interface {
 	APIKeyByHash(hash string) (*APIKey, error)
 	// ListAPIKeys lists a tenant's keys.
 	ListAPIKeys(tenant string) ([]*APIKey, error)
+	// CountAPIKeys returns how many keys the tenant has.
+	CountAPIKeys(tenant string) (int, error)
 }
 
 // ExecutionHeadReader is implemented by a ReadTx that can read an

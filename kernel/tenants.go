@@ -224,6 +224,9 @@ func (k *Kernel) CreateKey(ctx context.Context, tenant, role, principal, secret 
 	if principal == "" {
 		return nil, "", Errorf(CodeValidation, "principal is required")
 	}
+	if len(principal) > MaxPrincipalBytes {
+		return nil, "", Errorf(CodeValidation, "principal is %d bytes; at most %d", len(principal), MaxPrincipalBytes)
+	}
 	if secret == "" {
 		var b [24]byte
 		_, _ = rand.Read(b[:])
@@ -242,6 +245,15 @@ func (k *Kernel) CreateKey(ctx context.Context, tenant, role, principal, secret 
 			}
 			*key = *old // idempotent provisioning
 			return nil
+		}
+		if max := k.cfg.MaxTenantKeys; max > 0 {
+			n, err := r.tx.CountAPIKeys(tenant)
+			if err != nil {
+				return err
+			}
+			if n >= max {
+				return Errorf(CodeValidation, "tenant %s holds %d keys, the kernel's ceiling (serve --max-tenant-keys): revoke one first", tenant, n)
+			}
 		}
 		key.CreatedAt = r.now
 		return r.tx.PutAPIKey(key)

@@ -24,6 +24,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -491,6 +492,9 @@ func engineFailure(ref policy.BundleRef, err error) string {
 }
 
 func failClosed(ref policy.BundleRef, reason string, start time.Time) kernel.Verdict {
+	if len(reason) > policy.MaxReasonBytes { // an engine's error may quote what it was given
+		reason = strings.ToValidUTF8(reason[:policy.MaxReasonBytes-len("…")], "") + "…"
+	}
 	return kernel.Verdict{Action: policy.Deny, Reason: reason, RuleID: "engine_error", Bundle: ref, EvalTime: time.Since(start)}
 }
 

@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"net/http"
 	"slices"
 	"strconv"
@@ -157,29 +158,52 @@ func headerValue(h http.Header, key string) string {
 }
 
 // agentOf finds the agent a request names, from its headers alone (the
-// server calls it before reading the body): a signature header must be
-// there; the execution in the path fixes the tenant; an agent that is not
-// the execution's own gets not_found, like an unknown execution.
+// server calls it before reading the body). A signature header must be
+// there, and what can be checked of it without the secret is checked first
+// (its form, and a v1 timestamp's window). The execution in the path then
+// fixes the tenant; an unknown execution, another agent's, or one whose
+// agent is gone are all refused with errNotAdmitted, as a signature that
+// does not match is: an agent's credentials never tell whether an
+// execution of another tenant (or agent) exists.
 func (s *Server) agentOf(c *call, agentID string) (*kernel.Agent, string, error) {
-	if headerValue(c.r.Header, wire.HeaderWicketSignature) == "" && headerValue(c.r.Header, wire.HeaderSignature) == "" {
+	v1Header := headerValue(c.r.Header, wire.HeaderWicketSignature)
+	bodyHeader := headerValue(c.r.Header, wire.HeaderSignature)
+	switch {
+	case v1Header == "" && bodyHeader == "":
 		return nil, "", errorf(kernel.CodeUnauthenticated, "missing %s (or %s for agents registered with signing: body)", wire.HeaderWicketSignature, wire.HeaderSignature)
+	case bodyHeader == "":
+		if err := wire.CheckV1(v1Header, time.Now(), s.cfg.SignatureTolerance); err != nil {
+			return nil, "", errorf(kernel.CodeUnauthenticated, "%s: %v", wire.HeaderWicketSignature, err)
+		}
+	case v1Header == "":
+		if !wire.WellFormed(bodyHeader) {
+			return nil, "", errorf(kernel.CodeUnauthenticated, "%s malformed: want %q followed by 64 hex digits", wire.HeaderSignature, wire.SignaturePrefix)
+		}
 	}
 	id := c.vars("id")
 	tenant, owner, err := s.k.ExecutionOwner(c.ctx, id)
-	if err != nil {
+	switch {
+	case kernel.CodeOf(err) == kernel.CodeNotFound || err == nil && owner != agentID:
+		return nil, "", errNotAdmitted(id, agentID)
+	case err != nil:
 		return nil, "", err
-	}
-	if owner != agentID {
-		return nil, "", errorf(kernel.CodeNotFound, "execution %s not found", id)
 	}
 	a, err := s.k.Agent(c.ctx, tenant, agentID)
 	if err != nil {
 		if kernel.CodeOf(err) == kernel.CodeNotFound {
-			return nil, "", errorf(kernel.CodeUnauthenticated, "agent %s is not registered", agentID)
+			return nil, "", errNotAdmitted(id, agentID)
 		}
 		return nil, "", err
 	}
 	return a, tenant, nil
+}
+
+// errNotAdmitted refuses an agent's request about execution id: one answer
+// for an unknown execution, another agent's, an agent no longer registered,
+// the other signing scheme and a signature that does not match, so that it
+// tells nothing of what exists.
+func errNotAdmitted(id, agentID string) error {
+	return errorf(kernel.CodeUnauthenticated, "no execution %s of agent %s accepts this signature (an unknown execution, or a wrong secret or signing scheme)", id, agentID)
 }
 
 // authenticateAgent checks an agent's signature under the agent's scheme
@@ -201,19 +225,19 @@ func (s *Server) authenticateAgent(c *call, agentID string) error {
 	bodyHeader := headerValue(c.r.Header, wire.HeaderSignature)
 	switch scheme := a.SigningScheme(); scheme {
 	case kernel.SigningBody:
-		if bodyHeader == "" {
-			return errorf(kernel.CodeUnauthenticated, "agent %s is registered with signing: body and must send %s; this request carries %s", agentID, wire.HeaderSignature, wire.HeaderWicketSignature)
-		}
-		if !wire.Verify([]byte(a.Secret), c.body, bodyHeader) {
-			return errorf(kernel.CodeUnauthenticated, "%s does not match the request body", wire.HeaderSignature)
+		if bodyHeader == "" || !wire.Verify([]byte(a.Secret), c.body, bodyHeader) {
+			return errNotAdmitted(c.vars("id"), agentID)
 		}
 	default:
 		if v1Header == "" {
-			return errorf(kernel.CodeUnauthenticated, "agent %s is registered with signing: v1 and must send %s; this request carries only %s", agentID, wire.HeaderWicketSignature, wire.HeaderSignature)
+			return errNotAdmitted(c.vars("id"), agentID)
 		}
 		m := wire.SignedRequest{Method: c.r.Method, Target: wire.RequestTarget(c.r), DispatchID: headerValue(c.r.Header, wire.HeaderDispatchID),
 			DispatchAttempt: headerValue(c.r.Header, wire.HeaderDispatchAttempt), Body: c.body}
 		if err := s.verifiers.get(a.Secret).Verify(v1Header, m, time.Now(), s.cfg.SignatureTolerance); err != nil {
+			if errors.Is(err, wire.ErrSignatureMismatch) {
+				return errNotAdmitted(c.vars("id"), agentID)
+			}
 			return errorf(kernel.CodeUnauthenticated, "%s: %v", wire.HeaderWicketSignature, err)
 		}
 	}

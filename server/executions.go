@@ -154,11 +154,24 @@ func (s *Server) listSteps(c *call) (int, any, error) {
 	default:
 		return 0, nil, errorf(kernel.CodeValidation, "status %q is invalid (want terminal or nothing)", st)
 	}
-	steps, err := s.k.ListSteps(c.ctx, c.tenant, c.vars("id"), terminal)
+	q := c.r.URL.Query()
+	after, err := seqParam(q.Get("cursor"), "cursor")
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, wire.StepList{Steps: mapSlice(steps, stepView)}, nil
+	n, err := intParam(q.Get("limit"), "limit", 1000, 1000)
+	if err != nil {
+		return 0, nil, err
+	}
+	steps, next, err := s.k.ListSteps(c.ctx, c.tenant, c.vars("id"), terminal, after, n)
+	if err != nil {
+		return 0, nil, err
+	}
+	l := wire.StepList{Steps: mapSlice(steps, stepView)}
+	if next > 0 {
+		l.NextCursor = strconv.FormatUint(next, 10)
+	}
+	return http.StatusOK, l, nil
 }
 
 func (s *Server) getStep(c *call) (int, any, error) {
@@ -210,6 +223,9 @@ func (s *Server) streamDelta(c *call) (int, any, error) {
 	}
 	if len(req.Data) == 0 {
 		return 0, nil, errorf(kernel.CodeValidation, "data is required")
+	}
+	if len(req.Data) > MaxDeltaBytes {
+		return 0, nil, errorf(kernel.CodeValidation, "data is %d bytes; at most %d a delta", len(req.Data), MaxDeltaBytes)
 	}
 	id, stepID := c.vars("id"), c.vars("step_id")
 	// The kernel has no lease check without a write; read and compare as

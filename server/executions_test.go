@@ -247,9 +247,6 @@ func TestNotFound(t *testing.T) {
 		{"unknown execution events", func() resp { return e.admin("GET", "/v0/executions/"+ghost+"/events", nil) }},
 		{"unknown execution cancel", func() resp { return e.admin("POST", "/v0/executions/"+ghost+"/cancel", nil) }},
 		{"unknown execution stream", func() resp { return e.admin("GET", "/v0/executions/"+ghost+"/stream", nil) }},
-		{"unknown execution (agent)", func() resp {
-			return e.agent(r.as, "POST", "/v0/executions/"+ghost+"/steps", map[string]any{"kind": "local", "target": "x"})
-		}},
 		{"unknown step (bearer)", func() resp { return e.admin("GET", "/v0/executions/"+r.id+"/steps/"+strings.Repeat("a", 64), nil) }},
 		{"unknown step (agent read)", func() resp {
 			return e.agent(agentReq{agentID: "bot", secret: botSecret}, "GET", "/v0/executions/"+r.id+"/steps/nope", nil)

@@ -45,6 +45,7 @@ func TestRefusedBeforeTheBody(t *testing.T) {
 	other := e.createKey(t, "default", "client", "other-loop")
 	sess := e.begin(client, "bot")
 	const big = "Content-Length: 33554432\nContent-Type: application/gzip"
+	zeroSig := wire.SignaturePrefix + strings.Repeat("0", 64) // well formed, matches nothing
 	for _, tc := range []struct {
 		name, head string
 		st         int
@@ -56,9 +57,13 @@ func TestRefusedBeforeTheBody(t *testing.T) {
 		{"a client key over the body limit", "POST /v0/executions HTTP/1.1\nHost: k\nAuthorization: Bearer " + client + "\nContent-Length: 2097152", 413, wire.CodeTooLarge},
 		{"a chunked body without credentials", "POST /v0/executions HTTP/1.1\nHost: k\nTransfer-Encoding: chunked", 401, wire.CodeUnauthenticated},
 		{"an agent of no execution", "POST /v0/executions/01960000-0000-7000-8000-00000000dead/steps HTTP/1.1\nHost: k\n" +
-			wire.HeaderAgentID + ": bot\n" + wire.HeaderSignature + ": sha256=00\nContent-Length: 1048000", 404, wire.CodeNotFound},
+			wire.HeaderAgentID + ": bot\n" + wire.HeaderSignature + ": " + zeroSig + "\nContent-Length: 1048000", 401, wire.CodeUnauthenticated},
 		{"another agent's execution", "POST /v0/executions/" + r.id + "/steps HTTP/1.1\nHost: k\n" +
-			wire.HeaderAgentID + ": other\n" + wire.HeaderSignature + ": sha256=00\nContent-Length: 1048000", 404, wire.CodeNotFound},
+			wire.HeaderAgentID + ": other\n" + wire.HeaderSignature + ": " + zeroSig + "\nContent-Length: 1048000", 401, wire.CodeUnauthenticated},
+		{"a malformed signature", "POST /v0/executions/" + r.id + "/steps HTTP/1.1\nHost: k\n" +
+			wire.HeaderAgentID + ": bot\n" + wire.HeaderSignature + ": sha256=00\nContent-Length: 1048000", 401, wire.CodeUnauthenticated},
+		{"a stale signature", "POST /v0/executions/" + r.id + "/steps HTTP/1.1\nHost: k\n" +
+			wire.HeaderAgentID + ": bot\n" + wire.HeaderWicketSignature + ": t=1700000000,v1=" + strings.Repeat("0", 64) + "\nContent-Length: 1048000", 401, wire.CodeUnauthenticated},
 		{"no such route", "POST /v0/nothing-here HTTP/1.1\nHost: k\nTransfer-Encoding: chunked", 404, wire.CodeNotFound},
 		{"a method the route does not take", "PATCH /v0/executions HTTP/1.1\nHost: k\nTransfer-Encoding: chunked", 405, wire.CodeMethodNotAllowed},
 		{"another key on a session", "POST /v0/executions/" + sess.id + "/steps HTTP/1.1\nHost: k\nAuthorization: Bearer " + other + "\n" +

@@ -534,6 +534,11 @@ func (s *Server) admit(c *call, cl class, o routeOpts) error {
 		}
 	}
 	if err := s.authenticate(c, cl); err != nil {
+		if agent && c.r.ContentLength != 0 {
+			// As agentOf's refusals before the body: an agent learns
+			// nothing from how its connection is handled either.
+			c.w.Header().Set("Connection", "close")
+		}
 		return err
 	}
 	if rec, ok := c.w.(*recorder); ok {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel"
@@ -14,36 +15,55 @@ import (
 )
 
 // hub fans step deltas out to the SSE subscribers of each execution, in
-// memory. Publishing never blocks: a subscriber whose buffer is full loses
-// the delta (deltas are ephemeral; the step's result is the record).
+// memory. Publishing never blocks: a subscriber whose buffer is full, or
+// holds maxPendingDeltaBytes of deltas not yet written, loses the delta
+// (deltas are ephemeral; the step's result is the record).
 type hub struct {
 	mu   sync.Mutex // guards subs
-	subs map[string]map[chan wire.StepDeltaEvent]struct{}
+	subs map[string]map[*deltaSub]struct{}
 	n    int // subscribers in total
 }
 
 // deltaBuffer is how many deltas a slow subscriber may fall behind.
 const deltaBuffer = 256
 
-func newHub() *hub { return &hub{subs: map[string]map[chan wire.StepDeltaEvent]struct{}{}} }
+// MaxDeltaBytes bounds the data of one step delta (POST …/stream).
+const MaxDeltaBytes = 64 << 10
+
+// maxPendingDeltaBytes bounds the data of the deltas a subscriber holds
+// and has not written yet: a watcher that stops reading holds at most
+// this much, whatever the publisher sends.
+const maxPendingDeltaBytes = 1 << 20
+
+// deltaSub is one subscriber: its buffer, and the bytes of data in it.
+type deltaSub struct {
+	c       chan wire.StepDeltaEvent
+	pending atomic.Int64
+}
+
+// take accounts for d, received from s.c, as no longer held.
+func (s *deltaSub) take(d wire.StepDeltaEvent) { s.pending.Add(-int64(len(d.Data))) }
+
+func newHub() *hub { return &hub{subs: map[string]map[*deltaSub]struct{}{}} }
 
 // subscribe registers a subscriber of an execution's deltas; call the
-// returned function to unregister.
-func (h *hub) subscribe(executionID string) (<-chan wire.StepDeltaEvent, func()) {
-	ch := make(chan wire.StepDeltaEvent, deltaBuffer)
+// returned function to unregister. Each delta received from its channel
+// must be passed to take.
+func (h *hub) subscribe(executionID string) (*deltaSub, func()) {
+	sub := &deltaSub{c: make(chan wire.StepDeltaEvent, deltaBuffer)}
 	h.mu.Lock()
 	m := h.subs[executionID]
 	if m == nil {
-		m = map[chan wire.StepDeltaEvent]struct{}{}
+		m = map[*deltaSub]struct{}{}
 		h.subs[executionID] = m
 	}
-	m[ch] = struct{}{}
+	m[sub] = struct{}{}
 	h.n++
 	h.mu.Unlock()
-	return ch, func() {
+	return sub, func() {
 		h.mu.Lock()
-		if _, ok := h.subs[executionID][ch]; ok {
-			delete(h.subs[executionID], ch)
+		if _, ok := h.subs[executionID][sub]; ok {
+			delete(h.subs[executionID], sub)
 			h.n--
 			if len(h.subs[executionID]) == 0 {
 				delete(h.subs, executionID)
@@ -55,12 +75,17 @@ func (h *hub) subscribe(executionID string) (<-chan wire.StepDeltaEvent, func())
 
 // publish hands d to the execution's subscribers and returns how many took it.
 func (h *hub) publish(executionID string, d wire.StepDeltaEvent) int {
+	size := int64(len(d.Data))
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	n := 0
-	for ch := range h.subs[executionID] {
+	for sub := range h.subs[executionID] {
+		if sub.pending.Load()+size > maxPendingDeltaBytes {
+			continue
+		}
 		select {
-		case ch <- d:
+		case sub.c <- d:
+			sub.pending.Add(size)
 			n++
 		default:
 		}
@@ -182,7 +207,8 @@ func (s *Server) stream(c *call) (int, any, error) {
 			if done, ok := send(); done || !ok {
 				return 0, nil, nil
 			}
-		case d := <-deltas:
+		case d := <-deltas.c:
+			deltas.take(d)
 			b, err := json.Marshal(d)
 			if err != nil {
 				return 0, nil, nil

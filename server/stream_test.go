@@ -203,3 +203,41 @@ func TestCloseStreams(t *testing.T) {
 	}
 	e.srv.CloseStreams() // idempotent
 }
+
+// TestDeltasHeldForAStalledWatcherAreBounded: deltas are fanned out to each
+// watcher's buffer, and a watcher that stops reading its stream kept up to
+// 256 of them, each up to a request body (1 MiB): with 256 streams a
+// tenant, 64 GiB of kernel memory for one tenant's session holder. A
+// delta's data is at most MaxDeltaBytes (400 beyond), and a watcher holds
+// at most maxPendingDeltaBytes of deltas not yet written: past them it
+// loses deltas (they are ephemeral; the step's result is the record).
+func TestDeltasHeldForAStalledWatcherAreBounded(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("bot")
+	d := e.submit(r, "llm_call", "gpt", map[string]any{"p": 1})
+	url := "/v0/executions/" + r.id + "/steps/" + d.StepID + "/stream"
+	e.agent(r.as, "POST", url, map[string]any{"seq": 0, "data": strings.Repeat("x", MaxDeltaBytes)}).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+
+	// A watcher that never reads: the hub's own account of what it holds.
+	ch, stop := e.srv.deltas.subscribe(r.id)
+	defer stop()
+	chunk := strings.Repeat("x", MaxDeltaBytes-1024)
+	taken := 0
+	for i := range 100 {
+		var acc wire.StreamDeltaAccepted
+		e.agent(r.as, "POST", url, map[string]any{"seq": i, "data": chunk}).want(t, http.StatusAccepted).decode(t, &acc)
+		taken += acc.Subscribers
+	}
+	if held := taken * len(chunk); taken == 0 || held > maxPendingDeltaBytes {
+		t.Fatalf("a watcher that never reads was handed %d deltas (%d bytes), want some, at most %d bytes", taken, held, maxPendingDeltaBytes)
+	}
+	// Read what it holds: the budget frees as the watcher catches up.
+	for range taken {
+		ch.take(<-ch.c)
+	}
+	var acc wire.StreamDeltaAccepted
+	e.agent(r.as, "POST", url, map[string]any{"seq": 100, "data": chunk}).want(t, http.StatusAccepted).decode(t, &acc)
+	if acc.Subscribers != 1 {
+		t.Fatalf("after catching up the watcher got %d deltas, want 1", acc.Subscribers)
+	}
+}

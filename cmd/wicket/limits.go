@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/wicket-run/wicket/kernel"
 	"github.com/wicket-run/wicket/plugins/bundle"
 	"github.com/wicket-run/wicket/plugins/wasm"
 	"github.com/wicket-run/wicket/plugins/worker"
@@ -46,6 +47,13 @@ type limitOptions struct {
 	cacheMax              byteSize
 	regoIsolation         string
 	regoMemory            byteSize
+	// tenantBundles and tenantBundleBytes: kernel.Config.MaxTenantBundles
+	// and MaxTenantBundleBytes.
+	tenantBundles     int
+	tenantBundleBytes byteSize
+	// tenantAgents and tenantKeys: kernel.Config.MaxTenantAgents and
+	// MaxTenantKeys.
+	tenantAgents, tenantKeys int
 }
 
 func limitFlags(o *limitOptions, fs *flag.FlagSet) {
@@ -70,6 +78,13 @@ func limitFlags(o *limitOptions, fs *flag.FlagSet) {
 	o.regoMemory = byteSize(worker.DefaultMemory)
 	envSize("WICKET_REGO_MEMORY", &o.regoMemory)
 	fs.Var(&o.regoMemory, "rego-memory", "memory cap of each tenant's Rego worker process (WICKET_REGO_MEMORY)")
+	kd := kernel.DefaultConfig()
+	fs.IntVar(&o.tenantBundles, "max-tenant-bundles", envInt("WICKET_MAX_TENANT_BUNDLES", kd.MaxTenantBundles), "most bundles a tenant's own keys may store in it (bundles the admin stores count, and are never refused) (WICKET_MAX_TENANT_BUNDLES)")
+	o.tenantBundleBytes = byteSize(kd.MaxTenantBundleBytes)
+	envSize("WICKET_MAX_TENANT_BUNDLE_BYTES", &o.tenantBundleBytes)
+	fs.Var(&o.tenantBundleBytes, "max-tenant-bundle-bytes", "most bytes of stored bundle archives a tenant's own keys may take it to (WICKET_MAX_TENANT_BUNDLE_BYTES)")
+	fs.IntVar(&o.tenantAgents, "max-tenant-agents", envInt("WICKET_MAX_TENANT_AGENTS", kd.MaxTenantAgents), "most agents a tenant may have (WICKET_MAX_TENANT_AGENTS)")
+	fs.IntVar(&o.tenantKeys, "max-tenant-keys", envInt("WICKET_MAX_TENANT_KEYS", kd.MaxTenantKeys), "most API keys a tenant may have (WICKET_MAX_TENANT_KEYS)")
 	fs.DurationVar(&o.bundleLoadTimeout, "bundle-load-timeout", envDuration("WICKET_BUNDLE_LOAD_TIMEOUT", 10*time.Second), "at boot, a stored bundle that does not compile within this is skipped (WICKET_BUNDLE_LOAD_TIMEOUT)")
 }
 
@@ -106,6 +121,12 @@ func (o *limitOptions) limits() (bundle.Limits, error) {
 		return bundle.Limits{}, usageError{"serve: --bundle-load-timeout must be positive"}
 	case o.cacheMax <= 0:
 		return bundle.Limits{}, usageError{"serve: --wasm-cache-max must be positive"}
+	case o.tenantBundles <= 0:
+		return bundle.Limits{}, usageError{"serve: --max-tenant-bundles must be positive"}
+	case o.tenantAgents <= 0 || o.tenantKeys <= 0:
+		return bundle.Limits{}, usageError{"serve: --max-tenant-agents and --max-tenant-keys must be positive"}
+	case o.tenantBundleBytes <= 0:
+		return bundle.Limits{}, usageError{"serve: --max-tenant-bundle-bytes must be positive"}
 	case o.regoMemory < 32<<20:
 		return bundle.Limits{}, usageError{"serve: --rego-memory must be at least 32MiB (a worker needs about 20MiB to start)"}
 	}

@@ -157,6 +157,18 @@ type Answer struct {
 	RateLimit *RateLimit `json:"rate_limit,omitempty"`
 }
 
+// Ceilings on the text of an answer, which is recorded with every step it
+// decides (and answered to the agent): a bundle's answer may not turn a
+// small step into a large record.
+const (
+	// MaxReasonBytes bounds Answer.Reason and Approval.Message.
+	MaxReasonBytes = 4096
+	// MaxRuleIDBytes bounds Answer.RuleID and each of Approval.Approvers.
+	MaxRuleIDBytes = 256
+	// MaxApprovers bounds Approval.Approvers.
+	MaxApprovers = 100
+)
+
 // Validate checks an engine's answer; engines call it on untrusted output.
 func (d *Answer) Validate() error {
 	if d == nil {
@@ -164,6 +176,25 @@ func (d *Answer) Validate() error {
 	}
 	if !d.Action.Valid() {
 		return fmt.Errorf("unknown decision %q (want allow, deny, require_approval or abort)", d.Action)
+	}
+	if len(d.Reason) > MaxReasonBytes {
+		return fmt.Errorf("reason is %d bytes; at most %d", len(d.Reason), MaxReasonBytes)
+	}
+	if len(d.RuleID) > MaxRuleIDBytes {
+		return fmt.Errorf("rule_id is %d bytes; at most %d", len(d.RuleID), MaxRuleIDBytes)
+	}
+	if a := d.Approval; a != nil {
+		if len(a.Message) > MaxReasonBytes {
+			return fmt.Errorf("approval.message is %d bytes; at most %d", len(a.Message), MaxReasonBytes)
+		}
+		if len(a.Approvers) > MaxApprovers {
+			return fmt.Errorf("approval.approvers lists %d; at most %d", len(a.Approvers), MaxApprovers)
+		}
+		for i, n := range a.Approvers {
+			if len(n) > MaxRuleIDBytes {
+				return fmt.Errorf("approval.approvers[%d] is %d bytes; at most %d", i, len(n), MaxRuleIDBytes)
+			}
+		}
 	}
 	if d.Approval != nil && d.Approval.Timeout != "" {
 		if _, err := time.ParseDuration(d.Approval.Timeout); err != nil {

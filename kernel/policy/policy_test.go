@@ -1,6 +1,9 @@
 package policy
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestCombine(t *testing.T) {
 	a := &Answer{Action: Allow, RuleID: "a"}
@@ -62,6 +65,12 @@ func TestValidate(t *testing.T) {
 		{"bad scope", &Answer{Action: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "1m", Per: "planet"}}, false},
 		{"bad algorithm", &Answer{Action: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "1m", Algorithm: "leaky"}}, false},
 		{"bad limiter error mode", &Answer{Action: Allow, RateLimit: &RateLimit{MaxCalls: 1, Window: "1m", OnLimiterError: "shrug"}}, false},
+		{"reason at the ceiling", &Answer{Action: Deny, Reason: strings.Repeat("r", MaxReasonBytes)}, true},
+		{"reason too long", &Answer{Action: Deny, Reason: strings.Repeat("r", MaxReasonBytes+1)}, false},
+		{"rule id too long", &Answer{Action: Deny, RuleID: strings.Repeat("r", MaxRuleIDBytes+1)}, false},
+		{"approval message too long", &Answer{Action: RequireApproval, Approval: &Approval{Message: strings.Repeat("m", MaxReasonBytes+1)}}, false},
+		{"too many approvers", &Answer{Action: RequireApproval, Approval: &Approval{Approvers: make([]string, MaxApprovers+1)}}, false},
+		{"an approver too long", &Answer{Action: RequireApproval, Approval: &Approval{Approvers: []string{strings.Repeat("a", MaxRuleIDBytes+1)}}}, false},
 	} {
 		if err := tc.d.Validate(); (err == nil) != tc.ok {
 			t.Errorf("%s: %v", tc.name, err)

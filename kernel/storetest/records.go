@@ -415,6 +415,93 @@ func testSteps(t *testing.T, s kernel.Store) {
 	})
 }
 
+// testStepsPage: a page of steps is chosen by Seq, at most limit long,
+// cut once its records take maxBytes (never empty), and says whether more
+// follow; following the pages yields every step once, in Seq order.
+func testStepsPage(t *testing.T, s kernel.Store) {
+	e := newExecution("t", execID(1))
+	mustCreate(t, s, e)
+	big := strings.Repeat("x", 4000)
+	var want []string
+	update(t, s, func(tx kernel.Tx) error {
+		// Ids in the reverse of Seq order, inserted in neither.
+		for _, i := range []int{3, 0, 4, 1, 2, 6, 5} {
+			id := fmt.Sprintf("s-%d", 9-i)
+			st := &kernel.Step{ID: id, ExecutionID: e.ID, Tenant: "t", Kind: "tool_call", Target: "t",
+				Args: json.RawMessage(`{"pad":"` + big + `"}`), ArgsHash: strings.Repeat("a", 64), Idempotency: kernel.SafeToRetry,
+				Status: kernel.StepExecuting, Lease: kernel.Lease{DispatchID: "d", Attempt: 1}, Seq: uint64(2 + 3*i), CreatedAt: at(time.Second)}
+			if err := tx.PutStep(st); err != nil {
+				return fmt.Errorf("PutStep: %w", err)
+			}
+		}
+		return nil
+	})
+	for i := range 7 {
+		want = append(want, fmt.Sprintf("s-%d", 9-i))
+	}
+	ids := func(l []*kernel.Step) []string {
+		var out []string
+		for _, st := range l {
+			out = append(out, st.ID)
+		}
+		return out
+	}
+	view(t, s, func(tx kernel.ReadTx) error {
+		all, more, err := tx.StepsPage("t", e.ID, 0, 0, 0)
+		if err != nil {
+			return fmt.Errorf("StepsPage, no bounds: %w", err)
+		}
+		sameStrings(t, "StepsPage, no bounds", ids(all), want)
+		if more {
+			t.Error("StepsPage, no bounds: more")
+		}
+		page, more, err := tx.StepsPage("t", e.ID, 0, 3, 0)
+		if err != nil {
+			return err
+		}
+		sameStrings(t, "StepsPage limit 3", ids(page), want[:3])
+		if !more {
+			t.Error("StepsPage limit 3: not more")
+		}
+		page, more, err = tx.StepsPage("t", e.ID, page[2].Seq, 3, 0)
+		if err != nil {
+			return err
+		}
+		sameStrings(t, "StepsPage after the first page", ids(page), want[3:6])
+		if !more {
+			t.Error("StepsPage, second page: not more")
+		}
+		page, more, err = tx.StepsPage("t", e.ID, page[2].Seq, 3, 0)
+		if err != nil {
+			return err
+		}
+		sameStrings(t, "StepsPage, last page", ids(page), want[6:])
+		if more {
+			t.Error("StepsPage, last page: more")
+		}
+		// A byte budget smaller than one record still gives one; two
+		// records' worth gives two.
+		page, more, err = tx.StepsPage("t", e.ID, 0, 100, 10)
+		if err != nil {
+			return err
+		}
+		sameStrings(t, "StepsPage under a tiny byte budget", ids(page), want[:1])
+		if !more {
+			t.Error("StepsPage under a tiny byte budget: not more")
+		}
+		page, _, err = tx.StepsPage("t", e.ID, 0, 100, 6000)
+		if err != nil {
+			return err
+		}
+		sameStrings(t, "StepsPage under a budget of about two records", ids(page), want[:2])
+		page, more, err = tx.StepsPage("t", execID(2), 0, 10, 0)
+		if err != nil || len(page) != 0 || more {
+			t.Errorf("StepsPage of another execution: %d steps, more %v, %v", len(page), more, err)
+		}
+		return nil
+	})
+}
+
 func testOccurrence(t *testing.T, s kernel.Store) {
 	id := execID(1)
 	o1 := kernel.Occurrence{Lease: kernel.Lease{DispatchID: "d", Attempt: 1}, Count: 3}
@@ -692,6 +779,26 @@ func testAgents(t *testing.T, s kernel.Store) {
 			return fmt.Errorf("ListAgents: %w", err)
 		}
 		sameJSON(t, "ListAgents", list, []*kernel.Agent{mk("a", "http://127.0.0.1:5001/a"), moved})
+		for _, c := range []struct {
+			tenant string
+			want   int
+		}{{"t", 2}, {"t2", 0}, {"", 0}} {
+			if n, err := tx.CountAgents(c.tenant); err != nil || n != c.want {
+				t.Errorf("CountAgents(%q) = %d, %v; want %d", c.tenant, n, err, c.want)
+			}
+		}
+		return nil
+	})
+	// A write transaction counts its own writes.
+	update(t, s, func(tx kernel.Tx) error {
+		a := mk("d", "http://127.0.0.1:5001/d")
+		a.Tenant = "t2"
+		if err := tx.PutAgent(a); err != nil {
+			return err
+		}
+		if n, err := tx.CountAgents("t2"); err != nil || n != 1 {
+			t.Errorf("CountAgents in the transaction that put one: %d, %v", n, err)
+		}
 		return nil
 	})
 }
@@ -916,6 +1023,12 @@ func testTenantsAndKeys(t *testing.T, s kernel.Store) {
 			return fmt.Errorf("ListAPIKeys: %w", err)
 		}
 		sameJSON(t, "ListAPIKeys(acme)", keys, []*kernel.APIKey{rotated})
+		if n, err := tx.CountAPIKeys("acme"); err != nil || n != len(keys) {
+			t.Errorf("CountAPIKeys(acme) = %d, %v; want %d", n, err, len(keys))
+		}
+		if n, err := tx.CountAPIKeys("nobody"); err != nil || n != 0 {
+			t.Errorf("CountAPIKeys(nobody) = %d, %v; want 0", n, err)
+		}
 		return nil
 	})
 }

@@ -18,7 +18,7 @@
 // # Semantics the suite fixes
 //
 // Beyond the doc comments of kernel.Store, the suite requires:
-//   - a limit <= 0 (Events, DueDispatches, ExpiredLeases,
+//   - a limit <= 0 (Events, StepsPage, DueDispatches, ExpiredLeases,
 //     ExpiredApprovals, ExecutionFilter.Limit) means "no limit";
 //   - DeleteAgent, DeleteBundle and DeleteAPIKey of a missing record are
 //     ErrNotFound;
@@ -58,6 +58,7 @@ var suite = []struct {
 	{"IdempotencyKey", testIdempotencyKey},
 	{"ListExecutions", testListExecutions},
 	{"Steps", testSteps},
+	{"StepsPage", testStepsPage},
 	{"Occurrence", testOccurrence},
 	{"StepsBesideEvents", testStepsBesideEvents},
 	{"Events", testEvents},

@@ -2,7 +2,9 @@ package bundle
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -89,5 +91,30 @@ func TestBytesString(t *testing.T) {
 		if got := BytesString(n); got != want {
 			t.Errorf("BytesString(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// TestRateLimitsCeiling: every rate limit a bundle declares is a counter
+// written in the step's transaction on the store's one writer, so a bundle
+// declaring 20,000 of them made each of its tenant's steps hold that writer
+// for about 100 ms, and every other tenant's steps waited behind it. A
+// manifest may declare at most MaxRateLimits; one more is refused, naming
+// the field and the ceiling.
+func TestRateLimitsCeiling(t *testing.T) {
+	manifest := func(n int) []byte {
+		var b strings.Builder
+		b.WriteString("name: limited\nengine: rules\nrate_limits:\n")
+		for i := range n {
+			fmt.Fprintf(&b, "  - {id: r%d, max_calls: 10, window: 1m}\n", i)
+		}
+		return []byte(b.String())
+	}
+	m, err := ParseManifest(manifest(MaxRateLimits))
+	if err != nil || len(m.RateLimits) != MaxRateLimits {
+		t.Fatalf("%d rate limits: %d parsed, %v", MaxRateLimits, len(m.RateLimits), err)
+	}
+	_, err = ParseManifest(manifest(MaxRateLimits + 1))
+	if err == nil || !strings.Contains(err.Error(), "rate_limits") || !strings.Contains(err.Error(), strconv.Itoa(MaxRateLimits)) {
+		t.Fatalf("%d rate limits: %v, want an error naming rate_limits and the ceiling", MaxRateLimits+1, err)
 	}
 }

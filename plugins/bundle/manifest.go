@@ -35,6 +35,10 @@ const (
 	GrantStdout = "stdout"
 )
 
+// MaxRateLimits caps the rate limits a manifest declares: each one that
+// matches a step is a counter written in the step's transaction.
+const MaxRateLimits = 100
+
 // MaxMemoryPages is the largest sandbox.memory_pages a manifest may ask for
 // (65536 pages of 64 KiB, the 4 GiB a 32-bit wasm memory can address).
 const MaxMemoryPages = 65536
@@ -164,6 +168,10 @@ func ParseManifest(src []byte) (Manifest, error) {
 		mf("on_interrupted", fmt.Errorf("must be %s or %s, got %q", OnInterruptedIndeterminate, OnInterruptedApproval, m.OnInterrupted))
 	}
 
+	if len(f.RateLimits) > MaxRateLimits {
+		mf("rate_limits", fmt.Errorf("%d rate limits; at most %d (each one a step matches is a counter written with the step)", len(f.RateLimits), MaxRateLimits))
+		f.RateLimits = nil
+	}
 	ids := make(map[string]int, len(f.RateLimits))
 rateLimits:
 	for i, r := range f.RateLimits {

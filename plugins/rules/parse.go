@@ -607,6 +607,12 @@ func (p *parser) then(r *rule, n *yaml.Node) error {
 			errs = append(errs, p.errf(limit, "then.rate_limit", "only applies to decisions allow and require_approval (decision is %s)", d.Action))
 		}
 	}
+	if d.Action.Valid() {
+		// The sizes an engine's answer is held to (recorded with every step).
+		if err := d.Validate(); err != nil {
+			errs = append(errs, p.errf(n, "then", "%v", err))
+		}
+	}
 	r.decision = d
 	return bundle.Join(errs...)
 }

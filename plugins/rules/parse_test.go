@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/wicket-run/wicket/kernel/policy"
 	"github.com/wicket-run/wicket/plugins/bundle"
 )
 
@@ -75,6 +76,9 @@ func TestParseErrors(t *testing.T) {
 		{"decision missing", rule("    then: {reason: x}\n"), 6, `rule "allow-reads"`, "then.decision", "required"},
 		{"decision unknown", rule("    then: {decision: permit}\n"), 6, `rule "allow-reads"`, "then.decision", `unknown decision "permit"`},
 		{"unknown then field", rule("    then: {decision: allow, log: true}\n"), 6, `rule "allow-reads"`, "then.log", "unknown field"},
+		// what is recorded with every step it decides is held to sizes
+		{"reason too long", rule("    then: {decision: deny, reason: " + strings.Repeat("r", policy.MaxReasonBytes+1) + "}\n"), 6, `rule "allow-reads"`, "then", "reason is 4097 bytes; at most 4096"},
+		{"too many approvers", rule("    then: {decision: require_approval, approval_config: {approvers: [" + strings.Repeat("a,", policy.MaxApprovers) + "a]}}\n"), 6, `rule "allow-reads"`, "then", "approval.approvers lists 101; at most 100"},
 		{"approval on allow", rule("    then: {decision: allow, approval_config: {approvers: [a]}}\n"), 6, `rule "allow-reads"`, "then.approval_config", "only applies to decision require_approval"},
 		{"approval timeout", rule("    then: {decision: require_approval, approval_config: {timeout: soon}}\n"), 6, `rule "allow-reads"`, "then.approval_config.timeout", "positive Go duration"},
 		{"approval unknown field", rule("    then: {decision: require_approval, approval_config: {channel: x}}\n"), 6, `rule "allow-reads"`, "then.approval_config.channel", "unknown field"},

@@ -1091,7 +1091,7 @@ func TestAgentSigning(t *testing.T) {
 	}{
 		{"wrong secret", client.New(env.URL, client.WithAgent(a.ID, []byte("wrong-secret-0123456789"))), wire.CodeUnauthenticated},
 		{"empty secret", client.New(env.URL, client.WithAgent(a.ID, nil)), wire.CodeUnauthenticated},
-		{"another agent", client.New(env.URL, client.WithAgent("stranger", []byte(secret))), wire.CodeNotFound},
+		{"another agent", client.New(env.URL, client.WithAgent("stranger", []byte(secret))), wire.CodeUnauthenticated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := tc.c.GetExecution(ctx, x.ID)

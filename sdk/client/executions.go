@@ -125,13 +125,29 @@ func (c *Client) EventsAfter(ctx context.Context, id string, afterSeq uint64) ([
 	}
 }
 
-// Steps lists an execution's steps.
+// Steps lists an execution's steps, following the pages the kernel
+// answers in.
 func (c *Client) Steps(ctx context.Context, id string) ([]Step, error) {
-	var l wire.StepList
-	if err := c.Do(ctx, http.MethodGet, "/v0/executions/"+seg(id)+"/steps", nil, nil, &l); err != nil {
-		return nil, err
+	var all []Step
+	cursor := ""
+	for {
+		path := "/v0/executions/" + seg(id) + "/steps"
+		if cursor != "" {
+			path += "?cursor=" + url.QueryEscape(cursor)
+		}
+		var l wire.StepList
+		if err := c.Do(ctx, http.MethodGet, path, nil, nil, &l); err != nil {
+			return nil, err
+		}
+		all = append(all, l.Steps...)
+		if l.NextCursor == "" {
+			if all == nil {
+				all = []Step{}
+			}
+			return all, nil
+		}
+		cursor = l.NextCursor
 	}
-	return l.Steps, nil
 }
 
 // Step reads one step of an execution.

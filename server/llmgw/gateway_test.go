@@ -58,22 +58,6 @@ func startGW(t *testing.T, cfg kernel.Config, extra ...llmgw.Provider) *gw {
 	return startGWWith(t, cfg, &fakellm.Provider{APIKey: providerKey}, extra...)
 }
 
-// closedURL is the base URL of a loopback port nobody listens on: one the
-// OS just handed out and took back. A fixed port (1, say) is no such thing
-// on a shared machine, where any root process may listen on it.
-func closedURL(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return url
-}
-
 // startGWWith is startGW in front of prov (set its fields before).
 func startGWWith(t *testing.T, cfg kernel.Config, prov *fakellm.Provider, extra ...llmgw.Provider) *gw {
 	t.Helper()
@@ -629,11 +613,34 @@ func TestLimits(t *testing.T) {
 	}
 }
 
+// hangUp returns the address of a listener that closes every connection
+// it accepts without a byte: a provider that is down. It stays bound
+// until the test ends, so no other server can take its port meanwhile
+// (a fixed "unreachable" port such as 1 can be bound by anyone root).
+func hangUp(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
 // Errors: no or bad tokens, another lease, an unconfigured model, a body
 // too large, a provider's error (recorded as the step's error and replayed
 // as it came) and an unreachable provider.
 func TestErrors(t *testing.T) {
-	g := startGW(t, kernel.Config{}, llmgw.Provider{Name: "down", Dialect: llmgw.DialectAnthropic, BaseURL: closedURL(t),
+	g := startGW(t, kernel.Config{}, llmgw.Provider{Name: "down", Dialect: llmgw.DialectAnthropic, BaseURL: "http://" + hangUp(t),
 		Models: []llmgw.Model{{Name: "claude-down"}}})
 	url := g.env.URL + "/llm/openai/v1/chat/completions"
 	chat := `{"model":"gpt-fake","messages":[{"role":"user","content":"hi"}]}`

@@ -300,6 +300,9 @@ type Step struct {
 // StepList is the answer of GET /v0/executions/{id}/steps.
 type StepList struct {
 	Steps []Step `json:"steps"`
+	// NextCursor, when set, is the cursor of the next page
+	// (GET …/steps?cursor=); empty on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // StreamDelta is the body of POST .../steps/{step_id}/stream: one ephemeral

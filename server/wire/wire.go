@@ -38,6 +38,18 @@ func Sign(secret, body []byte) string {
 	return SignaturePrefix + hex.EncodeToString(m.Sum(nil))
 }
 
+// WellFormed reports whether header has the form of a HeaderSignature
+// value: "sha256=" followed by exactly 64 hex digits (the check of Verify
+// that needs no secret).
+func WellFormed(header string) bool {
+	hexSig, ok := strings.CutPrefix(header, SignaturePrefix)
+	if !ok || len(hexSig) != 2*sha256.Size {
+		return false
+	}
+	_, err := hex.DecodeString(hexSig)
+	return err == nil
+}
+
 // Verify reports whether header is a valid signature of body under secret.
 // The comparison runs in constant time (hmac.Equal). A header that is not
 // "sha256=" followed by exactly 64 hex digits is rejected, as is an empty

@@ -841,6 +841,29 @@ func decodeStep(b []byte) (*kernel.Step, error) {
 	return s, nil
 }
 
+// stepStatus reads the status of a stored step from its head alone,
+// without its arguments, result and error; ok is false when the head does
+// not read (decodeStep then says why).
+func stepStatus(b []byte) (st kernel.StepStatus, ok bool) {
+	var r reader
+	var lens [3]int
+	r.begin(b, kindStep, lens[:], true)
+	p := r.format == formatBinary3
+	if !p {
+		r.str()
+		r.str()
+		r.str()
+	}
+	r.field(p) // kind
+	r.field(p) // target
+	r.field(p) // args hash
+	r.int()    // occurrence
+	r.field(p) // idempotency
+	r.field(p) // effect
+	st = kernel.StepStatus(r.field(p))
+	return st, r.err == nil
+}
+
 // decodeStepAt parses the stored form of step id of execution execID of
 // tenant (the ids its key names): a format 3 record takes them from the
 // arguments, an older one holds them.

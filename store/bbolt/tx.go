@@ -487,6 +487,84 @@ func (r *readTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) {
 	return steps, nil
 }
 
+// StepsPage implements kernel.ReadTx. The steps index holds each step's
+// seq, so the page is chosen from the index and only its records are read.
+func (r *readTx) StepsPage(tenant, executionID string, afterSeq uint64, limit, maxBytes int) ([]*kernel.Step, bool, error) {
+	if !readable(tenant, executionID) {
+		return nil, false, nil
+	}
+	type ref struct {
+		seq uint64
+		id  string
+	}
+	var refs []ref
+	pfx := prefix(tenant, executionID)
+	c := r.tx.Bucket(bSteps).Cursor()
+	for k, v := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, v = c.Next() {
+		sl, err := decodeSlot(v)
+		if err != nil {
+			return nil, false, fmt.Errorf("bbolt: steps of %s/%s: index entry %q: %w", tenant, executionID, k, err)
+		}
+		if sl.hasSeq && sl.seq > afterSeq {
+			refs = append(refs, ref{sl.seq, string(k[len(pfx):])})
+		}
+	}
+	slices.SortFunc(refs, func(a, b ref) int {
+		if c := cmp.Compare(a.seq, b.seq); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	log := r.tx.Bucket(bEvents)
+	var out []*kernel.Step
+	size := 0
+	for _, x := range refs {
+		if limit > 0 && len(out) == limit || maxBytes > 0 && len(out) > 0 && size >= maxBytes {
+			return out, true, nil
+		}
+		raw := log.Get(stepLogKey(tenant, executionID, x.seq, x.id))
+		if raw == nil {
+			return nil, false, fmt.Errorf("bbolt: steps of %s/%s: the index names seq %d for step %q, where no record is", tenant, executionID, x.seq, x.id)
+		}
+		size += len(raw)
+		st, err := decodeStepAt(raw, tenant, executionID, x.id)
+		if err != nil {
+			return nil, false, fmt.Errorf("bbolt: steps of %s/%s: step %q: %w", tenant, executionID, x.id, err)
+		}
+		out = append(out, st)
+	}
+	return out, false, nil
+}
+
+// OpenSteps implements kernel.OpenStepsLister: it reads each step's
+// status from the head of its record and decodes only the steps that are
+// not terminal, so ending an execution does not copy the arguments and
+// results of every step it ran.
+func (r *readTx) OpenSteps(tenant, executionID string) ([]*kernel.Step, error) {
+	if !readable(tenant, executionID) {
+		return nil, nil
+	}
+	var steps []*kernel.Step
+	err := forEachStep(r.tx, tenant, executionID, func(id string, raw []byte) error {
+		if st, ok := stepStatus(raw); ok && st.Terminal() {
+			return nil
+		}
+		s, err := decodeStepAt(raw, tenant, executionID, id)
+		if err != nil {
+			return err
+		}
+		if !s.Status.Terminal() {
+			steps = append(steps, s)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bbolt: open steps of %s/%s: %w", tenant, executionID, err)
+	}
+	slices.SortStableFunc(steps, func(a, b *kernel.Step) int { return cmp.Compare(a.Seq, b.Seq) })
+	return steps, nil
+}
+
 // forEachStep calls fn with the id and the record of every step of an
 // execution, in step id order. The record is valid only during the call.
 func forEachStep(tx *bolt.Tx, tenant, executionID string, fn func(id string, raw []byte) error) error {
@@ -641,6 +719,24 @@ func (r *readTx) ListAgents(tenant string) ([]*kernel.Agent, error) {
 		return nil, fmt.Errorf("bbolt: list agents of %s: %w", tenant, err)
 	}
 	return agents, nil
+}
+
+// CountAgents implements kernel.ReadTx, without decoding a record.
+func (r *readTx) CountAgents(tenant string) (int, error) {
+	if !readable(tenant) {
+		return 0, nil
+	}
+	return count(r.bucket(bAgents), prefix(tenant)), nil
+}
+
+// count returns how many keys start with pfx.
+func count(b *bolt.Bucket, pfx []byte) int {
+	n := 0
+	c := b.Cursor()
+	for k, _ := c.Seek(pfx); k != nil && bytes.HasPrefix(k, pfx); k, _ = c.Next() {
+		n++
+	}
+	return n
 }
 
 // DueDispatches implements kernel.ReadTx.
@@ -907,6 +1003,14 @@ func (r *readTx) ListAPIKeys(tenant string) ([]*kernel.APIKey, error) {
 		return nil, fmt.Errorf("bbolt: list api keys of %s: %w", tenant, err)
 	}
 	return list, nil
+}
+
+// CountAPIKeys implements kernel.ReadTx, without decoding a record.
+func (r *readTx) CountAPIKeys(tenant string) (int, error) {
+	if !readable(tenant) {
+		return 0, nil
+	}
+	return count(r.bucket(bAPIKeys), prefix(tenant)), nil
 }
 
 // put encodes v and stores it under k.

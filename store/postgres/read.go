@@ -180,6 +180,48 @@ func (r *readTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) {
 	return list, nil
 }
 
+// StepsPage implements kernel.ReadTx: the page is chosen from the steps'
+// seqs and sizes, then only its documents are read.
+func (r *readTx) StepsPage(tenant, executionID string, afterSeq uint64, limit, maxBytes int) ([]*kernel.Step, bool, error) {
+	if !readable(tenant, executionID) {
+		return nil, false, nil
+	}
+	if limit <= 0 {
+		limit = math.MaxInt32 - 1
+	}
+	n, size, more := 0, 0, false
+	var last int64
+	err := r.s.query(`SELECT seq, octet_length(doc) FROM steps WHERE tenant = $1 AND execution_id = $2 AND seq > $3 ORDER BY seq, id LIMIT $4`,
+		[]any{tenant, executionID, int64(afterSeq), limit + 1}, func(rows pgx.Rows) error {
+			var seq int64
+			var l int
+			if err := rows.Scan(&seq, &l); err != nil {
+				return err
+			}
+			switch {
+			case more:
+			case n == limit || maxBytes > 0 && n > 0 && size >= maxBytes:
+				more = true
+			default:
+				n, size, last = n+1, size+l, seq
+			}
+			return nil
+		})
+	if err != nil || n == 0 {
+		if err != nil {
+			err = fmt.Errorf("postgres: steps of %s/%s: %w", tenant, executionID, err)
+		}
+		return nil, false, err
+	}
+	list, err := listDocs[kernel.Step](r.s, "step of "+executionID,
+		`SELECT doc FROM steps WHERE tenant = $1 AND execution_id = $2 AND seq > $3 AND seq <= $4 ORDER BY seq, id LIMIT $5`,
+		tenant, executionID, int64(afterSeq), last, n)
+	if err != nil {
+		return nil, false, fmt.Errorf("postgres: steps of %s/%s: %w", tenant, executionID, err)
+	}
+	return list, more, nil
+}
+
 const sqlOccurrence = `SELECT dispatch_id, attempt, count FROM occurrences WHERE tenant = $1 AND execution_id = $2 AND key = $3`
 
 // Occurrence implements kernel.ReadTx.
@@ -246,6 +288,29 @@ func (r *readTx) ListAgents(tenant string) ([]*kernel.Agent, error) {
 		return nil, fmt.Errorf("postgres: list agents of %s: %w", tenant, err)
 	}
 	return list, nil
+}
+
+// CountAgents implements kernel.ReadTx.
+func (r *readTx) CountAgents(tenant string) (int, error) {
+	return r.count("agents", tenant)
+}
+
+// CountAPIKeys implements kernel.ReadTx.
+func (r *readTx) CountAPIKeys(tenant string) (int, error) {
+	return r.count("api_keys", tenant)
+}
+
+// count returns how many rows of table (a constant of this package)
+// belong to tenant.
+func (r *readTx) count(table, tenant string) (int, error) {
+	if !readable(tenant) {
+		return 0, nil
+	}
+	var n int64
+	if _, err := r.s.queryRow(`SELECT count(*) FROM `+table+` WHERE tenant = $1`, []any{tenant}, &n); err != nil {
+		return 0, fmt.Errorf("postgres: count %s of %s: %w", table, tenant, err)
+	}
+	return int(n), nil
 }
 
 // timeRefs runs a query of (tenant, id, time) rows.

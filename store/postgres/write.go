@@ -429,6 +429,14 @@ func (w *writeTx) ListSteps(tenant, executionID string) ([]*kernel.Step, error) 
 	return flushed(w, func() ([]*kernel.Step, error) { return w.readTx.ListSteps(tenant, executionID) })
 }
 
+// StepsPage implements kernel.ReadTx, seeing buffered writes.
+func (w *writeTx) StepsPage(tenant, executionID string, afterSeq uint64, limit, maxBytes int) ([]*kernel.Step, bool, error) {
+	if err := w.flush(); err != nil {
+		return nil, false, err
+	}
+	return w.readTx.StepsPage(tenant, executionID, afterSeq, limit, maxBytes)
+}
+
 // Occurrence implements kernel.ReadTx, seeing buffered writes.
 func (w *writeTx) Occurrence(tenant, executionID, k string) (kernel.Occurrence, error) {
 	if !readable(tenant, executionID) {
@@ -566,6 +574,16 @@ func (w *writeTx) ListTenants() ([]*kernel.Tenant, error) {
 // APIKeyByHash implements kernel.ReadTx.
 func (w *writeTx) APIKeyByHash(hash string) (*kernel.APIKey, error) {
 	return flushed(w, func() (*kernel.APIKey, error) { return w.readTx.APIKeyByHash(hash) })
+}
+
+// CountAgents implements kernel.ReadTx, seeing buffered writes.
+func (w *writeTx) CountAgents(tenant string) (int, error) {
+	return flushed(w, func() (int, error) { return w.readTx.CountAgents(tenant) })
+}
+
+// CountAPIKeys implements kernel.ReadTx, seeing buffered writes.
+func (w *writeTx) CountAPIKeys(tenant string) (int, error) {
+	return flushed(w, func() (int, error) { return w.readTx.CountAPIKeys(tenant) })
 }
 
 // ListAPIKeys implements kernel.ReadTx.
