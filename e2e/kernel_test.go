@@ -35,9 +35,12 @@ func mustCheckLog(t *testing.T, env *testkit.Env, id string) []kernel.Event {
 
 // TestEndToEnd runs one execution through a real agent: the same call twice
 // gets occurrences 0 and 1 (two steps), every kind of step is recorded, and
-// the log holds docs/durability.md's invariants.
+// the log holds docs/durability.md's invariants. Its agent does not beat,
+// and it wants one claim: the kernel's default lease and dispatch timeout,
+// not fast()'s, so a machine that stalls the run for 400 ms does not lapse
+// the lease (the tests that mean a lapse use fast()).
 func TestEndToEnd(t *testing.T) {
-	env := testkit.Start(t, testkit.Options{Config: fast()})
+	env := testkit.Start(t, testkit.Options{})
 	var calls atomic.Int64
 	agent := testkit.NewAgent("researcher", secret, env.URL, func(ctx context.Context, r *testkit.Run) (any, error) {
 		var in struct{ Query string }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -229,14 +230,40 @@ func TestAgentAuth(t *testing.T) {
 	}
 }
 
+// manualClock is a kernel clock that moves only when a test says so: a
+// lease lapses when the test moves it past, never because a loaded machine
+// stalled the test.
+type manualClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newManualClock() *manualClock { return &manualClock{now: time.Now()} }
+
+func (c *manualClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *manualClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
 func TestLeaseSuperseded(t *testing.T) {
+	clk := newManualClock()
 	e := newEnv(t, func(o *envOpts) {
-		o.kcfg = kernel.Config{LeaseTimeout: 300 * time.Millisecond, ReapInterval: 20 * time.Millisecond}
+		o.kcfg = kernel.Config{LeaseTimeout: 300 * time.Millisecond, ReapInterval: 20 * time.Millisecond, Clock: clk}
 	})
 	var x wire.Execution
 	e.admin("POST", "/v0/executions", map[string]any{"agent_id": "bot"}).want(t, http.StatusCreated).decode(t, &x)
 	d1 := e.waitDelivery(x.ID, 1)
-	// No heartbeat: the lease expires and attempt 2 is delivered.
+	// No heartbeat: the lease expires and attempt 2 is delivered. The
+	// clock then stands still, so attempt 2's lease holds however long the
+	// rest takes.
+	clk.add(time.Second)
 	d2 := e.waitDelivery(x.ID, 2)
 	if d2.DispatchID != d1.DispatchID {
 		t.Fatalf("re-delivery changed the dispatch id")

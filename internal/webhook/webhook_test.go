@@ -22,6 +22,22 @@ import (
 	"github.com/wicket-run/wicket/server/wire"
 )
 
+// closedURL is the base URL of a loopback port nobody listens on: one the
+// OS just handed out and took back. A fixed port (1, say) is no such thing
+// on a shared machine, where any root process may listen on it.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return url
+}
+
 func TestDeliver(t *testing.T) {
 	for _, scheme := range []string{kernel.SigningV1, kernel.SigningBody} {
 		t.Run(scheme, func(t *testing.T) { testDeliver(t, scheme) })
@@ -81,7 +97,7 @@ func testDeliver(t *testing.T, scheme string) {
 		{"wrong secret is refused by the agent", func(d *kernel.Delivery) { d.Secret = "another-secret-0123456789" }, 202, "401"},
 		{"the other scheme is refused by the agent", func(d *kernel.Delivery) { d.Signing = other }, 202, "401"},
 		{"a redirect is not an acknowledgement", func(d *kernel.Delivery) { d.WebhookURL = srv.URL + "/redirect" }, 202, "302"},
-		{"nobody listening", func(d *kernel.Delivery) { d.WebhookURL = "http://127.0.0.1:1/hook" }, 202, "connect"},
+		{"nobody listening", func(d *kernel.Delivery) { d.WebhookURL = closedURL(t) + "/hook" }, 202, "connect"},
 	} {
 		status = tc.st
 		dd := d
@@ -116,12 +132,7 @@ func TestFailureClasses(t *testing.T) {
 	defer close(release)
 	tlsSrv := httptest.NewTLSServer(http.NotFoundHandler()) // its certificate is not trusted
 	defer tlsSrv.Close()
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closedURL := "http://" + closed.Addr().String() + "/hook"
-	closed.Close()
+	closedURL := closedURL(t) + "/hook"
 	s := New()
 	defer s.Close()
 	for _, tc := range []struct {

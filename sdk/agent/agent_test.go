@@ -804,15 +804,23 @@ func (l *lockedLog) String() string {
 }
 
 // A heartbeat interval longer than the kernel's lease is reported: here
-// the steps keep the lease alive, but a slow body would lose it.
+// the steps keep the lease alive, but a slow body would lose it. The body
+// steps until the first heartbeat has warned (a deadline ends it if none
+// does). The lease is 2 s, not fast()'s 500 ms: a run stalled that long by
+// a loaded machine lost it, ran the handler again and warned twice.
 func TestHeartbeatLongerThanLeaseWarns(t *testing.T) {
-	h := start(t, fast()) // 500ms leases
+	h := start(t, kernel.Config{LeaseTimeout: 2 * time.Second, DispatchTimeout: time.Second, ReapInterval: 20 * time.Millisecond})
+	const warning = "heartbeat interval is longer than the kernel's lease"
 	var logs lockedLog
 	tick := agent.NewTool("tick", func(ctx context.Context, i int) (int, error) { return i, nil })
-	a, err := agent.New(agent.Config{ID: "slowbeat", Secret: []byte(secret), KernelURL: h.env.URL, HeartbeatInterval: 700 * time.Millisecond,
+	a, err := agent.New(agent.Config{ID: "slowbeat", Secret: []byte(secret), KernelURL: h.env.URL, HeartbeatInterval: 2500 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Handler: agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
-			for i := 0; i < 40; i++ { // a step every 25ms renews the lease
+			deadline := time.Now().Add(15 * time.Second)
+			for i := 0; !strings.Contains(logs.String(), warning); i++ { // a step every 25ms renews the lease
+				if time.Now().After(deadline) {
+					return nil, errors.New("no warning after 15 s of steps")
+				}
 				if _, err := tick.Call(ctx, i); err != nil {
 					return nil, err
 				}
@@ -828,10 +836,10 @@ func TestHeartbeatLongerThanLeaseWarns(t *testing.T) {
 	h.register("slowbeat", srv.URL, false)
 	id := h.create("slowbeat", nil)
 	h.status(id, kernel.ExecCompleted)
-	if !strings.Contains(logs.String(), "heartbeat interval is longer than the kernel's lease") {
+	if !strings.Contains(logs.String(), warning) {
 		t.Fatalf("no warning in the log:\n%s", logs.String())
 	}
-	if strings.Count(logs.String(), "heartbeat interval is longer") != 1 {
+	if strings.Count(logs.String(), warning) != 1 {
 		t.Fatalf("the warning should come once:\n%s", logs.String())
 	}
 }
