@@ -60,6 +60,14 @@ func TestAgentAuthTellsNothingOfOtherTenants(t *testing.T) {
 		}
 		return len(l.Events)
 	}
+	// The webhook's answer is recorded (dispatch.acked) after the agent
+	// got the lease: count alpha's events once it is.
+	for deadline := time.Now().Add(30 * time.Second); execution(t, p.url, x.ID+"?tenant=alpha").Dispatch.State != kernel.DispatchAcked; {
+		if time.Now().After(deadline) {
+			t.Fatal("the dispatch was never acknowledged")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	n0 := events()
 
 	const unknown = "01a2265a-0000-7000-8000-00000000beef"
