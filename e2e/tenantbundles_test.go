@@ -26,19 +26,7 @@ func TestTenantBundleCeilings(t *testing.T) {
 	flags := []string{"--max-tenant-bundles", "3", "--max-tenant-bundle-bytes", "2MiB"}
 	p := startServe(t, dir, addr, flags...)
 	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
-	keys := map[string]string{}
-	for _, tenant := range []string{"acme", "other"} {
-		if _, err := testkit.Bearer(p.url, testkit.AdminKey, "POST", "/v0/tenants", map[string]any{"id": tenant}, nil); err != nil {
-			t.Fatal(err)
-		}
-		var k struct {
-			Key string `json:"key"`
-		}
-		if _, err := testkit.Bearer(p.url, testkit.AdminKey, "POST", "/v0/tenants/"+tenant+"/keys", map[string]any{"role": "tenant-admin", "principal": tenant + "-ops"}, &k); err != nil {
-			t.Fatal(err)
-		}
-		keys[tenant] = k.Key
-	}
+	keys := tenantAdmins(t, p.url, "acme", "other")
 	rules := func(i int) map[string]any {
 		return map[string]any{"engine": "rules", "files": map[string]string{"rules.yaml": fmt.Sprintf("default_action: allow\n# %d\n", i)}}
 	}
@@ -150,19 +138,7 @@ func TestTenantBundleCeilings(t *testing.T) {
 func TestTenantAgentAndKeyCeilings(t *testing.T) {
 	p := startServe(t, t.TempDir(), freeAddr(t), "--max-tenant-agents", "3", "--max-tenant-keys", "3")
 	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
-	keys := map[string]string{}
-	for _, tenant := range []string{"acme", "other"} {
-		if _, err := testkit.Bearer(p.url, testkit.AdminKey, "POST", "/v0/tenants", map[string]any{"id": tenant}, nil); err != nil {
-			t.Fatal(err)
-		}
-		var k struct {
-			Key string `json:"key"`
-		}
-		if _, err := testkit.Bearer(p.url, testkit.AdminKey, "POST", "/v0/tenants/"+tenant+"/keys", map[string]any{"role": "tenant-admin", "principal": tenant + "-ops"}, &k); err != nil {
-			t.Fatal(err)
-		}
-		keys[tenant] = k.Key
-	}
+	keys := tenantAdmins(t, p.url, "acme", "other")
 	agent := func(tenant, id string) (int, error) {
 		return testkit.Bearer(p.url, keys[tenant], "POST", "/v0/agents", map[string]any{"id": id, "secret": "agent-secret-0123456789"}, nil)
 	}
@@ -221,4 +197,24 @@ func TestTenantAgentAndKeyCeilings(t *testing.T) {
 	if st, _, err := key("acme"); err != nil {
 		t.Fatalf("a key after a revocation: %d %v", st, err)
 	}
+}
+
+// tenantAdmins creates the tenants on the kernel at url and returns a
+// tenant-admin key of each, by tenant.
+func tenantAdmins(t *testing.T, url string, tenants ...string) map[string]string {
+	t.Helper()
+	keys := map[string]string{}
+	for _, tenant := range tenants {
+		if _, err := testkit.Bearer(url, testkit.AdminKey, "POST", "/v0/tenants", map[string]any{"id": tenant}, nil); err != nil {
+			t.Fatal(err)
+		}
+		var k struct {
+			Key string `json:"key"`
+		}
+		if _, err := testkit.Bearer(url, testkit.AdminKey, "POST", "/v0/tenants/"+tenant+"/keys", map[string]any{"role": "tenant-admin", "principal": tenant + "-ops"}, &k); err != nil {
+			t.Fatal(err)
+		}
+		keys[tenant] = k.Key
+	}
+	return keys
 }
