@@ -133,6 +133,12 @@ func checkGuards(tx ReadTx, tenant string, guards []string) error {
 // every step of the tenant).
 const MaxGuards = 16
 
+// RequireTenant returns a not_found error when tenant does not exist (the
+// default tenant always does).
+func (k *Kernel) RequireTenant(ctx context.Context, tenant string) error {
+	return k.store.View(ctx, func(tx ReadTx) error { return k.requireTenant(tx, tenant) })
+}
+
 // ListTenants lists tenants; default is always first.
 func (k *Kernel) ListTenants(ctx context.Context) ([]*Tenant, error) {
 	var out []*Tenant

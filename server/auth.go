@@ -104,6 +104,11 @@ func (s *Server) authenticate(c *call, cl class) error {
 		if !kernel.ValidID(t) {
 			return errorf(kernel.CodeValidation, "tenant %q is invalid", t)
 		}
+		// A tenant that does not exist is 404 on every route, reads
+		// included: an empty list would pass a typo for an empty tenant.
+		if err := s.k.RequireTenant(c.ctx, t); err != nil {
+			return err
+		}
 		c.tenant = t
 	}
 	return nil

@@ -55,6 +55,12 @@ func TestWhoami(t *testing.T) {
 		}
 	}
 	var who wire.Whoami
+	if st, _ := env.Admin("GET", "/v0/whoami?tenant=acme", nil, nil); st != 404 {
+		t.Errorf("admin ?tenant=acme before acme exists: %d, want 404", st)
+	}
+	if _, err := env.Admin("POST", "/v0/tenants", map[string]any{"id": "acme"}, nil); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := env.Admin("GET", "/v0/whoami?tenant=acme", nil, &who); err != nil || who.Role != "admin" || who.Tenant != "acme" || who.KeyTenant != "default" {
 		t.Errorf("admin ?tenant=acme: %+v %v", who, err)
 	}
