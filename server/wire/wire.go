@@ -42,12 +42,19 @@ func Sign(secret, body []byte) string {
 // value: "sha256=" followed by exactly 64 hex digits (the check of Verify
 // that needs no secret).
 func WellFormed(header string) bool {
+	_, ok := parseSignature(header)
+	return ok
+}
+
+// parseSignature decodes a HeaderSignature value: "sha256=" followed by
+// exactly 64 hex digits.
+func parseSignature(header string) ([]byte, bool) {
 	hexSig, ok := strings.CutPrefix(header, SignaturePrefix)
 	if !ok || len(hexSig) != 2*sha256.Size {
-		return false
+		return nil, false
 	}
-	_, err := hex.DecodeString(hexSig)
-	return err == nil
+	sig, err := hex.DecodeString(hexSig)
+	return sig, err == nil
 }
 
 // Verify reports whether header is a valid signature of body under secret.
@@ -58,12 +65,8 @@ func Verify(secret, body []byte, header string) bool {
 	if len(secret) == 0 {
 		return false
 	}
-	hexSig, ok := strings.CutPrefix(header, SignaturePrefix)
-	if !ok || len(hexSig) != 2*sha256.Size {
-		return false
-	}
-	got, err := hex.DecodeString(hexSig)
-	if err != nil {
+	got, ok := parseSignature(header)
+	if !ok {
 		return false
 	}
 	m := hmac.New(sha256.New, secret)
