@@ -58,7 +58,7 @@ func (k *Kernel) ListApprovals(ctx context.Context, tenant string, status Approv
 	out := []*Approval(w.h)
 	SortApprovals(out)
 	next := ""
-	if w.dropped && len(out) > 0 {
+	if w.floor != "" && len(out) > 0 {
 		next = slices.MinFunc(out, func(a, b *Approval) int { return cmp.Compare(a.ID, b.ID) }).ID
 	}
 	return out, next, nil
@@ -69,12 +69,11 @@ func (k *Kernel) ListApprovals(ctx context.Context, tenant string, status Approv
 // they come: an approval at or below an id it let go is not kept, so what
 // it holds is every approval above the highest id it let go.
 type approvalWindow struct {
-	h       approvalHeap
-	limit   int
-	budget  int
-	size    int
-	floor   string // the highest id let go
-	dropped bool
+	h      approvalHeap
+	limit  int
+	budget int
+	size   int
+	floor  string // the highest id let go ("": none yet; ids are never empty)
 }
 
 func approvalSize(a *Approval) int {
@@ -82,7 +81,7 @@ func approvalSize(a *Approval) int {
 }
 
 func (w *approvalWindow) add(a *Approval) {
-	if w.dropped && a.ID <= w.floor {
+	if a.ID <= w.floor {
 		return
 	}
 	heap.Push(&w.h, a)
@@ -90,10 +89,9 @@ func (w *approvalWindow) add(a *Approval) {
 	for len(w.h) > w.limit || len(w.h) > 1 && w.size > w.budget {
 		o := heap.Pop(&w.h).(*Approval)
 		w.size -= approvalSize(o)
-		if !w.dropped || o.ID > w.floor {
-			w.floor = o.ID
-		}
-		w.dropped = true
+		// The heap's least, and above every id let go before (add
+		// keeps none at or below the floor).
+		w.floor = o.ID
 	}
 }
 
