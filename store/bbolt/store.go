@@ -147,9 +147,12 @@ type Store struct {
 	db       *bolt.DB
 	path     string
 	maxBatch int
-	// gather, expect and cool belong to the writer goroutine: see gatherMore.
+	// gather, expect, others and cool belong to the writer goroutine:
+	// see gatherMore. others is how many Updates were waiting for the
+	// writer as it answered the last batch: other writers than its own.
 	gather time.Duration
 	expect int
+	others int
 	cool   int
 	// lastCommit is how long the last commit took (write and fsync); the
 	// writer's too.
@@ -212,6 +215,7 @@ type Store struct {
 	lost        atomic.Bool
 	fileCommits atomic.Uint64 // commits of the file (open transactions committed)
 	idleWakes   atomic.Uint64 // times the writer woke to commit an idle open transaction (tests)
+	windows     atomic.Uint64 // gather windows the writer held a batch open for (tests)
 }
 
 var _ kernel.Store = (*Store)(nil)
@@ -443,10 +447,10 @@ func (s *Store) Update(ctx context.Context, fn func(tx kernel.Tx) error) error {
 		return *f
 	}
 	r := &request{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	// The writer takes the count back as it takes the request.
 	s.waiting.Add(1)
 	select {
 	case s.reqs <- r:
-		s.waiting.Add(-1)
 	case <-ctx.Done():
 		s.waiting.Add(-1)
 		return fmt.Errorf("bbolt: update: %w", ctx.Err())

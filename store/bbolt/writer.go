@@ -65,12 +65,17 @@ func (s *Store) run() {
 			}
 			r.done <- s.checkpointNow(r.take)
 		case r := <-s.reqs:
+			s.waiting.Add(-1)
 			batch = s.gatherMore(s.collect(append(batch[:0], r)))
 			n := len(batch)
 			s.commit(batch)
 			// The n callers just answered will likely come back, and the
-			// Updates already waiting are other writers: that many are active.
-			s.expect = n + int(s.waiting.Load())
+			// Updates that were waiting as they were answered are other
+			// writers: that many are active. (Read after the answers, the
+			// count could hold a caller just answered and already back
+			// with its next Update, counted twice: a lone caller in the
+			// same process would then wait a window for itself.)
+			s.expect = n + s.others
 			// A due commit of the file comes after the answers, while
 			// their callers are on their way back, not before.
 			if s.open != nil && (time.Since(s.openAt) >= s.openFor || s.pendingSize >= openMaxBytes) {
@@ -80,6 +85,7 @@ func (s *Store) run() {
 			for {
 				select {
 				case r := <-s.reqs:
+					s.waiting.Add(-1)
 					s.commit(s.collect(append(batch[:0], r)))
 				default:
 					s.mu.Lock()
@@ -107,6 +113,7 @@ func (s *Store) collect(batch []*request) []*request {
 	for len(batch) < s.maxBatch {
 		select {
 		case r := <-s.reqs:
+			s.waiting.Add(-1)
 			batch = append(batch, r)
 		default:
 			return batch
@@ -147,11 +154,13 @@ func (s *Store) gatherMore(batch []*request) []*request {
 		return batch
 	}
 	start := len(batch)
+	s.windows.Add(1)
 	timer := time.NewTimer(window)
 	defer timer.Stop()
 	for len(batch) < target {
 		select {
 		case r := <-s.reqs:
+			s.waiting.Add(-1)
 			batch = append(batch, r)
 		case <-timer.C:
 			if len(batch) == start {
@@ -201,6 +210,7 @@ func (s *Store) commit(batch []*request) {
 			s.commits.Add(1)
 			s.updates.Add(uint64(len(live)))
 		}
+		s.others = int(s.waiting.Load())
 		for _, r := range live {
 			r.done <- err
 		}
