@@ -41,6 +41,11 @@ func (g *idGen) next(now time.Time) string {
 	b[6] = 0x70 | byte(seq>>8)
 	b[7] = byte(seq)
 	b[8] = 0x80 | (b[8] & 0x3f)
+	return uuidText(&b)
+}
+
+// uuidText is the canonical text form of a UUID (8-4-4-4-12 hex digits).
+func uuidText(b *[16]byte) string {
 	var s [36]byte
 	hex.Encode(s[0:8], b[0:4])
 	s[8] = '-'

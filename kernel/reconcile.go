@@ -82,11 +82,8 @@ func (k *Kernel) ReconcileStep(ctx context.Context, rq Reconciliation) (*StepDec
 		if err != nil {
 			return err
 		}
-		s, err := r.tx.Step(e.Tenant, e.ID, rq.StepID)
+		s, err := stepOf(r.tx, e.Tenant, e.ID, rq.StepID)
 		if err != nil {
-			if errors.Is(err, ErrNotFound) {
-				return Errorf(CodeNotFound, "step %s not found in execution %s", rq.StepID, e.ID)
-			}
 			return err
 		}
 		base := &StepDecision{StepID: s.ID, Occurrence: s.Occurrence}

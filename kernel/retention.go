@@ -3,7 +3,6 @@ package kernel
 import (
 	"context"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -52,17 +51,7 @@ func idFloor(t time.Time) string {
 	binary.BigEndian.PutUint64(b[0:8], uint64(max(t.UnixMilli(), 0))<<16)
 	b[6] = 0x70
 	b[8] = 0x80
-	var s [36]byte
-	hex.Encode(s[0:8], b[0:4])
-	s[8] = '-'
-	hex.Encode(s[9:13], b[4:6])
-	s[13] = '-'
-	hex.Encode(s[14:18], b[6:8])
-	s[18] = '-'
-	hex.Encode(s[19:23], b[8:10])
-	s[23] = '-'
-	hex.Encode(s[24:], b[10:])
-	return string(s[:])
+	return uuidText(&b)
 }
 
 // retentionOf is how long a tenant's terminal executions are kept (0:
@@ -103,13 +92,8 @@ func (k *Kernel) SetTenantRetention(ctx context.Context, tenant, retention strin
 	}
 	var out *Tenant
 	_, err := k.update(ctx, func(r *rec) error {
-		t, err := r.tx.Tenant(tenant)
-		switch {
-		case errors.Is(err, ErrNotFound) && tenant == DefaultTenant:
-			t = &Tenant{ID: DefaultTenant, CreatedAt: r.now}
-		case errors.Is(err, ErrNotFound):
-			return Errorf(CodeNotFound, "tenant %s not found", tenant)
-		case err != nil:
+		t, err := tenantToChange(r, tenant)
+		if err != nil {
 			return err
 		}
 		t.Retention = retention

@@ -812,11 +812,8 @@ func (k *Kernel) endStep(ctx context.Context, o StepOutcome, st StepStatus) (*St
 		if err != nil {
 			return err
 		}
-		s, err := r.tx.Step(e.Tenant, e.ID, o.StepID)
+		s, err := stepOf(r.tx, e.Tenant, e.ID, o.StepID)
 		if err != nil {
-			if errors.Is(err, ErrNotFound) {
-				return Errorf(CodeNotFound, "step %s not found in execution %s", o.StepID, e.ID)
-			}
 			return err
 		}
 		if s.Status.Terminal() {
@@ -886,10 +883,7 @@ func (k *Kernel) GetStep(ctx context.Context, tenant, executionID, stepID string
 			return err
 		}
 		var err error
-		s, err = tx.Step(tenant, executionID, stepID)
-		if errors.Is(err, ErrNotFound) {
-			return Errorf(CodeNotFound, "step %s not found in execution %s", stepID, executionID)
-		}
+		s, err = stepOf(tx, tenant, executionID, stepID)
 		return err
 	})
 	return s, err
@@ -974,4 +968,14 @@ func (r *rec) blockOn(e *Execution, a *Approval, stepID string) error {
 		e.Dispatch.LeaseUntil = time.Time{}
 	}
 	return r.event(e, EvExecutionBlocked, map[string]any{"approval_id": a.ID, "step_id": stepID})
+}
+
+// stepOf reads one step of an execution; a missing one is CodeNotFound,
+// named.
+func stepOf(tx ReadTx, tenant, executionID, stepID string) (*Step, error) {
+	s, err := tx.Step(tenant, executionID, stepID)
+	if errors.Is(err, ErrNotFound) {
+		return nil, Errorf(CodeNotFound, "step %s not found in execution %s", stepID, executionID)
+	}
+	return s, err
 }

@@ -76,13 +76,8 @@ func (k *Kernel) EnsureTenant(ctx context.Context, id string) error {
 func (k *Kernel) SetTenantGuards(ctx context.Context, tenant string, guards []string) (*Tenant, error) {
 	var out *Tenant
 	_, err := k.update(ctx, func(r *rec) error {
-		t, err := r.tx.Tenant(tenant)
-		switch {
-		case errors.Is(err, ErrNotFound) && tenant == DefaultTenant:
-			t = &Tenant{ID: DefaultTenant, CreatedAt: r.now}
-		case errors.Is(err, ErrNotFound):
-			return Errorf(CodeNotFound, "tenant %s not found", tenant)
-		case err != nil:
+		t, err := tenantToChange(r, tenant)
+		if err != nil {
 			return err
 		}
 		if err := checkGuards(r.tx, tenant, guards); err != nil {
@@ -161,13 +156,8 @@ func (k *Kernel) ListTenants(ctx context.Context) ([]*Tenant, error) {
 // admin's decision: the manifest's bundle_keys and allow_bundle_sources).
 func (k *Kernel) SetTenantBundleTrust(ctx context.Context, tenant string, keys []BundleKey, allowSources bool) error {
 	_, err := k.update(ctx, func(r *rec) error {
-		t, err := r.tx.Tenant(tenant)
-		switch {
-		case errors.Is(err, ErrNotFound) && tenant == DefaultTenant:
-			t = &Tenant{ID: DefaultTenant, CreatedAt: r.now}
-		case errors.Is(err, ErrNotFound):
-			return Errorf(CodeNotFound, "tenant %s not found", tenant)
-		case err != nil:
+		t, err := tenantToChange(r, tenant)
+		if err != nil {
 			return err
 		}
 		t.BundleKeys = slices.Clone(keys)
@@ -313,4 +303,20 @@ func (k *Kernel) AuthenticateKey(ctx context.Context, secret string) (*APIKey, e
 		return nil, fmt.Errorf("look up key: %w", err)
 	}
 	return key, nil
+}
+
+// tenantToChange reads a tenant's record to change it in r: the default
+// tenant, which has no record until first configured, starts from a new
+// one; any other unknown tenant is not found.
+func tenantToChange(r *rec, tenant string) (*Tenant, error) {
+	t, err := r.tx.Tenant(tenant)
+	switch {
+	case errors.Is(err, ErrNotFound) && tenant == DefaultTenant:
+		return &Tenant{ID: DefaultTenant, CreatedAt: r.now}, nil
+	case errors.Is(err, ErrNotFound):
+		return nil, Errorf(CodeNotFound, "tenant %s not found", tenant)
+	case err != nil:
+		return nil, err
+	}
+	return t, nil
 }
