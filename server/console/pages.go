@@ -35,6 +35,16 @@ const (
 	executionsPageSize = 50
 )
 
+// The API's pages the console reads (variables for tests): approvals are
+// read a page at a time up to maxPendingListed pending ones, and an
+// execution's steps stepsPageSize at a time, with links to the next page.
+var (
+	approvalsPageSize = 1000
+	maxPendingListed  = 5000
+	maxApprovalsRead  = 20000
+	stepsPageSize     = 1000
+)
+
 // landing sends a key to its first page: approvals for those who may read
 // them (an approver's landing page), executions otherwise.
 func (c *Console) landing(q *req) {
@@ -77,20 +87,31 @@ func (c *Console) approvalsPage(q *req) {
 		c.fail(q.w, q.r, q, http.StatusForbidden, "This key ("+q.who.Role+") may not read approvals.")
 		return
 	}
-	var pending, all wire.ApprovalList
-	if err := c.call(q, "GET", "/v0/approvals?status=pending", nil, &pending); err != nil {
-		c.apiFail(q, err)
-		return
-	}
-	if err := c.call(q, "GET", "/v0/approvals", nil, &all); err != nil {
-		c.apiFail(q, err)
-		return
-	}
 	qs := q.r.URL.Query()
 	status, agent := qs.Get("status"), strings.TrimSpace(qs.Get("agent"))
+	// Every pending approval (the oldest expire first, so none may hide
+	// behind a page), up to maxPendingListed.
+	pending, morePending, err := c.approvals(q, string(kernel.ApprovalPending), maxPendingListed, nil)
+	if err != nil {
+		c.apiFail(q, err)
+		return
+	}
+	// The newest decided ones the filter wants, one more than are listed
+	// (to tell there are more): a status filter reads only that status.
+	decidedStatus := ""
+	if status != string(kernel.ApprovalPending) {
+		decidedStatus = status
+	}
+	all, moreDecided, err := c.approvals(q, decidedStatus, maxDecidedListed+1, func(a wire.Approval) bool {
+		return a.Status != string(kernel.ApprovalPending) && (agent == "" || a.AgentID == agent)
+	})
+	if err != nil {
+		c.apiFail(q, err)
+		return
+	}
 	admin := q.who.Role == kernel.RoleAdmin
 	var pv []approvalView
-	for _, a := range pending.Approvals {
+	for _, a := range pending {
 		if agent != "" && a.AgentID != agent {
 			continue
 		}
@@ -99,22 +120,55 @@ func (c *Console) approvalsPage(q *req) {
 	}
 	sort.SliceStable(pv, func(i, j int) bool { return pv[i].ExpiresAt.Before(pv[j].ExpiresAt) })
 	var decided []wire.Approval
-	for _, a := range all.Approvals {
+	for _, a := range all {
 		if a.Status == string(kernel.ApprovalPending) || status != "" && a.Status != status || agent != "" && a.AgentID != agent {
 			continue
 		}
 		decided = append(decided, a)
 	}
 	sort.SliceStable(decided, func(i, j int) bool { return decidedAt(decided[i]).After(decidedAt(decided[j])) })
-	more := 0
+	more := moreDecided
 	if len(decided) > maxDecidedListed {
-		more = len(decided) - maxDecidedListed
+		more = true
 		decided = decided[:maxDecidedListed]
 	}
 	c.render(q.w, q.r, http.StatusOK, "approvals", q, map[string]any{
-		"Pending": pv, "Decided": decided, "More": more, "Status": status, "Agent": agent,
+		"Pending": pv, "MorePending": morePending, "MaxPending": maxPendingListed, "Decided": decided, "More": more, "Status": status, "Agent": agent,
 		"Statuses": []string{"granted", "denied", "expired", "happened"}, "Done": qs.Get("done"),
 	})
+}
+
+// approvals reads a key's approvals of a status ("": every status), newest
+// first, following the API's pages until there are none left, until most
+// of those read are wanted (want nil: all are), or until maxApprovalsRead
+// are read; more reports that some were left unread.
+func (c *Console) approvals(q *req, status string, most int, want func(wire.Approval) bool) (list []wire.Approval, more bool, err error) {
+	v := url.Values{}
+	if status != "" {
+		v.Set("status", status)
+	}
+	v.Set("limit", strconv.Itoa(approvalsPageSize))
+	wanted := 0
+	for read := 0; ; {
+		var page wire.ApprovalList
+		if err := c.call(q, "GET", "/v0/approvals?"+v.Encode(), nil, &page); err != nil {
+			return nil, false, err
+		}
+		read += len(page.Approvals)
+		for _, a := range page.Approvals {
+			if want == nil || want(a) {
+				list = append(list, a)
+				wanted++
+			}
+		}
+		if page.NextCursor == "" {
+			return list, false, nil
+		}
+		if wanted >= most || read >= maxApprovalsRead {
+			return list, true, nil
+		}
+		v.Set("cursor", page.NextCursor)
+	}
 }
 
 func decidedAt(a wire.Approval) time.Time {
@@ -193,9 +247,14 @@ func (c *Console) executionsPage(q *req) {
 // executionData is what the execution page and its live fragment show.
 type executionData struct {
 	Execution wire.Execution
-	Steps     []wire.Step
-	Terminal  bool
-	MayCancel bool
+	// Steps is a page of the execution's steps in seq order: the first,
+	// or the one after the step seq the page's steps query names.
+	Steps []wire.Step
+	// StepsFirst and StepsNext link to the first page of steps (set when
+	// this is not it) and to the next one (set when there is one).
+	StepsFirst, StepsNext string
+	Terminal              bool
+	MayCancel             bool
 }
 
 func (c *Console) loadExecution(q *req) (*executionData, error) {
@@ -204,11 +263,24 @@ func (c *Console) loadExecution(q *req) (*executionData, error) {
 	if err := c.call(q, "GET", "/v0/executions/"+id, nil, &d.Execution); err != nil {
 		return nil, err
 	}
+	v := url.Values{}
+	v.Set("limit", strconv.Itoa(stepsPageSize))
+	after := strings.TrimSpace(q.r.URL.Query().Get("steps"))
+	if after != "" {
+		v.Set("cursor", after)
+	}
 	var steps wire.StepList
-	if err := c.call(q, "GET", "/v0/executions/"+id+"/steps", nil, &steps); err != nil {
+	if err := c.call(q, "GET", "/v0/executions/"+id+"/steps?"+v.Encode(), nil, &steps); err != nil {
 		return nil, err
 	}
 	d.Steps = steps.Steps
+	page := "/ui/executions/" + id
+	if after != "" {
+		d.StepsFirst = q.link(page)
+	}
+	if steps.NextCursor != "" {
+		d.StepsNext = q.link(page + "?" + url.Values{"steps": {steps.NextCursor}}.Encode())
+	}
 	switch d.Execution.Status {
 	case string(kernel.ExecCompleted), string(kernel.ExecFailed), string(kernel.ExecCancelled):
 		d.Terminal = true
@@ -235,8 +307,17 @@ func (c *Console) executionPage(q *req) {
 	c.render(q.w, q.r, http.StatusOK, "execution", q, map[string]any{
 		"D": d, "Events": evs.Events, "LastSeq": last, "Truncated": len(evs.Events) == maxTimelineEvents,
 		"Stream": q.link("/ui/executions/" + url.PathEscape(d.Execution.ID) + "/stream"),
-		"Live":   q.link("/ui/executions/" + url.PathEscape(d.Execution.ID) + "/live"),
+		"Live":   q.link("/ui/executions/" + url.PathEscape(d.Execution.ID) + "/live" + stepsQuery(q)),
 	})
+}
+
+// stepsQuery is the query that keeps the page of steps q shows ("" for
+// the first), for the page's live fragment.
+func stepsQuery(q *req) string {
+	if after := strings.TrimSpace(q.r.URL.Query().Get("steps")); after != "" {
+		return "?" + url.Values{"steps": {after}}.Encode()
+	}
+	return ""
 }
 
 // executionLive is the execution page's live part (status, totals, output,
