@@ -303,9 +303,24 @@ func TestProxy(t *testing.T) {
 	if !r.IsError || !strings.Contains(text(r), "deleting files is not allowed") || !strings.Contains(text(r), "rule no-deletes") {
 		t.Fatalf("delete: %q", text(r))
 	}
+	if sc, ok := r.StructuredContent.(map[string]any); !ok || sc["rule_id"] != "no-deletes" || sc["decision"] != "denied" {
+		t.Fatalf("delete's structured content: %#v", r.StructuredContent)
+	}
+	// web_fetch declares an output schema, which a denial's structured
+	// content would not conform to (the TypeScript SDK's client refuses
+	// such a result): the decision is in _meta only.
+	if tl := tools.Tools[slices.IndexFunc(tools.Tools, func(tl *mcp.Tool) bool { return tl.Name == "web_fetch" })]; tl.OutputSchema == nil {
+		t.Fatalf("web_fetch lists no output schema: %+v", tl)
+	}
 	r = call(t, cs, "web_fetch", map[string]any{"url": "https://example.com/secret"})
 	if !r.IsError || !strings.Contains(text(r), "rule no-secret-fetches") {
 		t.Fatalf("secret fetch: %q", text(r))
+	}
+	if r.StructuredContent != nil {
+		t.Fatalf("a denial of a tool with an output schema carries structured content that does not conform to it: %#v", r.StructuredContent)
+	}
+	if dec, ok := r.Meta[mcpproxy.DecisionMeta].(map[string]any); !ok || dec["rule_id"] != "no-secret-fetches" || dec["decision"] != "denied" {
+		t.Fatalf("secret fetch's _meta: %#v", r.Meta)
 	}
 	// Pending: the call waits, with progress notifications, until a human
 	// grants the approval; then it is forwarded.
