@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/wicket-run/wicket/kernel/canon"
 )
 
 // Reconciliation of interrupted side effects (docs/durability.md#orphaned-steps).
@@ -156,6 +158,9 @@ func (k *Kernel) ReconcileStep(ctx context.Context, rq Reconciliation) (*StepDec
 			if err != nil {
 				return err
 			}
+			if err := unconsumeOccurrence(r.tx, e, s); err != nil {
+				return err
+			}
 			base = d
 		}
 		if out == nil {
@@ -165,6 +170,27 @@ func (k *Kernel) ReconcileStep(ctx context.Context, rq Reconciliation) (*StepDec
 		return r.tx.PutExecution(e)
 	})
 	return out, err
+}
+
+// unconsumeOccurrence gives back the occurrence that the interrupted
+// answer consumed under e's lease, now that s is blocked on an approval: a
+// blocked answer consumes none, so a session's holder, which keeps its
+// lease while the approval pends, proposes the call again under s's id
+// (pending, then replayed, run again or refused, as the operator answers)
+// rather than as a new occurrence that would run the effect again.
+func unconsumeOccurrence(tx Tx, e *Execution, s *Step) error {
+	key := canon.StepID(e.ID, string(s.Kind), s.Target, s.ArgsHash, 0)
+	oc, err := tx.Occurrence(e.Tenant, e.ID, key)
+	if err != nil {
+		return fmt.Errorf("read occurrence: %w", err)
+	}
+	if oc.Lease != e.Lease || oc.Count != s.Occurrence+1 {
+		return nil
+	}
+	if err := tx.PutOccurrence(e.Tenant, e.ID, key, Occurrence{Lease: e.Lease, Count: s.Occurrence}); err != nil {
+		return fmt.Errorf("put occurrence: %w", err)
+	}
+	return nil
 }
 
 // reconciledAlready answers a reconciliation repeated after its answer was
