@@ -92,7 +92,11 @@ func (k *Kernel) ReconcileStep(ctx context.Context, rq Reconciliation) (*StepDec
 			return err
 		}
 		base := &StepDecision{StepID: s.ID, Occurrence: s.Occurrence}
-		if d := reconciledAlready(e, s, &rq, base); d != nil {
+		d, err := reconciledAlready(r.tx, e, s, &rq, base)
+		if err != nil {
+			return err
+		}
+		if d != nil {
 			out = d
 			return nil
 		}
@@ -194,16 +198,31 @@ func unconsumeOccurrence(tx Tx, e *Execution, s *Step) error {
 }
 
 // reconciledAlready answers a reconciliation repeated after its answer was
-// lost: the same outcome finds the step where the first one left it.
-func reconciledAlready(e *Execution, s *Step, rq *Reconciliation, base *StepDecision) *StepDecision {
+// lost: the same outcome finds the step where the first one left it, and
+// is answered as the first one was (nil: it is not such a repeat).
+func reconciledAlready(tx ReadTx, e *Execution, s *Step, rq *Reconciliation, base *StepDecision) (*StepDecision, error) {
 	switch {
 	case rq.Outcome == ReconcileCompleted && s.Status == StepSucceeded && bytes.Equal(s.Result, rq.Result):
-		return replayOf(base, s)
+		return replayOf(base, s), nil
 	case rq.Outcome == ReconcileContinue && s.Status == StepExecuting && s.Lease == e.Lease && !e.Status.Terminal():
 		base.Decision = DecisionProceed
-		return base
+		return base, nil
+	case rq.Outcome == ReconcileConflict && s.Status == StepFailed && e.Status == ExecFailed && e.Reason == "reconcile_conflict" &&
+		bytes.Equal(s.Error, mustJSON(map[string]any{"code": "reconcile_conflict", "message": rq.Detail})):
+		base.Decision, base.Reason = DecisionExecutionTerminal, "reconcile_conflict: "+rq.Detail
+		return base, nil
+	case rq.Outcome == ReconcileApproval && s.Status == StepAwaitingApproval && s.ApprovalID != "":
+		a, err := tx.Approval(e.Tenant, s.ApprovalID)
+		if err != nil {
+			return nil, fmt.Errorf("read approval %s: %w", s.ApprovalID, err)
+		}
+		if a.Type != ApprovalInterrupted || a.Status != ApprovalPending {
+			return nil, nil
+		}
+		base.Decision, base.ApprovalID, base.Reason = DecisionBlocked, a.ID, a.Reason
+		return base, nil
 	}
-	return nil
+	return nil, nil
 }
 
 // onInterrupted is what an interrupted at_most_once step s becomes: the
