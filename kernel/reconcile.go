@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/wicket-run/wicket/kernel/canon"
 )
 
 // Reconciliation of interrupted side effects (docs/durability.md#orphaned-steps).
@@ -87,7 +89,11 @@ func (k *Kernel) ReconcileStep(ctx context.Context, rq Reconciliation) (*StepDec
 			return err
 		}
 		base := &StepDecision{StepID: s.ID, Occurrence: s.Occurrence}
-		if d := reconciledAlready(e, s, &rq, base); d != nil {
+		d, err := reconciledAlready(r.tx, e, s, &rq, base)
+		if err != nil {
+			return err
+		}
+		if d != nil {
 			out = d
 			return nil
 		}
@@ -153,6 +159,9 @@ func (k *Kernel) ReconcileStep(ctx context.Context, rq Reconciliation) (*StepDec
 			if err != nil {
 				return err
 			}
+			if err := unconsumeOccurrence(r.tx, e, s); err != nil {
+				return err
+			}
 			base = d
 		}
 		if out == nil {
@@ -164,17 +173,53 @@ func (k *Kernel) ReconcileStep(ctx context.Context, rq Reconciliation) (*StepDec
 	return out, err
 }
 
-// reconciledAlready answers a reconciliation repeated after its answer was
-// lost: the same outcome finds the step where the first one left it.
-func reconciledAlready(e *Execution, s *Step, rq *Reconciliation, base *StepDecision) *StepDecision {
-	switch {
-	case rq.Outcome == ReconcileCompleted && s.Status == StepSucceeded && bytes.Equal(s.Result, rq.Result):
-		return replayOf(base, s)
-	case rq.Outcome == ReconcileContinue && s.Status == StepExecuting && s.Lease == e.Lease && !e.Status.Terminal():
-		base.Decision = DecisionProceed
-		return base
+// unconsumeOccurrence gives back the occurrence that the interrupted
+// answer consumed under e's lease, now that s is blocked on an approval: a
+// blocked answer consumes none, so a session's holder, which keeps its
+// lease while the approval pends, proposes the call again under s's id
+// (pending, then replayed, run again or refused, as the operator answers)
+// rather than as a new occurrence that would run the effect again.
+func unconsumeOccurrence(tx Tx, e *Execution, s *Step) error {
+	key := canon.StepID(e.ID, string(s.Kind), s.Target, s.ArgsHash, 0)
+	oc, err := tx.Occurrence(e.Tenant, e.ID, key)
+	if err != nil {
+		return fmt.Errorf("read occurrence: %w", err)
+	}
+	if oc.Lease != e.Lease || oc.Count != s.Occurrence+1 {
+		return nil
+	}
+	if err := tx.PutOccurrence(e.Tenant, e.ID, key, Occurrence{Lease: e.Lease, Count: s.Occurrence}); err != nil {
+		return fmt.Errorf("put occurrence: %w", err)
 	}
 	return nil
+}
+
+// reconciledAlready answers a reconciliation repeated after its answer was
+// lost: the same outcome finds the step where the first one left it, and
+// is answered as the first one was (nil: it is not such a repeat).
+func reconciledAlready(tx ReadTx, e *Execution, s *Step, rq *Reconciliation, base *StepDecision) (*StepDecision, error) {
+	switch {
+	case rq.Outcome == ReconcileCompleted && s.Status == StepSucceeded && bytes.Equal(s.Result, rq.Result):
+		return replayOf(base, s), nil
+	case rq.Outcome == ReconcileContinue && s.Status == StepExecuting && s.Lease == e.Lease && !e.Status.Terminal():
+		base.Decision = DecisionProceed
+		return base, nil
+	case rq.Outcome == ReconcileConflict && s.Status == StepFailed && e.Status == ExecFailed && e.Reason == "reconcile_conflict" &&
+		bytes.Equal(s.Error, mustJSON(map[string]any{"code": "reconcile_conflict", "message": rq.Detail})):
+		base.Decision, base.Reason = DecisionExecutionTerminal, "reconcile_conflict: "+rq.Detail
+		return base, nil
+	case rq.Outcome == ReconcileApproval && s.Status == StepAwaitingApproval && s.ApprovalID != "":
+		a, err := tx.Approval(e.Tenant, s.ApprovalID)
+		if err != nil {
+			return nil, fmt.Errorf("read approval %s: %w", s.ApprovalID, err)
+		}
+		if a.Type != ApprovalInterrupted || a.Status != ApprovalPending {
+			return nil, nil
+		}
+		base.Decision, base.ApprovalID, base.Reason = DecisionBlocked, a.ID, a.Reason
+		return base, nil
+	}
+	return nil, nil
 }
 
 // onInterrupted is what an interrupted at_most_once step s becomes: the

@@ -398,17 +398,8 @@ func (k *Kernel) checkLimits(e *Execution, sub *submission, pre *preread) *Verdi
 		return deny("limit_consecutive_failures", fmt.Sprintf("limit_consecutive_failures: the last %d steps failed (max %d)", pre.failures, l.MaxConsecutiveFailures))
 	}
 	if sub.Kind == policy.KindLLMCall && l.MaxOutputTokensPerCall > 0 {
-		// Enforced before the call: the request's own output cap must fit.
-		var req struct {
-			MaxTokens           *int64 `json:"max_tokens"`
-			MaxOutputTokens     *int64 `json:"max_output_tokens"`
-			MaxCompletionTokens *int64 `json:"max_completion_tokens"`
-		}
-		_ = json.Unmarshal(sub.Args, &req)
-		for _, v := range []*int64{req.MaxTokens, req.MaxOutputTokens, req.MaxCompletionTokens} {
-			if v != nil && *v > l.MaxOutputTokensPerCall {
-				return deny("limit_output_tokens", fmt.Sprintf("limit_output_tokens: the call asks for %d output tokens (max %d per call)", *v, l.MaxOutputTokensPerCall))
-			}
+		if why := outputCapOver(sub.Args, l.MaxOutputTokensPerCall); why != "" {
+			return deny("limit_output_tokens", "limit_output_tokens: "+why)
 		}
 	}
 	if l.MaxDuration != "" {
@@ -978,4 +969,31 @@ func stepOf(tx ReadTx, tenant, executionID, stepID string) (*Step, error) {
 		return nil, Errorf(CodeNotFound, "step %s not found in execution %s", stepID, executionID)
 	}
 	return s, err
+}
+
+// outputCapOver says why an llm_call's own output cap (max_tokens,
+// max_output_tokens, max_completion_tokens) does not fit under max, or ""
+// when each is absent, null (no cap: the gateway gives the call max as
+// its cap) or a number no larger than max. A cap that is not a number
+// (a string, say, which a lenient provider reads as one) does not fit: a
+// limit enforced before the call cannot trust what the provider will make
+// of it.
+func outputCapOver(args json.RawMessage, max int64) string {
+	var req map[string]json.RawMessage
+	if json.Unmarshal(args, &req) != nil {
+		return ""
+	}
+	for _, f := range []string{"max_tokens", "max_output_tokens", "max_completion_tokens"} {
+		raw := bytes.TrimSpace(req[f])
+		if len(raw) == 0 || string(raw) == "null" {
+			continue
+		}
+		if raw[0] != '-' && (raw[0] < '0' || raw[0] > '9') {
+			return fmt.Sprintf("the call's %s is %.32s, not a number of output tokens (max %d per call)", f, raw, max)
+		}
+		if n, err := strconv.ParseFloat(string(raw), 64); err != nil || n > float64(max) {
+			return fmt.Sprintf("the call asks for %.32s output tokens (max %d per call)", raw, max)
+		}
+	}
+	return ""
 }

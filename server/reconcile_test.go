@@ -227,6 +227,13 @@ func TestReconcile(t *testing.T) {
 	if x.Status != kernel.ExecFailed || x.Reason != "reconcile_conflict" {
 		t.Fatalf("conflict: execution %+v", x)
 	}
+	// Repeated (its answer was lost), it is answered the same.
+	var d2 wire.StepDecision
+	rec("conflict", map[string]any{"outcome": "conflict", "detail": "charged twice upstream"}).want(t, http.StatusOK).decode(t, &d2)
+	if d2.Decision != wire.DecisionExecutionTerminal || d2.Reason != d.Reason || d2.StepID != steps["conflict"] {
+		t.Fatalf("conflict again: %+v, first %+v", d2, d)
+	}
+	rec("conflict", map[string]any{"outcome": "conflict", "detail": "another story"}).wantErr(t, http.StatusConflict, wire.CodeConflict)
 
 	rec("approval", map[string]any{"outcome": "approval", "detail": "cannot tell"}).want(t, http.StatusOK).decode(t, &d)
 	if d.Decision != wire.DecisionBlocked || d.ApprovalID == "" {
@@ -236,7 +243,15 @@ func TestReconcile(t *testing.T) {
 	if err != nil || ap.Type != kernel.ApprovalInterrupted {
 		t.Fatalf("approval: %+v %v", ap, err)
 	}
+	rec("approval", map[string]any{"outcome": "approval", "detail": "cannot tell"}).want(t, http.StatusOK).decode(t, &d2)
+	if d2.Decision != wire.DecisionBlocked || d2.ApprovalID != d.ApprovalID || d2.StepID != steps["approval"] {
+		t.Fatalf("approval again: %+v, first %+v", d2, d)
+	}
+	rec("approval", map[string]any{"outcome": "continue"}).wantErr(t, http.StatusConflict, wire.CodeConflict)
 	for _, o := range outcomes {
+		if n := count(e.eventTypes("default", runs[o].id), "step.reconciled"); n != 1 {
+			t.Fatalf("%s: %d step.reconciled events", o, n)
+		}
 		p := payloadOf(t, e, runs[o].id, "step.reconciled")
 		if p["outcome"] != o || p["decided_by"] != "agent:bot" || p["step_id"] != steps[o] {
 			t.Fatalf("%s: step.reconciled %v", o, p)

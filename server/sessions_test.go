@@ -271,3 +271,79 @@ func TestSessionLeaseExpiresAndApprovals(t *testing.T) {
 		}
 	}
 }
+
+// proposeRec proposes an at_most_once tool call the holder can reconcile.
+func (e *env) proposeRec(h holder, target string, args any) wire.StepDecision {
+	e.t.Helper()
+	var d wire.StepDecision
+	e.do("POST", "/v0/executions/"+h.id+"/steps", map[string]any{"kind": "tool_call", "target": target, "args": args,
+		"idempotency": "at_most_once", "reconcile": true}, h.hdr()).want(e.t, http.StatusOK).decode(e.t, &d)
+	return d
+}
+
+// TestSessionReconcileApproval: a session's holder that cannot tell what
+// became of an interrupted step hands it to an operator (reconcile
+// outcome approval). It keeps its lease while the approval pends, so it
+// proposes the same call again under that lease, as for a policy's
+// approval: the step keeps its id, pending until answered, then replayed
+// (happened: its result; deny: the error interrupted) or run again
+// (retry). It is never a new
+// occurrence that runs the effect a second time.
+func TestSessionReconcileApproval(t *testing.T) {
+	e := newEnv(t)
+	client := e.key("default", "client", "ide")
+	alice := e.key("default", "approver", "alice")
+	h := e.begin(client, "bot")
+	steps := map[string]string{}
+	for _, n := range []string{"a", "b", "c"} {
+		d := e.proposeRec(h, "send_"+n, map[string]any{"n": n})
+		if d.Decision != wire.DecisionProceed {
+			t.Fatalf("%s: %+v", n, d)
+		}
+		steps[n] = d.StepID
+	}
+	// The holder crashes with the three in flight; it attaches again.
+	e.do("POST", "/v0/executions/"+h.id+"/detach", nil, h.hdr()).want(t, http.StatusNoContent)
+	var s wire.Session
+	e.do("POST", "/v0/executions/"+h.id+"/attach", nil, bearer(client)).want(t, http.StatusOK).decode(t, &s)
+	h.lease = wire.Lease{DispatchID: s.DispatchID, Attempt: s.DispatchAttempt}
+
+	for _, c := range []struct{ n, answer, body, want string }{
+		{"a", "happened", `{"result": "sent once"}`, wire.DecisionReplay},
+		{"b", "retry", `{}`, wire.DecisionProceed},
+		{"c", "deny", `{}`, wire.DecisionReplay}, // of the error {"code": "interrupted"}
+	} {
+		target, args := "send_"+c.n, map[string]any{"n": c.n}
+		if d := e.proposeRec(h, target, args); d.Decision != wire.DecisionInterrupted || d.StepID != steps[c.n] {
+			t.Fatalf("%s after attach: %+v", c.n, d)
+		}
+		var d wire.StepDecision
+		e.do("POST", "/v0/executions/"+h.id+"/steps/"+steps[c.n]+"/reconcile", map[string]any{"outcome": "approval"}, h.hdr()).
+			want(t, http.StatusOK).decode(t, &d)
+		if d.Decision != wire.DecisionBlocked || d.ApprovalID == "" {
+			t.Fatalf("%s reconciled: %+v", c.n, d)
+		}
+		// The holder waits and proposes the call again: still pending.
+		if d2 := e.proposeRec(h, target, args); d2.Decision != wire.DecisionBlocked || d2.StepID != steps[c.n] || d2.ApprovalID != d.ApprovalID {
+			t.Fatalf("%s proposed again while pending: %+v (step %s)", c.n, d2, steps[c.n])
+		}
+		e.do("POST", "/v0/approvals/"+d.ApprovalID+"/"+c.answer, json.RawMessage(c.body), bearer(alice)).want(t, http.StatusOK)
+		d3 := e.proposeRec(h, target, args)
+		if d3.Decision != c.want || d3.StepID != steps[c.n] {
+			t.Fatalf("%s after %s: %+v (step %s)", c.n, c.answer, d3, steps[c.n])
+		}
+		if c.answer == "happened" && string(d3.Result) != `"sent once"` {
+			t.Fatalf("happened replays %s", d3.Result)
+		}
+		if c.answer == "deny" && !strings.Contains(string(d3.Error), `"code":"interrupted"`) {
+			t.Fatalf("deny replays %s", d3.Error)
+		}
+		if c.answer == "retry" {
+			e.do("POST", "/v0/executions/"+h.id+"/steps/"+d3.StepID+"/complete", map[string]any{"result": "sent"}, h.hdr()).want(t, http.StatusOK)
+		}
+		// A second identical call is a new occurrence, as for any step.
+		if d4 := e.proposeRec(h, target, args); d4.Decision != wire.DecisionProceed || d4.StepID == steps[c.n] || d4.Occurrence != 1 {
+			t.Fatalf("%s called again: %+v", c.n, d4)
+		}
+	}
+}

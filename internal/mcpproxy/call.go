@@ -77,7 +77,7 @@ func (p *Proxy) call(ctx context.Context, t *tool, args json.RawMessage, pr *pro
 		case wire.DecisionReplay:
 			return replayed(d), nil
 		case wire.DecisionDenied, wire.DecisionRateLimited:
-			return denied(d), nil
+			return denied(d, t.def.OutputSchema != nil), nil
 		case wire.DecisionBlocked, wire.DecisionExecutionBlocked:
 			left := p.cfg.ApprovalWait - waited
 			if left <= 0 {
@@ -179,8 +179,16 @@ func replayed(d *wire.StepDecision) *mcp.CallToolResult {
 	return toolError("recorded outcome: %s", rec)
 }
 
-// denied is a tool error naming the policy's reason and rule.
-func denied(d *wire.StepDecision) *mcp.CallToolResult {
+// DecisionMeta is the key of a denied call's _meta that holds the
+// decision ({decision, reason, rule_id, step_id}).
+const DecisionMeta = "wicket/decision"
+
+// denied is a tool error naming the policy's reason and rule. The decision
+// is in its _meta, and in its structuredContent unless the tool declares
+// an output schema: MCP requires structured content to conform to that
+// schema, and clients that check it (the TypeScript SDK's) would turn the
+// denial into a protocol error and lose its reason.
+func denied(d *wire.StepDecision, hasOutputSchema bool) *mcp.CallToolResult {
 	what := "denied by policy"
 	if d.Decision == wire.DecisionRateLimited {
 		what = "rate limited by policy"
@@ -193,7 +201,11 @@ func denied(d *wire.StepDecision) *mcp.CallToolResult {
 		msg += " (rule " + d.RuleID + ")"
 	}
 	res := toolError("%s", msg)
-	res.StructuredContent = map[string]any{"decision": d.Decision, "reason": d.Reason, "rule_id": d.RuleID, "step_id": d.StepID}
+	dec := map[string]any{"decision": d.Decision, "reason": d.Reason, "rule_id": d.RuleID, "step_id": d.StepID}
+	res.Meta = mcp.Meta{DecisionMeta: dec}
+	if !hasOutputSchema {
+		res.StructuredContent = dec
+	}
 	return res
 }
 

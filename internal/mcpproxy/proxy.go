@@ -258,12 +258,20 @@ func (p *Proxy) startSession(ctx context.Context) error {
 		}
 		p.log.Info("session begun; resume it after a restart with --execution "+s.ID(), "execution_id", s.ID(), "agent_id", p.cfg.AgentID)
 	} else {
+		// Whose session it is is checked before attaching: a refused
+		// attach would hold the lease, locking the session's own holder
+		// out until it lapsed.
+		if p.cfg.AgentID != "" {
+			x, err := p.kernel.GetExecution(ctx, p.cfg.ExecutionID)
+			if err != nil {
+				return fmt.Errorf("mcp-proxy: read session %s: %w", p.cfg.ExecutionID, err)
+			}
+			if x.AgentID != p.cfg.AgentID {
+				return fmt.Errorf("mcp-proxy: session %s belongs to agent %s, not %s", x.ID, x.AgentID, p.cfg.AgentID)
+			}
+		}
 		if s, err = p.attach(ctx, p.cfg.ExecutionID); err != nil {
 			return err
-		}
-		if p.cfg.AgentID != "" && s.Execution().AgentID != p.cfg.AgentID {
-			s.Close()
-			return fmt.Errorf("mcp-proxy: session %s belongs to agent %s, not %s", s.ID(), s.Execution().AgentID, p.cfg.AgentID)
 		}
 	}
 	p.mu.Lock()

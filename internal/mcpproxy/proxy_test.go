@@ -22,6 +22,7 @@ import (
 	"github.com/wicket-run/wicket/internal/testkit"
 	"github.com/wicket-run/wicket/plugins"
 	"github.com/wicket-run/wicket/plugins/rules"
+	"github.com/wicket-run/wicket/sdk/agent"
 	"github.com/wicket-run/wicket/sdk/client"
 	"github.com/wicket-run/wicket/server/wire"
 )
@@ -303,9 +304,24 @@ func TestProxy(t *testing.T) {
 	if !r.IsError || !strings.Contains(text(r), "deleting files is not allowed") || !strings.Contains(text(r), "rule no-deletes") {
 		t.Fatalf("delete: %q", text(r))
 	}
+	if sc, ok := r.StructuredContent.(map[string]any); !ok || sc["rule_id"] != "no-deletes" || sc["decision"] != "denied" {
+		t.Fatalf("delete's structured content: %#v", r.StructuredContent)
+	}
+	// web_fetch declares an output schema, which a denial's structured
+	// content would not conform to (the TypeScript SDK's client refuses
+	// such a result): the decision is in _meta only.
+	if tl := tools.Tools[slices.IndexFunc(tools.Tools, func(tl *mcp.Tool) bool { return tl.Name == "web_fetch" })]; tl.OutputSchema == nil {
+		t.Fatalf("web_fetch lists no output schema: %+v", tl)
+	}
 	r = call(t, cs, "web_fetch", map[string]any{"url": "https://example.com/secret"})
 	if !r.IsError || !strings.Contains(text(r), "rule no-secret-fetches") {
 		t.Fatalf("secret fetch: %q", text(r))
+	}
+	if r.StructuredContent != nil {
+		t.Fatalf("a denial of a tool with an output schema carries structured content that does not conform to it: %#v", r.StructuredContent)
+	}
+	if dec, ok := r.Meta[mcpproxy.DecisionMeta].(map[string]any); !ok || dec["rule_id"] != "no-secret-fetches" || dec["decision"] != "denied" {
+		t.Fatalf("secret fetch's _meta: %#v", r.Meta)
 	}
 	// Pending: the call waits, with progress notifications, until a human
 	// grants the approval; then it is forwarded.
@@ -511,5 +527,37 @@ func TestParseUpstream(t *testing.T) {
 		if err != nil || got.Name != tc.want.Name || got.URL != tc.want.URL || !slices.Equal(got.Command, tc.want.Command) {
 			t.Errorf("%q: %+v %v", tc.in, got, err)
 		}
+	}
+}
+
+// TestProxyRefusesAnotherAgentsSession: --execution naming a session of
+// another agent than --agent is refused before the proxy attaches, so the
+// session's own holder is not locked out until a lease it never took
+// lapses.
+func TestProxyRefusesAnotherAgentsSession(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	if _, err := h.admin.PutAgent(ctx, wire.AgentRequest{ID: "other", Secret: "other-secret-0123456789"}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := agent.Begin(ctx, agent.SessionConfig{KernelURL: h.env.URL, APIKey: h.key}, client.SessionRequest{AgentID: "other"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Detach(ctx); err != nil {
+		t.Fatal(err)
+	}
+	files, err := mcpproxy.ParseUpstream("web=" + h.webURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = mcpproxy.New(ctx, mcpproxy.Config{KernelURL: h.env.URL, APIKey: h.key, AgentID: "desktop", ExecutionID: s.ID(),
+		Upstreams: []mcpproxy.Upstream{files}, Logger: slog.New(slog.NewTextHandler(testWriter{t}, nil))})
+	if err == nil || !strings.Contains(err.Error(), "belongs to agent other, not desktop") {
+		t.Fatalf("proxy on another agent's session: %v", err)
+	}
+	// Its holder attaches at once: the proxy took no lease.
+	if _, err := client.New(h.env.URL, client.WithAPIKey(h.key)).AttachSession(ctx, s.ID()); err != nil {
+		t.Fatalf("attach after the refused proxy: %v", err)
 	}
 }

@@ -500,7 +500,8 @@ func setUpstreamHeaders(out, in http.Header, p *Provider, stepID string) {
 // byte, except that an OpenAI chat stream asks for its usage
 // (stream_options.include_usage: without it a streamed call would use
 // tokens the limits never see) and, under max_output_tokens_per_call, a
-// request without an output cap gets the limit as its cap. The step's
+// request without an output cap (or with a null one) gets the limit as its
+// cap. The step's
 // args stay the caller's body.
 func upstreamBody(ep endpoint, body []byte, maxOut int64) ([]byte, error) {
 	capField := ""
@@ -517,6 +518,15 @@ func upstreamBody(ep endpoint, body []byte, maxOut int64) ([]byte, error) {
 		return nil, err
 	}
 	changed := false
+	if maxOut > 0 {
+		// A cap given as null is no cap: it gets the limit, as an absent one.
+		for _, f := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens"} {
+			if raw, ok := m[f]; ok && bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+				delete(m, f)
+				changed = true
+			}
+		}
+	}
 	if maxOut > 0 && capField != "" && m["max_tokens"] == nil && m["max_completion_tokens"] == nil && m["max_output_tokens"] == nil {
 		m[capField] = json.RawMessage(strconv.FormatInt(maxOut, 10))
 		changed = true

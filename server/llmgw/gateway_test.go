@@ -984,3 +984,56 @@ func TestProvidersPerTenant(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputCapsThatAreNotIntegers: under max_output_tokens_per_call, a
+// request's own cap is held to the limit whatever its JSON form (an
+// exponent, a fraction, a string a lenient provider reads as a number)
+// and refused before the call; a null cap is no cap and gets the limit.
+func TestOutputCapsThatAreNotIntegers(t *testing.T) {
+	g := startGW(t, kernel.Config{})
+	url := g.env.URL + "/llm/openai/v1/chat/completions"
+	var mu sync.Mutex
+	got := map[string]string{}
+	caps := []string{`1e3`, `3.5`, `"500"`, `true`, `null`, `2`}
+	g.setHandler(func(ctx context.Context, r *testkit.Run) (any, error) {
+		for i, c := range caps {
+			st, b := rawCall(t, url, r.LLMGatewayToken, fmt.Sprintf(`{"model":"gpt-fake","messages":[{"role":"user","content":"cap %d"}],"max_tokens":%s}`, i, c))
+			mu.Lock()
+			got[c] = fmt.Sprintf("%d %s", st, b)
+			mu.Unlock()
+		}
+		return map[string]any{}, nil
+	})
+	var x kernel.Execution
+	if _, err := g.env.Admin("POST", "/v0/executions", map[string]any{"agent_id": g.agent.ID, "input": map[string]any{},
+		"limits": map[string]any{"max_output_tokens_per_call": 3}}, &x); err != nil {
+		t.Fatal(err)
+	}
+	g.env.WaitTerminal(x.ID, 30*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	for _, c := range []string{`1e3`, `3.5`, `"500"`, `true`} {
+		if !strings.HasPrefix(got[c], "403 ") || !strings.Contains(got[c], "rebuno_refusal: denied reason=limit_output_tokens") {
+			t.Errorf("max_tokens %s under a limit of 3: %s", c, got[c])
+		}
+	}
+	for _, c := range []string{`null`, `2`} {
+		if !strings.HasPrefix(got[c], "200 ") {
+			t.Errorf("max_tokens %s under a limit of 3: %s", c, got[c])
+		}
+	}
+	reqs := g.prov.Requests()
+	if len(reqs) != 2 {
+		t.Fatalf("%d requests reached the provider, want 2", len(reqs))
+	}
+	for _, rq := range reqs {
+		switch {
+		case bytes.Contains(rq.Body, []byte("cap 4")): // null
+			if !bytes.Contains(rq.Body, []byte(`"max_completion_tokens":3`)) || bytes.Contains(rq.Body, []byte(`"max_tokens"`)) {
+				t.Errorf("a null cap went out as %s", rq.Body)
+			}
+		case !bytes.Contains(rq.Body, []byte(`"max_tokens":2}`)):
+			t.Errorf("unexpected request %s", rq.Body)
+		}
+	}
+}
