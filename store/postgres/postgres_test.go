@@ -401,6 +401,36 @@ func TestConnectionLostBeforeCommit(t *testing.T) {
 	}
 }
 
+// TestConnectionLostInView: the connection of a read transaction dies
+// under it (the database restarted, or an operator ended the session); View
+// reports the store unavailable (a 503 to the client, which may retry), not
+// an unexplained error (a 500), and the next View runs on a new connection.
+func TestConnectionLostInView(t *testing.T) {
+	_, dsn := pgtest.Schema(t)
+	app := "wicket-test-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	s := open(t, dsn, postgres.Options{AppName: app})
+	admin := sqlConn(t, dsn)
+	update(t, s, func(tx kernel.Tx) error { return tx.PutCounter("t", "n", []byte("1")) })
+	err := s.View(context.Background(), func(tx kernel.ReadTx) error {
+		if _, err := tx.Counter("t", "n"); err != nil {
+			return err
+		}
+		var killed int
+		if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT pg_terminate_backend(pid)
+			FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%') k`, app).Scan(&killed); err != nil || killed != 1 {
+			t.Errorf("terminated %d backends (%v), want the view's", killed, err)
+		}
+		_, err := tx.Counter("t", "n")
+		return fmt.Errorf("read again: %w", err)
+	})
+	if !errors.Is(err, kernel.ErrUnavailable) {
+		t.Errorf("View on a lost connection: %v, want ErrUnavailable", err)
+	}
+	if got := counter(t, s, "n"); got != "1" {
+		t.Errorf("counter after the lost connection = %q, want 1", got)
+	}
+}
+
 func TestValidation(t *testing.T) {
 	s := pgtest.Open(t, postgres.Options{})
 	for name, fn := range map[string]func(tx kernel.Tx) error{
