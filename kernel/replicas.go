@@ -54,6 +54,7 @@ func (k *Kernel) applyChange(ctx context.Context, c Change) {
 	if c.All {
 		k.notifyAll()
 		k.agentsMu.Lock()
+		k.agentsGen++
 		clear(k.agents)
 		k.agentsMu.Unlock()
 		k.poke()
@@ -68,6 +69,7 @@ func (k *Kernel) applyChange(ctx context.Context, c Change) {
 	}
 	if len(c.Agents) > 0 {
 		k.agentsMu.Lock()
+		k.agentsGen++
 		for _, a := range c.Agents {
 			delete(k.agents, agentKey{a.Tenant, a.Name})
 		}
