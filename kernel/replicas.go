@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,6 +25,19 @@ type sharedState struct {
 	// of the last stored revision, whichever replica stored it.
 	bundleMu sync.Mutex
 	active   map[Ref]activeBundle // live bundles
+
+	// keysRevoked is told of the API keys other replicas revoked (see
+	// OnKeysRevoked).
+	keysRevoked atomic.Pointer[func(tenant, keyID string)]
+}
+
+// OnKeysRevoked sets fn to be called with every API key another replica
+// revokes, as soon as this kernel hears of it, so that what the key opened
+// here ends too (the server's event streams). After a gap in the feed
+// (Change.All) the revocations missed are not told: the server finds them
+// when it next checks the key.
+func (k *Kernel) OnKeysRevoked(fn func(tenant, keyID string)) {
+	k.sh.keysRevoked.Store(&fn)
 }
 
 // activeBundle is what a replica knows of a live bundle: its digest, and
@@ -62,6 +76,11 @@ func (k *Kernel) applyChange(ctx context.Context, c Change) {
 			k.log.Error("sync bundles with the store", "err", err)
 		}
 		return
+	}
+	if fn := k.sh.keysRevoked.Load(); fn != nil {
+		for _, key := range c.Keys {
+			(*fn)(key.Tenant, key.Name)
+		}
 	}
 	k.notify(c.Executions...)
 	if c.Dispatch {
