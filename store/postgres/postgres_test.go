@@ -127,6 +127,54 @@ func TestMigrations(t *testing.T) {
 	}
 }
 
+// TestSchemaCreatedAtFirstStart: the schema the connection's search_path
+// names first does not exist yet; replicas starting together create it
+// once and migrate it (docs/operations.md says the role may create it).
+func TestSchemaCreatedAtFirstStart(t *testing.T) {
+	base := pgtest.BaseDSN(t)
+	schema := "t_new_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() { _ = postgres.DropSchema(context.Background(), base, schema) })
+	dsn := postgres.WithSearchPath(base, schema)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+			if err == nil {
+				err = s.Close()
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent Open on a schema to create: %v", err)
+		}
+	}
+	var n int
+	c := sqlConn(t, dsn)
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM wicket_schema`).Scan(&n); err != nil || n != postgres.SchemaVersion {
+		t.Errorf("schema %s: %d versions (%v), want %d", schema, n, err, postgres.SchemaVersion)
+	}
+}
+
+func TestFirstInPath(t *testing.T) {
+	for path, want := range map[string]string{
+		"wicket":             "wicket",
+		" Wicket , public":   "wicket",
+		`"My ""Schema""", x`: `My "Schema"`,
+		`"$user", public`:    "alice",
+		"":                   "",
+	} {
+		if got := postgres.FirstInPath(path, "alice"); got != want {
+			t.Errorf("FirstInPath(%q) = %q, want %q", path, got, want)
+		}
+	}
+}
+
 // TestMigrateFromEveryVersion opens a store at every released schema
 // version with data written at that version, and checks that the current
 // binary migrates it and reads the data back.
