@@ -6,6 +6,8 @@
 #                                     # (and WICKET_PG_STARTED=1 if it started it)
 #   go test -race ./...               # the PostgreSQL tests now run
 #   .ci/postgres.sh stop              # stop it (the data stays until `clean`)
+#   .ci/postgres.sh kill              # stop it at once, as a crash would
+#                                     # (pg_ctl -m immediate: tests of an outage)
 #   .ci/postgres.sh clean             # stop and remove the cluster
 #
 # The cluster lives in $WICKET_PG_DIR (default /tmp/wicket-pg-$UID), trusts
@@ -109,16 +111,23 @@ stop() {
 	fi
 }
 
+kill_() {
+	local bin
+	bin=$(pgbin)
+	as "$bin/pg_ctl" -D "$dir/data" -m immediate -w stop >/dev/null
+}
+
 case "$cmd" in
 start) start ;;
 stop) stop ;;
+kill) kill_ ;;
 clean)
 	stop
 	rm -rf "$dir"
 	;;
 dsn) dsn ;;
 *)
-	echo "usage: $0 start|stop|clean|dsn" >&2
+	echo "usage: $0 start|stop|kill|clean|dsn" >&2
 	exit 2
 	;;
 esac

@@ -80,6 +80,9 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	if a.Bundle != "" && !ValidBundleName(a.Bundle) {
 		return nil, Errorf(CodeValidation, "agent %s: bundle name %q is invalid (want [a-z0-9][a-z0-9_.-]{0,62})", a.ID, a.Bundle)
 	}
+	k.agentsMu.RLock()
+	gen := k.agentsGen
+	k.agentsMu.RUnlock()
 	var out *Agent
 	_, err := k.update(ctx, func(r *rec) error {
 		if _, err := r.tx.Tenant(a.Tenant); err != nil && a.Tenant != DefaultTenant {
@@ -128,8 +131,16 @@ func (k *Kernel) PutAgent(ctx context.Context, a Agent) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Cached unless another change to agents was learned of meanwhile (two
+	// puts racing may end here in either order): then the next read caches
+	// what the store kept.
 	k.agentsMu.Lock()
-	k.agents[agentKey{a.Tenant, a.ID}] = out
+	if k.agentsGen == gen {
+		k.agents[agentKey{a.Tenant, a.ID}] = out
+	} else {
+		delete(k.agents, agentKey{a.Tenant, a.ID})
+	}
+	k.agentsGen++
 	k.agentsMu.Unlock()
 	return out, nil
 }
@@ -148,6 +159,9 @@ func (k *Kernel) Agent(ctx context.Context, tenant, id string) (*Agent, error) {
 // loadAgent reads an agent into the cache (Agent's slow path, apart so
 // that the fast path allocates nothing).
 func (k *Kernel) loadAgent(ctx context.Context, tenant, id string) (*Agent, error) {
+	k.agentsMu.RLock()
+	gen := k.agentsGen
+	k.agentsMu.RUnlock()
 	var a *Agent
 	err := k.store.View(ctx, func(tx ReadTx) error {
 		var err error
@@ -161,7 +175,11 @@ func (k *Kernel) loadAgent(ctx context.Context, tenant, id string) (*Agent, erro
 		return nil, fmt.Errorf("read agent %s: %w", id, err)
 	}
 	k.agentsMu.Lock()
-	k.agents[agentKey{tenant, id}] = a
+	if k.agentsGen == gen {
+		// Otherwise an agent changed since the read began: this copy may
+		// predate the change, and the next read caches the current one.
+		k.agents[agentKey{tenant, id}] = a
+	}
 	k.agentsMu.Unlock()
 	return a, nil
 }
@@ -190,6 +208,7 @@ func (k *Kernel) DeleteAgent(ctx context.Context, tenant, id string) error {
 		return r.tx.DeleteAgent(tenant, id)
 	})
 	k.agentsMu.Lock()
+	k.agentsGen++
 	delete(k.agents, agentKey{tenant, id})
 	k.agentsMu.Unlock()
 	return err

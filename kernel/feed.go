@@ -23,6 +23,9 @@ type Change struct {
 	// Agents and Bundles were written or deleted.
 	Agents  []Ref
 	Bundles []Ref
+	// Keys are API keys revoked (Ref.Name is the key id): what they opened
+	// on this kernel (event streams) must end.
+	Keys []Ref
 	// All: changes may have been missed (the feed reconnected); everything
 	// derived from the store must be refreshed.
 	All bool

@@ -211,6 +211,10 @@ type Kernel struct {
 
 	agentsMu sync.RWMutex
 	agents   map[agentKey]*Agent // filled lazily
+	// agentsGen counts the changes to agents this kernel learned of (its
+	// own writes, the other replicas' announcements): a read into the
+	// cache that overlapped one may be stale and is not kept.
+	agentsGen uint64
 
 	ownersMu sync.RWMutex
 	owners   map[string]owner // execution id → owner (immutable once created)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,6 +25,19 @@ type sharedState struct {
 	// of the last stored revision, whichever replica stored it.
 	bundleMu sync.Mutex
 	active   map[Ref]activeBundle // live bundles
+
+	// keysRevoked is told of the API keys other replicas revoked (see
+	// OnKeysRevoked).
+	keysRevoked atomic.Pointer[func(tenant, keyID string)]
+}
+
+// OnKeysRevoked sets fn to be called with every API key another replica
+// revokes, as soon as this kernel hears of it, so that what the key opened
+// here ends too (the server's event streams). After a gap in the feed
+// (Change.All) the revocations missed are not told: the server finds them
+// when it next checks the key.
+func (k *Kernel) OnKeysRevoked(fn func(tenant, keyID string)) {
+	k.sh.keysRevoked.Store(&fn)
 }
 
 // activeBundle is what a replica knows of a live bundle: its digest, and
@@ -54,6 +68,7 @@ func (k *Kernel) applyChange(ctx context.Context, c Change) {
 	if c.All {
 		k.notifyAll()
 		k.agentsMu.Lock()
+		k.agentsGen++
 		clear(k.agents)
 		k.agentsMu.Unlock()
 		k.poke()
@@ -62,12 +77,18 @@ func (k *Kernel) applyChange(ctx context.Context, c Change) {
 		}
 		return
 	}
+	if fn := k.sh.keysRevoked.Load(); fn != nil {
+		for _, key := range c.Keys {
+			(*fn)(key.Tenant, key.Name)
+		}
+	}
 	k.notify(c.Executions...)
 	if c.Dispatch {
 		k.poke()
 	}
 	if len(c.Agents) > 0 {
 		k.agentsMu.Lock()
+		k.agentsGen++
 		for _, a := range c.Agents {
 			delete(k.agents, agentKey{a.Tenant, a.Name})
 		}

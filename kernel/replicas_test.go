@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -203,4 +204,95 @@ func TestFollowOtherReplicas(t *testing.T) {
 		slices.Sort(keys)
 		return slices.Equal(keys, []string{"default/c", "default/d"})
 	})
+}
+
+// pausingStore is a feedStore whose View, once armed, holds the caller of
+// the first View that read an agent after that View's snapshot ended and
+// before it returns: a read that began before another replica's change and
+// ends after the kernel dropped what the change made stale.
+type pausingStore struct {
+	*feedStore
+	armed   atomic.Bool
+	read    chan struct{} // closed when the armed View has read an agent
+	release chan struct{} // closed by the test to let it return
+}
+
+type agentSpy struct {
+	kernel.ReadTx
+	saw *bool
+}
+
+func (a agentSpy) Agent(tenant, id string) (*kernel.Agent, error) {
+	*a.saw = true
+	return a.ReadTx.Agent(tenant, id)
+}
+
+func (p *pausingStore) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error {
+	saw := false
+	err := p.feedStore.View(ctx, func(tx kernel.ReadTx) error { return fn(agentSpy{tx, &saw}) })
+	if saw && p.armed.CompareAndSwap(true, false) {
+		close(p.read)
+		<-p.release
+	}
+	return err
+}
+
+// TestAgentCacheNotStale: a replica reads an agent into its cache while
+// another replica changes it (a new secret, webhook or policy binding). The
+// read began before the change and ends after the change's announcement
+// dropped the cached copy: the stale copy must not be cached, or the replica
+// would keep using the old secret and binding until the agent's next
+// change. Before the fix the replica kept the old webhook.
+func TestAgentCacheNotStale(t *testing.T) {
+	st, err := bbolt.Open(filepath.Join(t.TempDir(), "wicket.db"), bbolt.Options{NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ps := &pausingStore{feedStore: &feedStore{Store: st, changes: make(chan kernel.Change)},
+		read: make(chan struct{}), release: make(chan struct{})}
+	k, err := kernel.New(ps, noDeliveries{}, nil, nil, kernel.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := k.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer k.Close(ctx)
+	put := func(url string) {
+		t.Helper()
+		if err := st.Update(ctx, func(tx kernel.Tx) error {
+			return tx.PutAgent(&kernel.Agent{ID: "a", Tenant: kernel.DefaultTenant, WebhookURL: url, Secret: "0123456789abcdef"})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("http://127.0.0.1:1/old")
+	ps.armed.Store(true)
+	first := make(chan *kernel.Agent, 1)
+	go func() {
+		a, err := k.Agent(ctx, kernel.DefaultTenant, "a")
+		if err != nil {
+			t.Error(err)
+		}
+		first <- a
+	}()
+	<-ps.read
+	// Another replica changes the agent and announces it; the empty change
+	// after it returns once the announcement is handled.
+	put("http://127.0.0.1:1/new")
+	ps.changes <- kernel.Change{Agents: []kernel.Ref{{Tenant: kernel.DefaultTenant, Name: "a"}}}
+	ps.changes <- kernel.Change{}
+	close(ps.release)
+	if a := <-first; a == nil || a.WebhookURL != "http://127.0.0.1:1/old" {
+		t.Fatalf("the read that began before the change: %+v", a)
+	}
+	a, err := k.Agent(ctx, kernel.DefaultTenant, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.WebhookURL != "http://127.0.0.1:1/new" {
+		t.Errorf("after the change was announced the replica uses %s, want the new webhook", a.WebhookURL)
+	}
 }

@@ -158,6 +158,12 @@ func New(k *kernel.Kernel, cfg Config) *Server {
 	if cfg.AdminKey != "" {
 		s.adminHash = sha256Sum(cfg.AdminKey)
 	}
+	// A key revoked through another replica ends its streams here too.
+	k.OnKeysRevoked(func(tenant, keyID string) {
+		if n := s.streams.revoke(tenant, keyID); n > 0 {
+			s.log.Info("key revoked on another replica: event streams closed", "tenant", tenant, "key_id", keyID, "streams", n)
+		}
+	})
 	if s.metrics == nil {
 		s.metrics = metrics.New()
 	}

@@ -29,10 +29,12 @@ type changes struct {
 	queued  map[execRef]bool
 	agents  map[kernel.Ref]bool
 	bundles map[kernel.Ref]bool
+	keys    map[kernel.Ref]bool // API keys revoked
 }
 
 func newChanges() changes {
-	return changes{executions: map[string]bool{}, queued: map[execRef]bool{}, agents: map[kernel.Ref]bool{}, bundles: map[kernel.Ref]bool{}}
+	return changes{executions: map[string]bool{}, queued: map[execRef]bool{}, agents: map[kernel.Ref]bool{},
+		bundles: map[kernel.Ref]bool{}, keys: map[kernel.Ref]bool{}}
 }
 
 // dispatch reports whether a dispatch is left queued.
@@ -55,6 +57,9 @@ func (c *changes) absorb(src changes) {
 	for k := range src.bundles {
 		c.bundles[k] = true
 	}
+	for k := range src.keys {
+		c.keys[k] = true
+	}
 	for k, q := range src.queued {
 		c.queued[k] = q
 	}
@@ -67,6 +72,7 @@ type notice struct {
 	Dispatch   bool         `json:"d,omitempty"`
 	Agents     []kernel.Ref `json:"a,omitempty"`
 	Bundles    []kernel.Ref `json:"b,omitempty"`
+	Keys       []kernel.Ref `json:"k,omitempty"`
 }
 
 // maxNotice keeps a payload under PostgreSQL's limit (8000 bytes).
@@ -78,7 +84,7 @@ const sqlNotify = `SELECT pg_notify($1, $2)`
 // fit under maxNotice each.
 func (c *changes) notifications(channel, origin string) []statement {
 	dispatch := c.dispatch()
-	if len(c.executions) == 0 && !dispatch && len(c.agents) == 0 && len(c.bundles) == 0 {
+	if len(c.executions) == 0 && !dispatch && len(c.agents) == 0 && len(c.bundles) == 0 && len(c.keys) == 0 {
 		return nil
 	}
 	var out []statement
@@ -102,6 +108,10 @@ func (c *changes) notifications(channel, origin string) []statement {
 	for _, r := range sortedRefs(c.bundles) {
 		full(len(r.Tenant) + len(r.Name) + 16)
 		n.Bundles = append(n.Bundles, r)
+	}
+	for _, r := range sortedRefs(c.keys) {
+		full(len(r.Tenant) + len(r.Name) + 16)
+		n.Keys = append(n.Keys, r)
 	}
 	ids := make([]string, 0, len(c.executions))
 	for id := range c.executions {
@@ -182,6 +192,6 @@ func (s *Store) listen(ctx context.Context, fn func(kernel.Change)) error {
 		if json.Unmarshal([]byte(n.Payload), &no) != nil || no.Origin == s.origin {
 			continue
 		}
-		fn(kernel.Change{Executions: no.Executions, Dispatch: no.Dispatch, Agents: no.Agents, Bundles: no.Bundles})
+		fn(kernel.Change{Executions: no.Executions, Dispatch: no.Dispatch, Agents: no.Agents, Bundles: no.Bundles, Keys: no.Keys})
 	}
 }

@@ -127,6 +127,54 @@ func TestMigrations(t *testing.T) {
 	}
 }
 
+// TestSchemaCreatedAtFirstStart: the schema the connection's search_path
+// names first does not exist yet; replicas starting together create it
+// once and migrate it (docs/operations.md says the role may create it).
+func TestSchemaCreatedAtFirstStart(t *testing.T) {
+	base := pgtest.BaseDSN(t)
+	schema := "t_new_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() { _ = postgres.DropSchema(context.Background(), base, schema) })
+	dsn := postgres.WithSearchPath(base, schema)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := postgres.Open(context.Background(), dsn, postgres.Options{})
+			if err == nil {
+				err = s.Close()
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("concurrent Open on a schema to create: %v", err)
+		}
+	}
+	var n int
+	c := sqlConn(t, dsn)
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM wicket_schema`).Scan(&n); err != nil || n != postgres.SchemaVersion {
+		t.Errorf("schema %s: %d versions (%v), want %d", schema, n, err, postgres.SchemaVersion)
+	}
+}
+
+func TestFirstInPath(t *testing.T) {
+	for path, want := range map[string]string{
+		"wicket":             "wicket",
+		" Wicket , public":   "wicket",
+		`"My ""Schema""", x`: `My "Schema"`,
+		`"$user", public`:    "alice",
+		"":                   "",
+	} {
+		if got := postgres.FirstInPath(path, "alice"); got != want {
+			t.Errorf("FirstInPath(%q) = %q, want %q", path, got, want)
+		}
+	}
+}
+
 // TestMigrateFromEveryVersion opens a store at every released schema
 // version with data written at that version, and checks that the current
 // binary migrates it and reads the data back.
@@ -398,6 +446,36 @@ func TestConnectionLostBeforeCommit(t *testing.T) {
 	}
 	if got := counter(t, s, "n"); got != "1" {
 		t.Errorf("counter = %q, want 1", got)
+	}
+}
+
+// TestConnectionLostInView: the connection of a read transaction dies
+// under it (the database restarted, or an operator ended the session); View
+// reports the store unavailable (a 503 to the client, which may retry), not
+// an unexplained error (a 500), and the next View runs on a new connection.
+func TestConnectionLostInView(t *testing.T) {
+	_, dsn := pgtest.Schema(t)
+	app := "wicket-test-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	s := open(t, dsn, postgres.Options{AppName: app})
+	admin := sqlConn(t, dsn)
+	update(t, s, func(tx kernel.Tx) error { return tx.PutCounter("t", "n", []byte("1")) })
+	err := s.View(context.Background(), func(tx kernel.ReadTx) error {
+		if _, err := tx.Counter("t", "n"); err != nil {
+			return err
+		}
+		var killed int
+		if err := admin.QueryRow(context.Background(), `SELECT count(*) FROM (SELECT pg_terminate_backend(pid)
+			FROM pg_stat_activity WHERE application_name = $1 AND state LIKE 'idle in transaction%') k`, app).Scan(&killed); err != nil || killed != 1 {
+			t.Errorf("terminated %d backends (%v), want the view's", killed, err)
+		}
+		_, err := tx.Counter("t", "n")
+		return fmt.Errorf("read again: %w", err)
+	})
+	if !errors.Is(err, kernel.ErrUnavailable) {
+		t.Errorf("View on a lost connection: %v, want ErrUnavailable", err)
+	}
+	if got := counter(t, s, "n"); got != "1" {
+		t.Errorf("counter after the lost connection = %q, want 1", got)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -149,6 +150,9 @@ func migrate(ctx context.Context, conn *pgx.Conn, upTo int) error {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
 		return fmt.Errorf("migrate: lock: %w", err)
 	}
+	if err := createSchema(ctx, tx); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS wicket_schema (
 		version    integer PRIMARY KEY,
 		applied_at timestamptz NOT NULL DEFAULT now()
@@ -178,4 +182,60 @@ func migrate(ctx context.Context, conn *pgx.Conn, upTo int) error {
 		return fmt.Errorf("migrate: commit: %w", err)
 	}
 	return nil
+}
+
+// createSchema creates the schema the connection's search_path names first
+// when it does not exist (current_schema() is then null), so that a URL
+// with ?search_path=NAME works on an empty database. It runs under the
+// migration lock: replicas starting together create it once (CREATE SCHEMA
+// IF NOT EXISTS alone is not safe against a concurrent one).
+func createSchema(ctx context.Context, tx pgx.Tx) error {
+	var current *string
+	if err := tx.QueryRow(ctx, `SELECT current_schema()`).Scan(&current); err != nil {
+		return fmt.Errorf("migrate: read current schema: %w", err)
+	}
+	if current != nil {
+		return nil
+	}
+	var path, user string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('search_path'), current_user`).Scan(&path, &user); err != nil {
+		return fmt.Errorf("migrate: read search_path: %w", err)
+	}
+	name := firstInPath(path, user)
+	if name == "" {
+		return fmt.Errorf("migrate: the search_path (%q) names no schema to create the tables in; set ?search_path=NAME in the URL", path)
+	}
+	if _, err := tx.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return fmt.Errorf("migrate: create schema %q, the first of the search_path: %w", name, err)
+	}
+	return nil
+}
+
+// firstInPath returns the first schema of a search_path setting (a list of
+// identifiers, double-quoted or not; "$user" is the user's name).
+func firstInPath(path, user string) string {
+	path = strings.TrimSpace(path)
+	var name string
+	if strings.HasPrefix(path, `"`) {
+		var b strings.Builder
+		for i := 1; i < len(path); i++ {
+			if path[i] == '"' {
+				if i+1 < len(path) && path[i+1] == '"' {
+					b.WriteByte('"')
+					i++
+					continue
+				}
+				break
+			}
+			b.WriteByte(path[i])
+		}
+		name = b.String()
+	} else {
+		name, _, _ = strings.Cut(path, ",")
+		name = strings.ToLower(strings.TrimSpace(name)) // unquoted identifiers fold to lower case
+	}
+	if name == "$user" {
+		return user
+	}
+	return name
 }

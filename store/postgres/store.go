@@ -284,7 +284,17 @@ func (s *Store) View(ctx context.Context, fn func(tx kernel.ReadTx) error) error
 	defer c.Release() // a connection left inside a transaction is destroyed
 	sess := newSession(ctx, c.Conn(), "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
 	ferr := fn(&readTx{s: sess})
-	if err := sess.end(ferr == nil, nil); err != nil && ferr == nil {
+	err = sess.end(ferr == nil, nil)
+	if sess.err != nil && ctx.Err() == nil && connectionLost(sess.err) && (pgCode(sess.err) != "" || c.Conn().IsClosed()) {
+		// The connection died under the transaction (the database restarted
+		// or ended the session): the store is unavailable for now, not
+		// broken. The pool discards the dead connection.
+		if ferr == nil {
+			ferr = err
+		}
+		return fmt.Errorf("postgres: view on %s: %w: %w", s.name, kernel.ErrUnavailable, ferr)
+	}
+	if err != nil && ferr == nil {
 		return fmt.Errorf("postgres: view: %w", err)
 	}
 	return ferr

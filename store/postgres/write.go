@@ -969,5 +969,6 @@ func (w *writeTx) DeleteAPIKey(tenant, id string) error {
 	}
 	w.put(okey{t: tAPIKeys, tenant: tenant, id: id}, &op{del: true,
 		stmt: statement{sql: `DELETE FROM api_keys WHERE tenant = $1 AND id = $2`, args: []any{tenant, id}}})
+	w.own.changes.keys[kernel.Ref{Tenant: tenant, Name: id}] = true
 	return nil
 }
