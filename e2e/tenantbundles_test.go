@@ -218,3 +218,43 @@ func tenantAdmins(t *testing.T, url string, tenants ...string) map[string]string
 	}
 	return keys
 }
+
+// TestTenantBundleBytesUnpacked: --max-tenant-bundle-bytes counts what a
+// bundle unpacks to, not only its archive. The kernel keeps every live
+// bundle's files in memory (and sends them to the tenant's Rego worker),
+// so a tenant-admin storing archives of a few KiB that unpack to 3 MiB of
+// zeros each held 3 MiB of the kernel's memory per 3 KiB of its account:
+// at the defaults (1000 bundles, 256 MiB of archives, 32 MiB per bundle)
+// about 32 GB. Against a real `wicket serve`, the bundle that would take
+// the tenant past the ceiling unpacked is a 400 naming the flag and the
+// unpacked size, and nothing is stored.
+func TestTenantBundleBytesUnpacked(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t), "--max-tenant-bundle-bytes", "8MiB")
+	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
+	keys := tenantAdmins(t, p.url, "acme")
+	zeros := strings.Repeat("\x00", 3<<20)
+	put := func(name string) (int, []byte, error) {
+		ar := filesArchive(t, map[string]string{"bundle.yaml": "name: " + name + "\nengine: rules\n",
+			"rules.yaml": "default_action: allow\n", "docs/zeros.bin": zeros})
+		st, err := testkit.BearerWithHeaders(p.url, keys["acme"], "PUT", "/v0/bundles/"+name,
+			map[string]string{"Content-Type": "application/gzip"}, ar, nil)
+		return st, ar, err
+	}
+	for _, name := range []string{"z0", "z1"} {
+		if st, ar, err := put(name); err != nil {
+			t.Fatalf("%s (an archive of %d bytes, 3 MiB unpacked): %d %v", name, len(ar), st, err)
+		}
+	}
+	st, ar, err := put("z2")
+	if st != http.StatusBadRequest || !strings.Contains(fmt.Sprint(err), "--max-tenant-bundle-bytes") || !strings.Contains(fmt.Sprint(err), "unpacked") {
+		t.Fatalf("a third bundle of 3 MiB unpacked (an archive of %d bytes) under an 8 MiB ceiling: %d %v, want 400 naming --max-tenant-bundle-bytes and the unpacked size", len(ar), st, err)
+	}
+	var l struct {
+		Bundles []struct {
+			Name string `json:"name"`
+		} `json:"bundles"`
+	}
+	if _, err := testkit.Bearer(p.url, keys["acme"], "GET", "/v0/bundles", nil, &l); err != nil || len(l.Bundles) != 2 {
+		t.Fatalf("acme lists %+v, %v; want z0 z1", l.Bundles, err)
+	}
+}

@@ -72,9 +72,10 @@ type Config struct {
 	// it (default 1000; negative: no ceiling). Bundles the admin stores are
 	// counted but never refused.
 	MaxTenantBundles int
-	// MaxTenantBundleBytes bounds the stored archives of a tenant's bundles,
-	// in bytes, as MaxTenantBundles bounds their number (default 256 MiB;
-	// negative: no ceiling).
+	// MaxTenantBundleBytes bounds the bytes of a tenant's bundles, each
+	// counting the larger of its stored archive and its unpacked files
+	// (which the kernel holds in memory), as MaxTenantBundles bounds their
+	// number (default 256 MiB; negative: no ceiling).
 	MaxTenantBundleBytes int64
 	// MaxTenantAgents bounds the agents of a tenant (default 10000;
 	// negative: no ceiling).

@@ -128,20 +128,21 @@ func (k *Kernel) activateStored(ctx context.Context, rec *BundleRecord) error {
 	if a, live := k.sh.active[ref]; live && a.digest == rec.Digest {
 		return nil
 	}
-	if err := k.loadStored(ctx, rec); err != nil {
+	size, err := k.loadStored(ctx, rec)
+	if err != nil {
 		return err
 	}
-	k.markActive(ref, rec.Digest, len(rec.Archive))
+	k.markActive(ref, rec.Digest, size)
 	return nil
 }
 
-// markActive records the digest and archive size of a live bundle.
-// bundleMu must be held.
-func (k *Kernel) markActive(ref Ref, digest string, size int) {
+// markActive records the digest and accounted size (accountedSize) of a
+// live bundle. bundleMu must be held.
+func (k *Kernel) markActive(ref Ref, digest string, size int64) {
 	if k.sh.active == nil {
 		k.sh.active = map[Ref]activeBundle{}
 	}
-	k.sh.active[ref] = activeBundle{digest: digest, size: int64(size)}
+	k.sh.active[ref] = activeBundle{digest: digest, size: size}
 }
 
 // syncBundles makes every stored bundle live at its stored revision and
@@ -174,6 +175,7 @@ func (k *Kernel) syncBundles(ctx context.Context) error {
 		}
 	}
 	errs := make([]error, len(todo))
+	sizes := make([]int64, len(todo))
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	var wg sync.WaitGroup
 	for i, rec := range todo {
@@ -186,7 +188,7 @@ func (k *Kernel) syncBundles(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			errs[i] = k.loadStored(ctx, rec)
+			sizes[i], errs[i] = k.loadStored(ctx, rec)
 		}()
 	}
 	wg.Wait()
@@ -196,7 +198,7 @@ func (k *Kernel) syncBundles(ctx context.Context) error {
 	failed := 0
 	for i, rec := range todo {
 		if errs[i] == nil {
-			k.markActive(Ref{Tenant: rec.Tenant, Name: rec.Name}, rec.Digest, len(rec.Archive))
+			k.markActive(Ref{Tenant: rec.Tenant, Name: rec.Name}, rec.Digest, sizes[i])
 			continue
 		}
 		failed++

@@ -82,7 +82,7 @@ func limitFlags(o *limitOptions, fs *flag.FlagSet) {
 	fs.IntVar(&o.tenantBundles, "max-tenant-bundles", envInt("WICKET_MAX_TENANT_BUNDLES", kd.MaxTenantBundles), "most bundles a tenant's own keys may store in it (bundles the admin stores count, and are never refused) (WICKET_MAX_TENANT_BUNDLES)")
 	o.tenantBundleBytes = byteSize(kd.MaxTenantBundleBytes)
 	envSize("WICKET_MAX_TENANT_BUNDLE_BYTES", &o.tenantBundleBytes)
-	fs.Var(&o.tenantBundleBytes, "max-tenant-bundle-bytes", "most bytes of stored bundle archives a tenant's own keys may take it to (WICKET_MAX_TENANT_BUNDLE_BYTES)")
+	fs.Var(&o.tenantBundleBytes, "max-tenant-bundle-bytes", "most bytes of bundles a tenant's own keys may take it to, each counting the larger of its archive and its unpacked files (WICKET_MAX_TENANT_BUNDLE_BYTES)")
 	fs.IntVar(&o.tenantAgents, "max-tenant-agents", envInt("WICKET_MAX_TENANT_AGENTS", kd.MaxTenantAgents), "most agents a tenant may have (WICKET_MAX_TENANT_AGENTS)")
 	fs.IntVar(&o.tenantKeys, "max-tenant-keys", envInt("WICKET_MAX_TENANT_KEYS", kd.MaxTenantKeys), "most API keys a tenant may have (WICKET_MAX_TENANT_KEYS)")
 	fs.DurationVar(&o.bundleLoadTimeout, "bundle-load-timeout", envDuration("WICKET_BUNDLE_LOAD_TIMEOUT", 10*time.Second), "at boot, a stored bundle that does not compile within this is skipped (WICKET_BUNDLE_LOAD_TIMEOUT)")
