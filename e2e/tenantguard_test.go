@@ -216,8 +216,8 @@ func TestGuardApprovalNotDecidedByTheTenant(t *testing.T) {
 	var ap wire.Approval
 	st, err = testkit.Bearer(p.url, officer.Key, "GET", "/v0/approvals/"+id, nil, &ap)
 	wantStatus(t, "read the approval", st, err, 200)
-	if ap.Status != "pending" {
-		t.Fatalf("after the tenant's grants the approval is %s, want pending", ap.Status)
+	if ap.Status != "pending" || ap.Guard != "money-guard" {
+		t.Fatalf("after the tenant's grants the approval is %s of guard %q, want pending of money-guard", ap.Status, ap.Guard)
 	}
 	st, err = testkit.Bearer(p.url, officer.Key, "POST", "/v0/approvals/"+id+"/grant", nil, &ap)
 	wantStatus(t, "the admin's sec-officer grants", st, err, 200)

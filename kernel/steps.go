@@ -736,8 +736,12 @@ func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecisi
 	if err := r.event(e, EvStepAwaitingApproval, payload); err != nil {
 		return nil, err
 	}
-	if err := r.event(e, EvApprovalRequested, map[string]any{"approval_id": a.ID, "step_id": s.ID, "request_hash": a.RequestHash,
-		"approvers": a.Approvers, "guard": a.Guard, "expires_at": a.ExpiresAt, "message": a.Message}); err != nil {
+	requested := map[string]any{"approval_id": a.ID, "step_id": s.ID, "request_hash": a.RequestHash,
+		"approvers": a.Approvers, "expires_at": a.ExpiresAt, "message": a.Message}
+	if a.Guard != "" {
+		requested["guard"] = a.Guard
+	}
+	if err := r.event(e, EvApprovalRequested, requested); err != nil {
 		return nil, err
 	}
 	if err := r.blockOn(e, a, s.ID); err != nil {
