@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -264,5 +267,194 @@ func TestLoadBundlesDeadline(t *testing.T) {
 			t.Fatalf("late result: active %v, discarded %v; want stuck discarded", active, discarded)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// budgetLoader is a bundle loader under which every bundle of tenant evil
+// but its guard compiles until its context ends (as a Rego bundle that
+// takes minutes to compile would); it records the order of evil's
+// compilations and what the kernel tells it.
+type budgetLoader struct {
+	mu                    sync.Mutex
+	evil, active, refused []string
+}
+
+func (l *budgetLoader) Compile(ctx context.Context, tenant string, src kernel.BundleSource) (*kernel.CompiledBundle, error) {
+	name := string(src.Archive)
+	if tenant == "evil" {
+		l.mu.Lock()
+		l.evil = append(l.evil, name)
+		l.mu.Unlock()
+		if name != "zz-guard" {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+	}
+	return &kernel.CompiledBundle{Ref: kernel.DefaultBundleRef, Archive: src.Archive, Handle: tenant + "/" + name}, nil
+}
+
+func (l *budgetLoader) Activate(_ string, cb *kernel.CompiledBundle) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.active = append(l.active, cb.Handle.(string))
+}
+func (l *budgetLoader) Discard(*kernel.CompiledBundle) {}
+func (l *budgetLoader) Failed(tenant, name string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.refused = append(l.refused, tenant+"/"+name+": "+err.Error())
+}
+func (l *budgetLoader) Remove(string, string) {}
+func (l *budgetLoader) RulesBundle(string, []byte) (kernel.BundleSource, error) {
+	return kernel.BundleSource{}, errors.New("not used")
+}
+
+// TestLoadBundlesTenantBudget: one tenant's stored bundles cannot hold the
+// boot up for long however many there are. Each compiles under
+// --bundle-load-timeout, but a tenant-admin may store 1000 bundles that
+// each compile for nearly that long (a Rego bundle of 12,000 rules
+// compiles in about 9 s and is admitted at upload), which held every
+// tenant's boot for 1000 × 10 s / GOMAXPROCS (over an hour on 2 cores).
+// Past Config.BundleLoadTenantBudget of compile time, the tenant's other
+// bundles are skipped (fail closed, named in the warning and to its
+// agents); its admin-owned bundles (its guards) compile first; the other
+// tenants' bundles all load.
+func TestLoadBundlesTenantBudget(t *testing.T) {
+	dir := t.TempDir()
+	st, err := bbolt.Open(filepath.Join(dir, "wicket.db"), bbolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	const evil = 40
+	err = st.Update(context.Background(), func(tx kernel.Tx) error {
+		for i := range evil {
+			n := fmt.Sprintf("b%02d", i)
+			if err := tx.PutBundle(&kernel.BundleRecord{Tenant: "evil", Name: n, Engine: "rego", Owner: kernel.BundleOwnerTenant, Archive: []byte(n)}); err != nil {
+				return err
+			}
+		}
+		if err := tx.PutBundle(&kernel.BundleRecord{Tenant: "evil", Name: "zz-guard", Engine: "rules", Owner: kernel.BundleOwnerAdmin, Archive: []byte("zz-guard")}); err != nil {
+			return err
+		}
+		for _, n := range []string{"a", "b", "c"} {
+			if err := tx.PutBundle(&kernel.BundleRecord{Tenant: "good", Name: n, Engine: "rules", Owner: kernel.BundleOwnerTenant, Archive: []byte(n)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	l := &budgetLoader{}
+	const timeout, budget = 100 * time.Millisecond, 300 * time.Millisecond
+	k, err := kernel.New(st, webhook.New(), nil, l, kernel.Config{BundleLoadTimeout: timeout, BundleLoadTenantBudget: budget,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.LoadBundles(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// The budget is checked before each compilation starts: at most
+	// budget/timeout of them end within it, and GOMAXPROCS more may be
+	// under way when it is spent.
+	if most := int(budget/timeout) + runtime.GOMAXPROCS(0) + 1; len(l.evil) > most || len(l.evil) >= evil {
+		t.Errorf("evil's bundles were compiled %d times, want at most %d of its %d", len(l.evil), most, evil+1)
+	}
+	if len(l.evil) == 0 || l.evil[0] != "zz-guard" {
+		t.Errorf("evil's compilations ran in the order %v, want its admin-owned bundle first", l.evil)
+	}
+	slices.Sort(l.active)
+	if want := []string{"evil/zz-guard", "good/a", "good/b", "good/c"}; !slices.Equal(l.active, want) {
+		t.Errorf("active %v, want %v", l.active, want)
+	}
+	spent := 0
+	for _, r := range l.refused {
+		if strings.Contains(r, "tenant evil's bundles spent the boot budget of 300ms (serve --bundle-load-tenant-budget)") {
+			spent++
+		} else if !strings.HasSuffix(r, "did not load within 100ms") {
+			t.Errorf("unexpected refusal %q", r)
+		}
+	}
+	if len(l.refused) != evil || spent != evil-(len(l.evil)-1) {
+		t.Errorf("%d refusals (%d for the budget), want %d (%d for the budget): %q", len(l.refused), spent, evil, evil-(len(l.evil)-1), l.refused)
+	}
+	if !strings.Contains(logs.String(), "serve --bundle-load-tenant-budget") {
+		t.Errorf("the log does not name the budget:\n%s", logs.String())
+	}
+}
+
+// TestBootTenantBudgetServe: a real `wicket serve` (GOMAXPROCS=2) whose
+// store holds 20 bundles of one tenant that each hang at start-up until
+// the 2 s instantiation deadline boots in well under the 20 s they would
+// take one after another two at a time: with --bundle-load-tenant-budget
+// 3s the tenant's bundles past the budget are skipped, its agents bound
+// to them are denied saying so, and another tenant's bundle serves.
+func TestBootTenantBudgetServe(t *testing.T) {
+	t.Setenv("GOMAXPROCS", "2")
+	dir, addr := t.TempDir(), freeAddr(t)
+	p := startServe(t, dir, addr)
+	keys := tenantAdmins(t, p.url, "evil", "good")
+	if _, err := testkit.Bearer(p.url, keys["good"], "PUT", "/v0/bundles/ok", map[string]any{"engine": "rules",
+		"files": map[string]string{"rules.yaml": "default_action: allow\n"}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testkit.Bearer(p.url, keys["good"], "POST", "/v0/agents", map[string]any{
+		"id": "bot", "webhook_url": "http://127.0.0.1:9/hook", "secret": "boot-test-secret-0123456789", "bundle": "ok"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = p.cmd.Wait()
+	hang := hangingStartWasm(t)
+	const n = 20
+	for i := range n {
+		name := fmt.Sprintf("b%02d", i)
+		storeBundle(t, dir, "evil", name, wasmArchive(t, "name: "+name+"\nrevision: bomb\nengine: wasm\n", hang))
+	}
+
+	p = startServe(t, dir, addr, "--bundle-load-tenant-budget", "3s")
+	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
+	t.Logf("booted in %s with %d bundles of one tenant hanging 2 s each", p.boot.Round(time.Millisecond), n)
+	if p.boot > 12*time.Second {
+		t.Errorf("boot took %s, want under 12s", p.boot)
+	}
+	for i := range n {
+		if _, err := testkit.Bearer(p.url, keys["evil"], "POST", "/v0/agents", map[string]any{"id": fmt.Sprintf("bot-b%02d", i),
+			"webhook_url": "http://127.0.0.1:9/hook", "secret": "boot-test-secret-0123456789", "bundle": fmt.Sprintf("b%02d", i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eval := func(key, agent string) (decision, rule, reason string) {
+		var res struct {
+			Decision string `json:"decision"`
+			RuleID   string `json:"rule_id"`
+			Reason   string `json:"reason"`
+		}
+		if _, err := testkit.Bearer(p.url, key, "POST", "/v0/policy/eval",
+			map[string]any{"agent_id": agent, "step": map[string]any{"kind": "tool_call", "target": "shell.exec"}}, &res); err != nil {
+			t.Fatalf("eval %s: %v", agent, err)
+		}
+		return res.Decision, res.RuleID, res.Reason
+	}
+	if d, _, _ := eval(keys["good"], "bot"); d != "allow" {
+		t.Errorf("good's bot: %s, want allow", d)
+	}
+	budget := 0
+	for i := range n {
+		d, rule, reason := eval(keys["evil"], fmt.Sprintf("bot-b%02d", i))
+		if d != "deny" || rule != "engine_error" {
+			t.Errorf("bot-b%02d: %s %s %q, want deny engine_error", i, d, rule, reason)
+		}
+		if strings.Contains(reason, "spent the boot budget of 3s (serve --bundle-load-tenant-budget)") {
+			budget++
+		}
+	}
+	if budget == 0 {
+		t.Errorf("no agent of evil denied for the budget:\n%s", p.stderr.String())
 	}
 }

@@ -1,6 +1,9 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -8,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/wicket-run/wicket/internal/testkit"
 )
@@ -217,4 +221,100 @@ func tenantAdmins(t *testing.T, url string, tenants ...string) map[string]string
 		keys[tenant] = k.Key
 	}
 	return keys
+}
+
+// TestTenantBundleBytesUnpacked: --max-tenant-bundle-bytes counts what a
+// bundle unpacks to, not only its archive. The kernel keeps every live
+// bundle's files in memory (and sends them to the tenant's Rego worker),
+// so a tenant-admin storing archives of a few KiB that unpack to 3 MiB of
+// zeros each held 3 MiB of the kernel's memory per 3 KiB of its account:
+// at the defaults (1000 bundles, 256 MiB of archives, 32 MiB per bundle)
+// about 32 GB. Against a real `wicket serve`, the bundle that would take
+// the tenant past the ceiling unpacked is a 400 naming the flag and the
+// unpacked size, and nothing is stored.
+func TestTenantBundleBytesUnpacked(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t), "--max-tenant-bundle-bytes", "8MiB")
+	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
+	keys := tenantAdmins(t, p.url, "acme")
+	zeros := strings.Repeat("\x00", 3<<20)
+	put := func(name string) (int, []byte, error) {
+		ar := filesArchive(t, map[string]string{"bundle.yaml": "name: " + name + "\nengine: rules\n",
+			"rules.yaml": "default_action: allow\n", "docs/zeros.bin": zeros})
+		st, err := testkit.BearerWithHeaders(p.url, keys["acme"], "PUT", "/v0/bundles/"+name,
+			map[string]string{"Content-Type": "application/gzip"}, ar, nil)
+		return st, ar, err
+	}
+	for _, name := range []string{"z0", "z1"} {
+		if st, ar, err := put(name); err != nil {
+			t.Fatalf("%s (an archive of %d bytes, 3 MiB unpacked): %d %v", name, len(ar), st, err)
+		}
+	}
+	st, ar, err := put("z2")
+	if st != http.StatusBadRequest || !strings.Contains(fmt.Sprint(err), "--max-tenant-bundle-bytes") || !strings.Contains(fmt.Sprint(err), "unpacked") {
+		t.Fatalf("a third bundle of 3 MiB unpacked (an archive of %d bytes) under an 8 MiB ceiling: %d %v, want 400 naming --max-tenant-bundle-bytes and the unpacked size", len(ar), st, err)
+	}
+	var l struct {
+		Bundles []struct {
+			Name string `json:"name"`
+		} `json:"bundles"`
+	}
+	if _, err := testkit.Bearer(p.url, keys["acme"], "GET", "/v0/bundles", nil, &l); err != nil || len(l.Bundles) != 2 {
+		t.Fatalf("acme lists %+v, %v; want z0 z1", l.Bundles, err)
+	}
+}
+
+// TestYAMLBombRefused: the YAML files a bundle holds (bundle.yaml,
+// rules.yaml, data.yaml, tests/*.yaml) are parsed by the kernel itself at
+// upload and at every boot, and YAML costs about 100 times its size and
+// 4 µs a node to parse: a rules.yaml of 8 MiB of "1," (an archive of 8 KiB)
+// took 32 s and 900 MB of the kernel's memory, and the 32 MiB a bundle may
+// hold over 2 minutes and 3 GB. Against a real `wicket serve`, a tenant-admin's
+// upload of 4 MiB of YAML (in tests/, which only a test run reads) is
+// refused at once with a 400 naming the file and the ceiling, and the
+// kernel's memory does not grow by the parse.
+func TestYAMLBombRefused(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
+	keys := tenantAdmins(t, p.url, "acme")
+	flow := "cases:\n  - name: bomb\n    args: [" + strings.Repeat("1,", 2<<20) + "1]\n"
+	ar := rawArchive(t, map[string]string{"bundle.yaml": "name: bomb\nengine: rules\n",
+		"rules.yaml": "default_action: allow\n", "tests/bomb.yaml": flow})
+	before := statusBytes(p.cmd.Process.Pid, "VmHWM")
+	t0 := time.Now()
+	st, err := testkit.BearerWithHeaders(p.url, keys["acme"], "PUT", "/v0/bundles/bomb",
+		map[string]string{"Content-Type": "application/gzip"}, ar, nil)
+	took := time.Since(t0)
+	after := statusBytes(p.cmd.Process.Pid, "VmHWM")
+	t.Logf("an archive of %d bytes holding 4 MiB of YAML: %d in %s; kernel peak RSS %d → %d MiB", len(ar), st, took.Round(time.Millisecond), before>>20, after>>20)
+	if st != http.StatusBadRequest || !strings.Contains(fmt.Sprint(err), "tests/bomb.yaml") || !strings.Contains(fmt.Sprint(err), "YAML") {
+		t.Fatalf("upload: %d %v, want 400 naming tests/bomb.yaml and the YAML ceiling", st, err)
+	}
+	if grew := after - before; grew > 100<<20 {
+		t.Errorf("the kernel's peak RSS grew by %d MiB refusing it", grew>>20)
+	}
+}
+
+// rawArchive packs files as a .tar.gz without validating them (a hostile
+// client's archive, which bundle.LoadFiles would take as long to refuse as
+// the kernel).
+func rawArchive(t *testing.T, files map[string]string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for name, content := range files {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(content))}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write([]byte(content)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,6 +142,90 @@ func TestApprovalDecidedByTheKeyServe(t *testing.T) {
 	}
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		st, err := as(alice, "GET", "/v0/executions/"+x.ID, nil, &x)
+		wantStatus(t, "read execution", st, err, 200)
+		if x.Status == "completed" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("execution %s after the grant", x.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestGuardApprovalNotDecidedByTheTenant: an approval a guard asks for is
+// the admin's to have decided, like the guard. Approvers are named by
+// principal, and a tenant-admin mints keys with any principal it likes:
+// against a real `wicket serve`, a tenant-admin of acme whose guard asks
+// sec-officer to approve wires minted an approver key for "sec-officer"
+// and granted its own agent's wire. Now a key the tenant issued (whatever
+// its principal, the tenant-admin's own included) gets 403 naming the
+// guard and the approval stays pending; the sec-officer key the admin
+// issued decides it, and the execution goes on.
+func TestGuardApprovalNotDecidedByTheTenant(t *testing.T) {
+	p := startServe(t, t.TempDir(), freeAddr(t))
+	defer func() { _ = p.cmd.Process.Kill(); _ = p.cmd.Wait() }()
+	admin := tenantAdmins(t, p.url, "acme")["acme"]
+	guard := "default_action: allow\nrules:\n  - id: money\n    priority: 1\n    when: {target: wire}\n    then:\n      decision: require_approval\n      approval_config: {approvers: [sec-officer]}\n"
+	st, err := testkit.Bearer(p.url, testkit.AdminKey, "PUT", "/v0/bundles/money-guard?tenant=acme", map[string]any{"engine": "rules", "files": map[string]string{"rules.yaml": guard}}, nil)
+	wantStatus(t, "the admin's guard bundle", st, err, 200)
+	st, err = testkit.Bearer(p.url, testkit.AdminKey, "PUT", "/v0/tenants/acme", map[string]any{"guards": []string{"money-guard"}}, nil)
+	wantStatus(t, "set the guard", st, err, 200)
+	var officer, fake wire.CreatedKey
+	st, err = testkit.Bearer(p.url, testkit.AdminKey, "POST", "/v0/tenants/acme/keys", map[string]any{"role": "approver", "principal": "sec-officer"}, &officer)
+	wantStatus(t, "the admin's sec-officer key", st, err, 201)
+	st, err = testkit.Bearer(p.url, admin, "POST", "/v0/tenants/acme/keys", map[string]any{"role": "approver", "principal": "sec-officer"}, &fake)
+	wantStatus(t, "the tenant-admin's sec-officer key", st, err, 201)
+
+	const secret = "bot-secret-0123456789"
+	a := testkit.NewAgent("bot", secret, p.url, func(ctx context.Context, r *testkit.Run) (any, error) {
+		return r.Step(ctx, "tool_call", "wire", map[string]any{"amount": 100}, testkit.StepOpts{}, func() (any, error) { return "sent", nil })
+	})
+	defer a.Close()
+	st, err = testkit.Bearer(p.url, admin, "POST", "/v0/agents", map[string]any{"id": "bot", "webhook_url": a.WebhookURL(), "secret": secret}, nil)
+	wantStatus(t, "register", st, err, 201)
+	var x wire.Execution
+	st, err = testkit.Bearer(p.url, admin, "POST", "/v0/executions", map[string]any{"agent_id": "bot"}, &x)
+	wantStatus(t, "create", st, err, 201)
+	var id string
+	for deadline := time.Now().Add(20 * time.Second); id == ""; {
+		var l wire.ApprovalList
+		st, err := testkit.Bearer(p.url, officer.Key, "GET", "/v0/approvals?status=pending", nil, &l)
+		wantStatus(t, "list approvals", st, err, 200)
+		if len(l.Approvals) > 0 {
+			id = l.Approvals[0].ID
+		} else if time.Now().After(deadline) {
+			t.Fatal("no approval")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, c := range []struct {
+		what, key string
+		body      any
+	}{
+		{"the tenant's sec-officer key", fake.Key, nil},
+		{"the tenant-admin", admin, nil},
+		{"the tenant-admin as sec-officer", admin, map[string]any{"decided_by": "sec-officer"}},
+	} {
+		st, err := testkit.Bearer(p.url, c.key, "POST", "/v0/approvals/"+id+"/grant", c.body, nil)
+		wantStatus(t, c.what+" grants", st, err, 403)
+		if c.key == fake.Key && !strings.Contains(fmt.Sprint(err), `guard "money-guard"`) {
+			t.Errorf("%s: %v, want the refusal to name the guard", c.what, err)
+		}
+	}
+	var ap wire.Approval
+	st, err = testkit.Bearer(p.url, officer.Key, "GET", "/v0/approvals/"+id, nil, &ap)
+	wantStatus(t, "read the approval", st, err, 200)
+	if ap.Status != "pending" || ap.Guard != "money-guard" {
+		t.Fatalf("after the tenant's grants the approval is %s of guard %q, want pending of money-guard", ap.Status, ap.Guard)
+	}
+	st, err = testkit.Bearer(p.url, officer.Key, "POST", "/v0/approvals/"+id+"/grant", nil, &ap)
+	wantStatus(t, "the admin's sec-officer grants", st, err, 200)
+	if ap.DecidedByKey != officer.KeyID {
+		t.Fatalf("granted by %s, want %s", ap.DecidedByKey, officer.KeyID)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		st, err := testkit.Bearer(p.url, admin, "GET", "/v0/executions/"+x.ID, nil, &x)
 		wantStatus(t, "read execution", st, err, 200)
 		if x.Status == "completed" {
 			break

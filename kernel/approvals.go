@@ -145,6 +145,10 @@ type Resolution struct {
 	DecidedBy string
 	KeyID     string
 	Principal string
+	// ByAdmin says the deciding key is an admin key or one the admin
+	// issued (APIKey.IssuedByAdmin): only such keys decide an approval a
+	// guard asked for (Approval.Guard).
+	ByAdmin   bool
 	Rationale string
 	// RequestHash, when set, must equal the approval's (the approver saw this exact request).
 	RequestHash string
@@ -181,6 +185,9 @@ func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval
 		}
 		if a.Status != ApprovalPending {
 			return Errorf(CodeConflict, "approval %s is already %s", a.ID, a.Status)
+		}
+		if a.Guard != "" && !res.ByAdmin {
+			return Errorf(CodeForbidden, "approval %s was asked for by the tenant's guard %q: only keys the admin issued decide it (a tenant-admin's keys do not, whatever their principal)", a.ID, a.Guard)
 		}
 		if !MayDecide(a.Approvers, res.DecidedBy) {
 			return Errorf(CodeForbidden, "%q is not among the approvers of approval %s", res.DecidedBy, a.ID)

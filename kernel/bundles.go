@@ -32,6 +32,11 @@ type CompiledBundle struct {
 	Ref policy.BundleRef
 	// Archive is the reproducible .tar.gz the store keeps.
 	Archive []byte
+	// Size is the summed size of the bundle's files unpacked, which the
+	// loader keeps in memory while the bundle is live; it counts against
+	// Config.MaxTenantBundleBytes (an archive of a few KiB may unpack to
+	// 32 MiB). Zero counts the archive only.
+	Size int64
 	// Handle is the loader's compiled form, passed back to Activate.
 	Handle any
 }
@@ -107,7 +112,7 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 	k.sh.bundleMu.Lock()
 	defer k.sh.bundleMu.Unlock()
 	if owner == BundleOwnerTenant {
-		if err := k.checkBundleCeilings(tenant, br.Name, len(br.Archive)); err != nil {
+		if err := k.checkBundleCeilings(tenant, br.Name, len(br.Archive), cb.Size); err != nil {
 			l.Discard(cb)
 			return nil, err
 		}
@@ -130,24 +135,27 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, err
 	}
 	l.Activate(tenant, cb)
-	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest, len(br.Archive))
+	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest, accountedSize(cb))
 	k.log.Info("bundle activated", "tenant", tenant, "bundle", br.Name, "revision", br.Revision, "engine", br.Engine,
 		"sha256", br.Digest, "compile", compiled.Round(time.Microsecond).String())
 	return br, nil
 }
 
-// checkBundleCeilings refuses a tenant's bundle of size bytes (its
-// archive) named name when, with the tenant's other live bundles, it would
-// take the tenant past Config.MaxTenantBundles bundles or
-// Config.MaxTenantBundleBytes of archives: every bundle is kept in the
-// store and compiled in memory, so without them one tenant's uploads would
-// take the disk and memory every tenant shares. A bundle replacing one of
-// the same name counts instead of it. The account is this replica's live
-// bundles (replicas storing at the same moment may each admit one).
+// checkBundleCeilings refuses a tenant's bundle named name, of archive
+// bytes stored and unpacked bytes held in memory, when, with the tenant's
+// other live bundles, it would take the tenant past
+// Config.MaxTenantBundles bundles or Config.MaxTenantBundleBytes: every
+// bundle is kept in the store and its files in memory, so without them one
+// tenant's uploads would take the disk and memory every tenant shares.
+// Each bundle counts the larger of its archive and its unpacked files (a
+// gzip archive of a few KiB may unpack to 32 MiB). A bundle replacing one
+// of the same name counts instead of it. The account is this replica's
+// live bundles (replicas storing at the same moment may each admit one).
 // bundleMu must be held.
-func (k *Kernel) checkBundleCeilings(tenant, name string, size int) error {
+func (k *Kernel) checkBundleCeilings(tenant, name string, archive int, unpacked int64) error {
 	var n int
-	bytes := int64(size)
+	size := max(int64(archive), unpacked)
+	bytes := size
 	for ref, a := range k.sh.active {
 		if ref.Tenant == tenant && ref.Name != name {
 			n++
@@ -158,9 +166,16 @@ func (k *Kernel) checkBundleCeilings(tenant, name string, size int) error {
 		return Errorf(CodeValidation, "tenant %s holds %d bundles, the kernel's ceiling (serve --max-tenant-bundles): delete one before storing %s", tenant, n, name)
 	}
 	if max := k.cfg.MaxTenantBundleBytes; max > 0 && bytes > max {
-		return Errorf(CodeValidation, "bundle %s (an archive of %d bytes) would take tenant %s's bundles to %d bytes, over the kernel's ceiling of %d (serve --max-tenant-bundle-bytes)", name, size, tenant, bytes, max)
+		return Errorf(CodeValidation, "bundle %s (an archive of %d bytes, %d unpacked) would take tenant %s's bundles to %d bytes, over the kernel's ceiling of %d (serve --max-tenant-bundle-bytes; a bundle counts the larger of its archive and its unpacked files)", name, archive, unpacked, tenant, bytes, max)
 	}
 	return nil
+}
+
+// accountedSize is what a compiled bundle counts against
+// Config.MaxTenantBundleBytes: the larger of its archive and its unpacked
+// files.
+func accountedSize(cb *CompiledBundle) int64 {
+	return max(int64(len(cb.Archive)), cb.Size)
 }
 
 // BundlePull names the bundle server a bundle is pulled from (OPA's bundle
@@ -435,10 +450,11 @@ func (k *Kernel) LoadBundles(ctx context.Context) error {
 }
 
 // loadStored compiles and activates one stored bundle under the load
-// timeout; an error says why it is not live. The loader is not trusted to
-// honour ctx: a compile that outlasts it is left to finish in the
-// background and discarded.
-func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) error {
+// timeout and returns what it counts against the tenant's bytes
+// (accountedSize); an error says why it is not live. The loader is not
+// trusted to honour ctx: a compile that outlasts it is left to finish in
+// the background and discarded.
+func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) (int64, error) {
 	timeout := k.cfg.BundleLoadTimeout
 	lctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -460,19 +476,19 @@ func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) error {
 	select {
 	case r := <-done:
 		if r.err != nil {
-			return r.err
+			return 0, r.err
 		}
 		k.bundles.Activate(rec.Tenant, r.cb)
 		k.log.Info("bundle loaded", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "engine", rec.Engine,
 			"sha256", rec.Digest, "compile", time.Since(t0).Round(time.Microsecond).String())
-		return nil
+		return max(int64(len(rec.Archive)), r.cb.Size), nil
 	case <-lctx.Done():
 		go func() {
 			if r := <-done; r.err == nil {
 				k.bundles.Discard(r.cb)
 			}
 		}()
-		return fmt.Errorf("did not load within %s", timeout)
+		return 0, fmt.Errorf("did not load within %s", timeout)
 	}
 }
 

@@ -43,6 +43,13 @@ type Config struct {
 	// BundleLoadTimeout bounds the compilation of one stored bundle at
 	// boot; a bundle that takes longer is skipped (default 10s).
 	BundleLoadTimeout time.Duration
+	// BundleLoadTenantBudget bounds the time one tenant's stored bundles
+	// spend compiling when they are loaded together (at boot, and when a
+	// replica resynchronises): past it, the tenant's bundles not yet
+	// compiled are skipped like ones that failed (default 60s; negative:
+	// no budget). Without it a tenant's bundles held the boot for
+	// BundleLoadTimeout each.
+	BundleLoadTenantBudget time.Duration
 	// Logger receives operational logs (default slog.Default()).
 	Logger *slog.Logger
 	// Replica names this kernel among the replicas sharing its store; the
@@ -72,9 +79,10 @@ type Config struct {
 	// it (default 1000; negative: no ceiling). Bundles the admin stores are
 	// counted but never refused.
 	MaxTenantBundles int
-	// MaxTenantBundleBytes bounds the stored archives of a tenant's bundles,
-	// in bytes, as MaxTenantBundles bounds their number (default 256 MiB;
-	// negative: no ceiling).
+	// MaxTenantBundleBytes bounds the bytes of a tenant's bundles, each
+	// counting the larger of its stored archive and its unpacked files
+	// (which the kernel holds in memory), as MaxTenantBundles bounds their
+	// number (default 256 MiB; negative: no ceiling).
 	MaxTenantBundleBytes int64
 	// MaxTenantAgents bounds the agents of a tenant (default 10000;
 	// negative: no ceiling).
@@ -120,6 +128,8 @@ func DefaultConfig() Config {
 		MaxTenantBundleBytes: 256 << 20,
 		MaxTenantAgents:      10000,
 		MaxTenantKeys:        1000,
+
+		BundleLoadTenantBudget: time.Minute,
 	}
 }
 
@@ -155,6 +165,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BundleLoadTimeout <= 0 {
 		c.BundleLoadTimeout = d.BundleLoadTimeout
+	}
+	if c.BundleLoadTenantBudget == 0 {
+		c.BundleLoadTenantBudget = d.BundleLoadTenantBudget
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

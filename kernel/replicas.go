@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -149,20 +151,21 @@ func (k *Kernel) activateStored(ctx context.Context, rec *BundleRecord) error {
 	if a, live := k.sh.active[ref]; live && a.digest == rec.Digest {
 		return nil
 	}
-	if err := k.loadStored(ctx, rec); err != nil {
+	size, err := k.loadStored(ctx, rec)
+	if err != nil {
 		return err
 	}
-	k.markActive(ref, rec.Digest, len(rec.Archive))
+	k.markActive(ref, rec.Digest, size)
 	return nil
 }
 
-// markActive records the digest and archive size of a live bundle.
-// bundleMu must be held.
-func (k *Kernel) markActive(ref Ref, digest string, size int) {
+// markActive records the digest and accounted size (accountedSize) of a
+// live bundle. bundleMu must be held.
+func (k *Kernel) markActive(ref Ref, digest string, size int64) {
 	if k.sh.active == nil {
 		k.sh.active = map[Ref]activeBundle{}
 	}
-	k.sh.active[ref] = activeBundle{digest: digest, size: int64(size)}
+	k.sh.active[ref] = activeBundle{digest: digest, size: size}
 }
 
 // syncBundles makes every stored bundle live at its stored revision and
@@ -173,7 +176,10 @@ func (k *Kernel) markActive(ref Ref, digest string, size int) {
 // time is skipped with a warning naming it (its late result, if any, is
 // discarded), the loader is told (Failed), and agents bound to it are
 // denied (engine_error) until it is replaced; a replica that had an older
-// revision live keeps it until the new one loads.
+// revision live keeps it until the new one loads. Nor can one tenant's
+// bundles together: once they have spent Config.BundleLoadTenantBudget
+// compiling, the tenant's others are skipped the same way. A tenant's
+// admin-owned bundles (its guards) compile before its own.
 func (k *Kernel) syncBundles(ctx context.Context) error {
 	if k.bundles == nil {
 		return nil
@@ -194,9 +200,28 @@ func (k *Kernel) syncBundles(ctx context.Context) error {
 			todo = append(todo, rec)
 		}
 	}
+	// By tenant, the admin's bundles first: a tenant's guards are not the
+	// ones its own bundles' budget leaves out.
+	slices.SortStableFunc(todo, func(a, b *BundleRecord) int {
+		if c := strings.Compare(a.Tenant, b.Tenant); c != 0 {
+			return c
+		}
+		aa, ba := a.OwnedBy() == BundleOwnerAdmin, b.OwnedBy() == BundleOwnerAdmin
+		switch {
+		case aa && !ba:
+			return -1
+		case ba && !aa:
+			return 1
+		}
+		return 0
+	})
 	errs := make([]error, len(todo))
+	sizes := make([]int64, len(todo))
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
 	var wg sync.WaitGroup
+	var spentMu sync.Mutex
+	spent := map[string]time.Duration{} // compile time per tenant
+	budget := k.cfg.BundleLoadTenantBudget
 	for i, rec := range todo {
 		select {
 		case sem <- struct{}{}:
@@ -204,10 +229,22 @@ func (k *Kernel) syncBundles(ctx context.Context) error {
 			wg.Wait()
 			return ctx.Err()
 		}
+		spentMu.Lock()
+		over := budget > 0 && spent[rec.Tenant] >= budget
+		spentMu.Unlock()
+		if over {
+			<-sem
+			errs[i] = fmt.Errorf("not compiled: tenant %s's bundles spent the boot budget of %s (serve --bundle-load-tenant-budget) compiling its others", rec.Tenant, budget)
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			errs[i] = k.loadStored(ctx, rec)
+			t0 := time.Now()
+			sizes[i], errs[i] = k.loadStored(ctx, rec)
+			spentMu.Lock()
+			spent[rec.Tenant] += time.Since(t0)
+			spentMu.Unlock()
 		}()
 	}
 	wg.Wait()
@@ -217,7 +254,7 @@ func (k *Kernel) syncBundles(ctx context.Context) error {
 	failed := 0
 	for i, rec := range todo {
 		if errs[i] == nil {
-			k.markActive(Ref{Tenant: rec.Tenant, Name: rec.Name}, rec.Digest, len(rec.Archive))
+			k.markActive(Ref{Tenant: rec.Tenant, Name: rec.Name}, rec.Digest, sizes[i])
 			continue
 		}
 		failed++

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -698,6 +699,11 @@ func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecisi
 	a := &Approval{ID: k.ids.next(r.now), Tenant: e.Tenant, ExecutionID: e.ID, AgentID: e.AgentID, StepID: s.ID,
 		Kind: s.Kind, Target: s.Target, Args: s.Args, RequestHash: RequestHash(s.ID, s.Args), Status: ApprovalPending,
 		Reason: v.Reason, RuleID: v.RuleID, CreatedAt: r.now}
+	if t, err := r.tx.Tenant(e.Tenant); err == nil && slices.Contains(t.Guards, v.Bundle.Name) {
+		a.Guard = v.Bundle.Name
+	} else if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, fmt.Errorf("read tenant %s: %w", e.Tenant, err)
+	}
 	if cfg := v.Approval; cfg != nil {
 		a.Approvers = cfg.Approvers
 		a.Message = cfg.Message
@@ -721,8 +727,12 @@ func (k *Kernel) requestApproval(r *rec, e *Execution, s *Step, base *StepDecisi
 	if err := r.event(e, EvStepAwaitingApproval, payload); err != nil {
 		return nil, err
 	}
-	if err := r.event(e, EvApprovalRequested, map[string]any{"approval_id": a.ID, "step_id": s.ID, "request_hash": a.RequestHash,
-		"approvers": a.Approvers, "expires_at": a.ExpiresAt, "message": a.Message}); err != nil {
+	requested := map[string]any{"approval_id": a.ID, "step_id": s.ID, "request_hash": a.RequestHash,
+		"approvers": a.Approvers, "expires_at": a.ExpiresAt, "message": a.Message}
+	if a.Guard != "" {
+		requested["guard"] = a.Guard
+	}
+	if err := r.event(e, EvApprovalRequested, requested); err != nil {
 		return nil, err
 	}
 	if err := r.blockOn(e, a, s.ID); err != nil {

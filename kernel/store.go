@@ -150,6 +150,11 @@ type APIKey struct {
 	Principal string    `json:"principal"`
 	Hash      string    `json:"hash"`
 	CreatedAt time.Time `json:"created_at"`
+	// IssuedByAdmin is set on keys the admin issued (an admin key, the
+	// provisioning manifest): only they decide the approvals a tenant's
+	// guards ask for. A tenant-admin's keys, and keys stored before the
+	// field existed, are the tenant's.
+	IssuedByAdmin bool `json:"issued_by_admin,omitempty"`
 }
 
 // ReadTx is a read-only view of the store.

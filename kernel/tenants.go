@@ -203,10 +203,18 @@ func (k *Kernel) TenantAllowsBundleSources(ctx context.Context, tenant string) (
 	return allow, err
 }
 
-// CreateKey issues an API key for a tenant. The secret is returned once;
-// only its hash is stored. A non-empty secret (manifest provisioning) is
-// used as given.
+// CreateKey issues an API key for a tenant as the admin (IssueKey with
+// byAdmin). The secret is returned once; only its hash is stored. A
+// non-empty secret (manifest provisioning) is used as given.
 func (k *Kernel) CreateKey(ctx context.Context, tenant, role, principal, secret string) (*APIKey, string, error) {
+	return k.IssueKey(ctx, tenant, role, principal, secret, true)
+}
+
+// IssueKey issues an API key for a tenant, as CreateKey; byAdmin says
+// whether the admin issues it (APIKey.IssuedByAdmin) or the tenant's
+// tenant-admin does. Re-provisioning a key (the same secret) keeps its
+// record, except that the admin re-issuing it marks it the admin's.
+func (k *Kernel) IssueKey(ctx context.Context, tenant, role, principal, secret string, byAdmin bool) (*APIKey, string, error) {
 	switch role {
 	case RoleAdmin:
 		if tenant != DefaultTenant {
@@ -230,7 +238,8 @@ func (k *Kernel) CreateKey(ctx context.Context, tenant, role, principal, secret 
 	} else if len(secret) < 16 {
 		return nil, "", Errorf(CodeValidation, "key for %s must be at least 16 bytes", principal)
 	}
-	key := &APIKey{ID: "key_" + strings.ReplaceAll(k.ids.next(k.now()), "-", "")[:20], Tenant: tenant, Role: role, Principal: principal, Hash: HashKey(secret)}
+	key := &APIKey{ID: "key_" + strings.ReplaceAll(k.ids.next(k.now()), "-", "")[:20], Tenant: tenant, Role: role, Principal: principal, Hash: HashKey(secret),
+		IssuedByAdmin: byAdmin}
 	_, err := k.update(ctx, func(r *rec) error {
 		if err := k.requireTenant(r.tx, tenant); err != nil {
 			return err
@@ -240,6 +249,10 @@ func (k *Kernel) CreateKey(ctx context.Context, tenant, role, principal, secret 
 				return Errorf(CodeConflict, "that key is already registered for another tenant or role")
 			}
 			*key = *old // idempotent provisioning
+			if byAdmin && !key.IssuedByAdmin {
+				key.IssuedByAdmin = true
+				return r.tx.PutAPIKey(key)
+			}
 			return nil
 		}
 		if max := k.cfg.MaxTenantKeys; max > 0 {

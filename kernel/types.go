@@ -360,10 +360,13 @@ type Approval struct {
 	RequestHash string         `json:"request_hash"`
 	Status      ApprovalStatus `json:"status"`
 	Approvers   []string       `json:"approvers,omitempty"`
-	Message     string         `json:"message,omitempty"`
-	Reason      string         `json:"reason,omitempty"`
-	RuleID      string         `json:"rule_id,omitempty"`
-	ExpiresAt   time.Time      `json:"expires_at"`
+	// Guard names the tenant's guard bundle whose answer asked for the
+	// approval: only keys the admin issued decide it.
+	Guard     string    `json:"guard,omitempty"`
+	Message   string    `json:"message,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	RuleID    string    `json:"rule_id,omitempty"`
+	ExpiresAt time.Time `json:"expires_at"`
 	// DecidedBy is who decided: the deciding key's principal, or the
 	// person an admin key named (decided_by) when it acted for them.
 	DecidedBy string `json:"decided_by,omitempty"`

@@ -213,7 +213,11 @@ func (h *Host) Compile(ctx context.Context, tenant string, src kernel.BundleSour
 		l.close()
 		return nil, fmt.Errorf("bundle %q: archive: %w", b.Manifest.Name, err)
 	}
-	return &kernel.CompiledBundle{Ref: l.ref, Archive: archive, Handle: l}, nil
+	var size int64
+	for _, f := range b.Files {
+		size += int64(len(f))
+	}
+	return &kernel.CompiledBundle{Ref: l.ref, Archive: archive, Size: size, Handle: l}, nil
 }
 
 // reserve opens l in its tenant's memory account, or refuses it when the

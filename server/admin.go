@@ -194,7 +194,8 @@ func (s *Server) resolveApproval(c *call, answer string) (int, any, error) {
 	}
 	a, err := s.k.ResolveApproval(c.ctx, kernel.Resolution{Tenant: c.tenant, ApprovalID: c.vars("approval_id"),
 		Grant: answer == answerGrant || answer == answerRetry, Happened: answer == answerHappened, Result: req.Result,
-		DecidedBy: by, KeyID: c.p.KeyID, Principal: c.p.Name, Rationale: req.Rationale, RequestHash: req.RequestHash})
+		DecidedBy: by, KeyID: c.p.KeyID, Principal: c.p.Name, ByAdmin: c.p.Kind == PrincipalAdmin || c.p.IssuedByAdmin,
+		Rationale: req.Rationale, RequestHash: req.RequestHash})
 	if err != nil {
 		return 0, nil, err
 	}
@@ -270,7 +271,7 @@ func (s *Server) createKey(c *call) (int, any, error) {
 	if c.p.Kind != PrincipalAdmin && req.Role == kernel.RoleAdmin {
 		return 0, nil, errorf(kernel.CodeForbidden, "a %s key may not issue admin keys", c.p.Kind)
 	}
-	key, secret, err := s.k.CreateKey(c.ctx, tenant, req.Role, req.Principal, "")
+	key, secret, err := s.k.IssueKey(c.ctx, tenant, req.Role, req.Principal, "", c.p.Kind == PrincipalAdmin)
 	if err != nil {
 		return 0, nil, err
 	}

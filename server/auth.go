@@ -46,6 +46,9 @@ type Principal struct {
 	KeyID string
 	// Name is the key's principal (who holds it), or the agent id.
 	Name string
+	// IssuedByAdmin is set for admin keys and for keys the admin issued
+	// (kernel.APIKey.IssuedByAdmin).
+	IssuedByAdmin bool
 }
 
 // String names the principal in logs.
@@ -89,7 +92,7 @@ func (s *Server) authenticate(c *call, cl class) error {
 	case s.cfg.AuthDisabled:
 		// On agent routes this drives sessions only (the kernel refuses a
 		// bearer caller on a webhook execution): agents always sign.
-		c.p = Principal{Kind: PrincipalAdmin, Tenant: kernel.DefaultTenant, KeyID: "auth-disabled", Name: "admin"}
+		c.p = Principal{Kind: PrincipalAdmin, Tenant: kernel.DefaultTenant, KeyID: "auth-disabled", Name: "admin", IssuedByAdmin: true}
 	case cl == classAgent:
 		return errorf(kernel.CodeUnauthenticated, "this route needs an agent signature (%s and %s), or the API key holding a session's lease", wire.HeaderAgentID, wire.HeaderWicketSignature)
 	default:
@@ -125,7 +128,7 @@ func (s *Server) authenticateBearer(c *call, authz string) error {
 	if s.cfg.AdminKey != "" {
 		h := sha256Sum(token)
 		if subtle.ConstantTimeCompare(h[:], s.adminHash[:]) == 1 {
-			c.p = Principal{Kind: PrincipalAdmin, Tenant: kernel.DefaultTenant, KeyID: "admin-key", Name: "admin"}
+			c.p = Principal{Kind: PrincipalAdmin, Tenant: kernel.DefaultTenant, KeyID: "admin-key", Name: "admin", IssuedByAdmin: true}
 			return nil
 		}
 	}
@@ -141,7 +144,8 @@ func (s *Server) authenticateBearer(c *call, authz string) error {
 	default:
 		return errorf(kernel.CodeForbidden, "API key %s has unknown role %q", key.ID, key.Role)
 	}
-	c.p = Principal{Kind: PrincipalKind(key.Role), Tenant: key.Tenant, KeyID: key.ID, Name: key.Principal}
+	c.p = Principal{Kind: PrincipalKind(key.Role), Tenant: key.Tenant, KeyID: key.ID, Name: key.Principal,
+		IssuedByAdmin: key.IssuedByAdmin || key.Role == kernel.RoleAdmin}
 	c.token = token
 	return nil
 }

@@ -114,7 +114,7 @@ func bundleView(b *kernel.BundleRecord) wire.Bundle {
 func approvalView(a *kernel.Approval) wire.Approval {
 	return wire.Approval{
 		ID: a.ID, Tenant: a.Tenant, ExecutionID: a.ExecutionID, AgentID: a.AgentID, StepID: a.StepID, Kind: a.Kind,
-		Target: a.Target, Args: a.Args, Type: approvalType(a), RequestHash: a.RequestHash, Status: string(a.Status), Result: a.Result, Approvers: a.Approvers,
+		Target: a.Target, Args: a.Args, Type: approvalType(a), RequestHash: a.RequestHash, Status: string(a.Status), Result: a.Result, Approvers: a.Approvers, Guard: a.Guard,
 		Message: a.Message, Reason: a.Reason, RuleID: a.RuleID, ExpiresAt: a.ExpiresAt, DecidedBy: a.DecidedBy,
 		DecidedByKey: a.DecidedByKey, DecidedByPrincipal: a.DecidedByPrincipal,
 		Rationale: a.Rationale, CreatedAt: a.CreatedAt, DecidedAt: a.DecidedAt,

@@ -44,9 +44,11 @@ type limitOptions struct {
 	poolSize, maxPoolSize int
 	tenantMemory          byteSize
 	bundleLoadTimeout     time.Duration
-	cacheMax              byteSize
-	regoIsolation         string
-	regoMemory            byteSize
+	// bundleLoadTenantBudget: kernel.Config.BundleLoadTenantBudget.
+	bundleLoadTenantBudget time.Duration
+	cacheMax               byteSize
+	regoIsolation          string
+	regoMemory             byteSize
 	// tenantBundles and tenantBundleBytes: kernel.Config.MaxTenantBundles
 	// and MaxTenantBundleBytes.
 	tenantBundles     int
@@ -82,10 +84,11 @@ func limitFlags(o *limitOptions, fs *flag.FlagSet) {
 	fs.IntVar(&o.tenantBundles, "max-tenant-bundles", envInt("WICKET_MAX_TENANT_BUNDLES", kd.MaxTenantBundles), "most bundles a tenant's own keys may store in it (bundles the admin stores count, and are never refused) (WICKET_MAX_TENANT_BUNDLES)")
 	o.tenantBundleBytes = byteSize(kd.MaxTenantBundleBytes)
 	envSize("WICKET_MAX_TENANT_BUNDLE_BYTES", &o.tenantBundleBytes)
-	fs.Var(&o.tenantBundleBytes, "max-tenant-bundle-bytes", "most bytes of stored bundle archives a tenant's own keys may take it to (WICKET_MAX_TENANT_BUNDLE_BYTES)")
+	fs.Var(&o.tenantBundleBytes, "max-tenant-bundle-bytes", "most bytes of bundles a tenant's own keys may take it to, each counting the larger of its archive and its unpacked files (WICKET_MAX_TENANT_BUNDLE_BYTES)")
 	fs.IntVar(&o.tenantAgents, "max-tenant-agents", envInt("WICKET_MAX_TENANT_AGENTS", kd.MaxTenantAgents), "most agents a tenant may have (WICKET_MAX_TENANT_AGENTS)")
 	fs.IntVar(&o.tenantKeys, "max-tenant-keys", envInt("WICKET_MAX_TENANT_KEYS", kd.MaxTenantKeys), "most API keys a tenant may have (WICKET_MAX_TENANT_KEYS)")
 	fs.DurationVar(&o.bundleLoadTimeout, "bundle-load-timeout", envDuration("WICKET_BUNDLE_LOAD_TIMEOUT", 10*time.Second), "at boot, a stored bundle that does not compile within this is skipped (WICKET_BUNDLE_LOAD_TIMEOUT)")
+	fs.DurationVar(&o.bundleLoadTenantBudget, "bundle-load-tenant-budget", envDuration("WICKET_BUNDLE_LOAD_TENANT_BUDGET", kd.BundleLoadTenantBudget), "at boot, once one tenant's stored bundles have spent this compiling, its others are skipped (WICKET_BUNDLE_LOAD_TENANT_BUDGET)")
 }
 
 // limits returns the bundle.Limits of the flags, or a usage error naming
@@ -119,6 +122,8 @@ func (o *limitOptions) limits() (bundle.Limits, error) {
 		return bundle.Limits{}, usageError{"serve: --wasm-tenant-memory must be positive"}
 	case o.bundleLoadTimeout <= 0:
 		return bundle.Limits{}, usageError{"serve: --bundle-load-timeout must be positive"}
+	case o.bundleLoadTenantBudget <= 0:
+		return bundle.Limits{}, usageError{"serve: --bundle-load-tenant-budget must be positive"}
 	case o.cacheMax <= 0:
 		return bundle.Limits{}, usageError{"serve: --wasm-cache-max must be positive"}
 	case o.tenantBundles <= 0:

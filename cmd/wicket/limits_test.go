@@ -59,6 +59,7 @@ func TestLimitFlags(t *testing.T) {
 		{[]string{"--sandbox-timeout", "3s"}, "default timeout 3s exceeds the largest timeout 2s"},
 		{[]string{"--wasm-memory", "128MiB"}, "default memory 2048 pages (128 MiB) exceeds the largest memory 1024 pages (64 MiB)"},
 		{[]string{"--bundle-load-timeout", "0s"}, "--bundle-load-timeout must be positive"},
+		{[]string{"--bundle-load-tenant-budget", "-1s"}, "--bundle-load-tenant-budget must be positive"},
 	} {
 		_, err := parse(t, nil, c.args...)
 		var ue usageError

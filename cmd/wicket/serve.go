@@ -385,7 +385,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	cfg := kernel.Config{Replica: o.replica, LeaseTimeout: o.leaseTimeout, DispatchTimeout: o.dispatchTimeout, DispatchMaxAttempts: o.dispatchMaxAttempts,
 		ApprovalTimeout: o.approvalTimeout, ApprovalExpiry: kernel.ApprovalExpiry(o.approvalExpiry), Logger: log, Observer: reg,
-		BundleLoadTimeout: o.limits.bundleLoadTimeout, Retention: o.retention, RetentionInterval: o.retentionInterval,
+		BundleLoadTimeout: o.limits.bundleLoadTimeout, BundleLoadTenantBudget: o.limits.bundleLoadTenantBudget, Retention: o.retention, RetentionInterval: o.retentionInterval,
 		LLMGatewayTokens: len(providers) > 0, MaxTenantBundles: o.limits.tenantBundles, MaxTenantBundleBytes: int64(o.limits.tenantBundleBytes),
 		MaxTenantAgents: o.limits.tenantAgents, MaxTenantKeys: o.limits.tenantKeys}
 	if o.dispatchTimeout >= o.leaseTimeout {

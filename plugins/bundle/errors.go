@@ -22,8 +22,9 @@ var (
 	// ErrDuplicateFile: two entries have the same path, or a path is used as
 	// both a file and a directory.
 	ErrDuplicateFile = errors.New("duplicate file")
-	// ErrTooLarge: the bundle exceeds [MaxTotalSize] bytes of content, or an
-	// archive decompresses to more than [MaxArchiveSize] bytes.
+	// ErrTooLarge: the bundle exceeds [MaxTotalSize] bytes of content or
+	// [MaxYAMLSize] bytes of YAML, or an archive decompresses to more than
+	// [MaxArchiveSize] bytes.
 	ErrTooLarge = errors.New("bundle too large")
 	// ErrTooManyFiles: the bundle has more than [MaxFiles] files.
 	ErrTooManyFiles = errors.New("too many files")

@@ -254,3 +254,26 @@ func TestErrorMessage(t *testing.T) {
 		t.Errorf("classed: %v", err)
 	}
 }
+
+// TestYAMLCeiling: a bundle's YAML files together hold at most MaxYAMLSize
+// bytes (they are parsed at every load, at about 100 times their size):
+// one byte more is ErrTooLarge naming the file that crosses it, whatever
+// the directory; other files do not count.
+func TestYAMLCeiling(t *testing.T) {
+	comment := func(n int) []byte { return []byte("#" + strings.Repeat("x", n-2) + "\n") }
+	base := func() map[string][]byte {
+		return map[string][]byte{"bundle.yaml": []byte("name: y\nengine: rules\n"), "rules.yaml": []byte("default_action: allow\n"),
+			"docs/big.txt": comment(4 << 20)}
+	}
+	ok := base()
+	used := len(ok["bundle.yaml"]) + len(ok["rules.yaml"])
+	ok["docs/a.yml"] = comment(MaxYAMLSize - used)
+	if _, err := LoadFiles(ok); err != nil {
+		t.Fatalf("exactly %d bytes of YAML: %v", MaxYAMLSize, err)
+	}
+	over := base()
+	over["x/data.yaml"] = comment(MaxYAMLSize / 2)
+	over["x/z.yaml"] = comment(MaxYAMLSize - used - MaxYAMLSize/2 + 1)
+	_, err := LoadFiles(over)
+	wantErr(t, err, ErrTooLarge, "x/z.yaml", "", "of YAML would take the bundle's YAML files past 1048576 bytes")
+}

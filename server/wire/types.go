@@ -514,10 +514,13 @@ type Approval struct {
 	// Result is the result given with "happened".
 	Result    json.RawMessage `json:"result,omitempty"`
 	Approvers []string        `json:"approvers,omitempty"`
-	Message   string          `json:"message,omitempty"`
-	Reason    string          `json:"reason,omitempty"`
-	RuleID    string          `json:"rule_id,omitempty"`
-	ExpiresAt time.Time       `json:"expires_at"`
+	// Guard names the tenant's guard bundle that asked for the approval;
+	// only keys the admin issued decide it.
+	Guard     string    `json:"guard,omitempty"`
+	Message   string    `json:"message,omitempty"`
+	Reason    string    `json:"reason,omitempty"`
+	RuleID    string    `json:"rule_id,omitempty"`
+	ExpiresAt time.Time `json:"expires_at"`
 	// DecidedBy is who decided: the deciding key's principal, or the person
 	// an admin key decided for; DecidedByKey and DecidedByPrincipal are the
 	// key that decided and its principal.
