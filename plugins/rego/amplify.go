@@ -52,25 +52,29 @@ var amplifiers = map[string]func(args []*ast.Term) (float64, error){
 		if !ok {
 			return 0, nil
 		}
-		largest := 0.0
+		// Each verb prints at most its longest argument, padded to its
+		// width and precision. Go's fmt ignores a width or precision over
+		// fmtMaxWidth (%!(NOVERB), %!(BADWIDTH), %!(BADPREC)), so none
+		// counts for more; a numeric argument is a width only when the
+		// format takes one from the arguments (%*d, %.*f).
+		largest, starWidth := 0.0, 0.0
 		if arr, ok := args[1].Value.(*ast.Array); ok {
 			for i := range arr.Len() {
 				largest = max(largest, float64(len(arr.Elem(i).String())))
-			}
-			for i := range arr.Len() { // %*d takes its width from an argument
-				largest = max(largest, number(arr.Elem(i)))
+				starWidth = max(starWidth, min(number(arr.Elem(i)), fmtMaxWidth))
 			}
 		}
 		verbs := float64(strings.Count(string(f), "%"))
+		stars := float64(strings.Count(string(f), "*"))
 		widths := 0.0
 		for _, m := range fmtNumbers.FindAllStringSubmatch(string(f), -1) {
 			for _, g := range m[1:] {
 				if v, err := strconv.ParseFloat(g, 64); err == nil {
-					widths += v
+					widths += min(v, fmtMaxWidth)
 				}
 			}
 		}
-		return float64(len(f)) + widths + verbs*largest, nil
+		return float64(len(f)) + widths + stars*starWidth + verbs*largest, nil
 	},
 	"regex.replace": func(args []*ast.Term) (float64, error) {
 		s, ok1 := args[0].Value.(ast.String)
@@ -138,6 +142,9 @@ var amplifiers = map[string]func(args []*ast.Term) (float64, error){
 		return paths * float64(g.Len()+1) * 16, nil
 	},
 }
+
+// fmtMaxWidth is the largest width or precision Go's fmt honours.
+const fmtMaxWidth = 1e6
 
 // fmtNumbers finds the widths and precisions of fmt verbs ("%12.3f").
 var fmtNumbers = regexp.MustCompile(`%[-+# 0]*(?:\[[0-9]+\])?([0-9]*)(?:\.([0-9]+))?`)

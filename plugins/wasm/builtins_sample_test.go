@@ -107,6 +107,11 @@ var builtinSamples = map[string][]string{
 		`sprintf("%q %x %5s|", [input.s, 255, "ab"])`,
 		`sprintf("%d", [input.bad])`,
 		`sprintf("%s", input.s)`,
+		// Numbers are not widths: a timestamp in nanoseconds or a big
+		// integer prints as OPA prints it. Go's fmt ignores widths over
+		// 10^6 (%!(NOVERB), %!(BADWIDTH)), so these are small answers too.
+		`sprintf("at %d ns, %v", [1764403809123456789, 100000000000000000000001])`,
+		`sprintf("%999999999d|%*d", [1, 999999999, 2])`,
 	},
 	"strings.any_prefix_match": {`strings.any_prefix_match(input.s, ["x", "he"])`, `strings.any_prefix_match({"a", "b"}, "c")`},
 	"strings.any_suffix_match": {`strings.any_suffix_match(["hello", "x"], "lo")`},
