@@ -82,9 +82,13 @@ var amplifiers = map[string]func(args []*ast.Term) (float64, error){
 		if !ok1 || !ok2 {
 			return 0, nil
 		}
+		// At most n+1 matches, each replaced by repl with its references
+		// expanded. A reference expands to a group of its own match, and
+		// matches do not overlap, so all the expansions of one reference
+		// together take at most n bytes.
 		refs := float64(strings.Count(string(repl), "$"))
 		n := float64(len(s))
-		return n + (n+1)*(float64(len(repl))+refs*n), nil
+		return n + (n+1)*float64(len(repl)) + refs*n, nil
 	},
 	"strings.render_template": func(args []*ast.Term) (float64, error) {
 		tmpl, ok := args[0].Value.(ast.String)

@@ -129,11 +129,16 @@ var builtinSamples = map[string][]string{
 	"regex.find_all_string_submatch_n": {`regex.find_all_string_submatch_n("(l)(.)", input.s, -1)`},
 	"regex.find_n":                     {`regex.find_n("l.", "hello world", -1)`, `regex.find_n("o", input.s, 1)`},
 	"regex.globs_match":                {`regex.globs_match("a.+", "a.*b")`, `regex.globs_match("[a-c]", "d")`},
-	"regex.replace":                    {`regex.replace(input.s, "l+", "L")`, `regex.replace("a-b-c", "-(.)", "${1}")`},
-	"regex.split":                      {`regex.split("[,;]", "a,b;c")`},
-	"regex.template_match":             {`regex.template_match("urn:foo:{.*}", "urn:foo:bar:baz", "{", "}")`, `regex.template_match("urn:{[a-z]+}", "urn:ABC", "{", "}")`},
-	"glob.match":                       {`glob.match("fs.read*", ["."], "fs.read_file")`, `glob.match("*.exec", ["."], "shell.sub.exec")`, `glob.match("**.exec", ["."], "shell.sub.exec")`, `glob.match("{a,b}*", null, "bz")`, `glob.match("[", null, "x")`},
-	"glob.quote_meta":                  {`glob.quote_meta("*.{a,b}?")`},
+	"regex.replace": {
+		`regex.replace(input.s, "l+", "L")`, `regex.replace("a-b-c", "-(.)", "${1}")`,
+		// Redacting a 6 KB text keeps it 6 KB: a reference repeats part
+		// of its own match, not the whole text.
+		`count(regex.replace(concat("", ["set password = 'hunter2'; " | some _ in numbers.range(1, 240)]), "(password = )'[^']*'", "${1}'***'"))`,
+	},
+	"regex.split":          {`regex.split("[,;]", "a,b;c")`},
+	"regex.template_match": {`regex.template_match("urn:foo:{.*}", "urn:foo:bar:baz", "{", "}")`, `regex.template_match("urn:{[a-z]+}", "urn:ABC", "{", "}")`},
+	"glob.match":           {`glob.match("fs.read*", ["."], "fs.read_file")`, `glob.match("*.exec", ["."], "shell.sub.exec")`, `glob.match("**.exec", ["."], "shell.sub.exec")`, `glob.match("{a,b}*", null, "bz")`, `glob.match("[", null, "x")`},
+	"glob.quote_meta":      {`glob.quote_meta("*.{a,b}?")`},
 
 	// Encodings.
 	"base64.encode":             {`base64.encode(input.s)`},
