@@ -128,23 +128,85 @@ var amplifiers = map[string]func(args []*ast.Term) (float64, error){
 		return size, nil
 	},
 	"graph.reachable_paths": func(args []*ast.Term) (float64, error) {
-		// Every path is output: their number can grow exponentially with
-		// the edges. Bound it by the product over nodes of (out-degree+1).
+		// Every path is output, and their number can grow exponentially
+		// with the edges: walk them as the builtin does, counting the
+		// bytes of the paths it would commit, and stop past the budget.
 		g, ok := args[0].Value.(ast.Object)
 		if !ok {
 			return 0, nil
 		}
-		paths := 1.0
-		g.Foreach(func(_, v *ast.Term) {
-			switch x := v.Value.(type) {
-			case *ast.Array:
-				paths *= float64(x.Len() + 1)
-			case ast.Set:
-				paths *= float64(x.Len() + 1)
+		var starts []*ast.Term
+		switch x := args[1].Value.(type) {
+		case *ast.Array:
+			x.Foreach(func(t *ast.Term) { starts = append(starts, t) })
+		case ast.Set:
+			starts = x.Slice()
+		}
+		w := pathWalk{g: g, onPath: map[string]bool{}}
+		for _, s := range starts {
+			if g.Get(s) != nil {
+				w.walk(s)
 			}
-		})
-		return paths * float64(g.Len()+1) * 16, nil
+		}
+		return w.bytes, nil
 	},
+}
+
+// pathWalk bounds graph.reachable_paths: it follows every simple path from
+// a node, committing one where OPA's builtin commits one (at a node with no
+// edges, at a node outside the graph, and before an edge back into the
+// path), and adds up the bytes of the committed paths until they pass
+// maxHostOutput, so that the walk itself costs no more than the budget.
+type pathWalk struct {
+	g      ast.Object
+	onPath map[string]bool
+	bytes  float64 // of the paths committed so far
+	path   float64 // bytes of the current path
+}
+
+// pathElemBytes is what one path element costs besides its text.
+const pathElemBytes = 16
+
+func (w *pathWalk) walk(node *ast.Term) {
+	if w.bytes > maxHostOutput {
+		return
+	}
+	edges := w.g.Get(node)
+	if edges == nil { // outside the graph: the path ends before it
+		w.bytes += w.path
+		return
+	}
+	k := node.String()
+	size := float64(len(k) + pathElemBytes)
+	w.path += size
+	defer func() { w.path -= size }()
+	if w.path > maxHostOutput { // this path alone is over the budget
+		w.bytes += w.path
+		return
+	}
+	var next []*ast.Term
+	switch x := edges.Value.(type) {
+	case *ast.Array:
+		x.Foreach(func(t *ast.Term) { next = append(next, t) })
+	case ast.Set:
+		next = x.Slice()
+	}
+	if len(next) == 0 {
+		w.bytes += w.path
+		return
+	}
+	w.onPath[k] = true
+	defer delete(w.onPath, k)
+	for _, n := range next {
+		if w.bytes > maxHostOutput {
+			return
+		}
+		if w.onPath[n.String()] {
+			w.bytes += w.path
+			continue
+		}
+		w.walk(n)
+	}
 }
 
 // fmtMaxWidth is the largest width or precision Go's fmt honours.
