@@ -1,12 +1,14 @@
 package rego
 
 import (
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"regexp"
 	"strconv"
 	"strings"
+	"text/template"
 	"text/template/parse"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -125,7 +127,28 @@ var amplifiers = map[string]func(args []*ast.Term) (float64, error){
 		for range depth {
 			size *= elems
 		}
-		return size, nil
+		if size <= maxHostOutput {
+			return size, nil
+		}
+		// A range over a part of the element of its enclosing range
+		// ({{range .}}, {{range .cells}}) adds its elements to the loops'
+		// count; any other multiplies it.
+		products := 0
+		for _, t := range trees {
+			products = max(products, rangeProducts(t.Root, false))
+		}
+		iterations := 1.0
+		for range products {
+			iterations *= collections(args[1])
+		}
+		if iterations > maxTemplateIterations {
+			return size, nil
+		}
+		// The estimate multiplies every range by all the data; nested
+		// ranges over moderate data (a table) render far less. With few
+		// enough iterations, render it into a writer that stops at the
+		// budget: the answer is then exact.
+		return renderedSize(string(tmpl), args[1]), nil
 	},
 	"graph.reachable_paths": func(args []*ast.Term) (float64, error) {
 		// Every path is output, and their number can grow exponentially
@@ -207,6 +230,107 @@ func (w *pathWalk) walk(node *ast.Term) {
 		}
 		w.walk(n)
 	}
+}
+
+// rangeProducts returns how many nested ranges multiply the number of loop
+// iterations: every range, except one nested in a range that iterates
+// over a part of its dot.
+func rangeProducts(n parse.Node, inRange bool) int {
+	most := 0
+	visit := func(list *parse.ListNode, inRange bool) {
+		if list == nil {
+			return
+		}
+		for _, c := range list.Nodes {
+			most = max(most, rangeProducts(c, inRange))
+		}
+	}
+	switch x := n.(type) {
+	case *parse.ListNode:
+		visit(x, inRange)
+	case *parse.RangeNode:
+		visit(x.List, true)
+		visit(x.ElseList, inRange)
+		if inRange && dotRelative(x.Pipe) {
+			return most
+		}
+		return most + 1
+	case *parse.IfNode:
+		visit(x.List, inRange)
+		visit(x.ElseList, inRange)
+	case *parse.WithNode:
+		// with changes dot: what follows is no longer a part of it.
+		visit(x.List, false)
+		visit(x.ElseList, inRange)
+	}
+	return most
+}
+
+// dotRelative reports whether a pipeline is dot or a field chain of it,
+// without variables or functions.
+func dotRelative(p *parse.PipeNode) bool {
+	if p == nil || len(p.Decl) > 0 || len(p.Cmds) != 1 || len(p.Cmds[0].Args) != 1 {
+		return false
+	}
+	switch p.Cmds[0].Args[0].(type) {
+	case *parse.DotNode, *parse.FieldNode:
+		return true
+	}
+	return false
+}
+
+// collections counts the elements of every array, object and set in t.
+func collections(t *ast.Term) float64 {
+	n := 1.0
+	ast.WalkTerms(t, func(t *ast.Term) bool {
+		switch x := t.Value.(type) {
+		case *ast.Array:
+			n += float64(x.Len())
+		case ast.Object:
+			n += float64(x.Len())
+		case ast.Set:
+			n += float64(x.Len())
+		}
+		return false
+	})
+	return n
+}
+
+// maxTemplateIterations bounds the loop iterations of a template rendered
+// to measure it (about a tenth of a second).
+const maxTemplateIterations = 1e6
+
+// renderedSize renders tmpl on vars as strings.render_template does, into
+// a writer that stops once past maxHostOutput, and returns how many bytes
+// it wrote (0 when the template does not render: the builtin itself then
+// fails).
+func renderedSize(tmpl string, vars *ast.Term) float64 {
+	var data map[string]any
+	if err := ast.As(vars.Value, &data); err != nil {
+		return 0
+	}
+	t, err := template.New("template").Parse(tmpl)
+	if err != nil {
+		return 0
+	}
+	w := &boundedWriter{limit: maxHostOutput}
+	if err := t.Execute(w, data); err != nil && !errors.Is(err, errOverBudget) {
+		return 0
+	}
+	return float64(w.n)
+}
+
+var errOverBudget = errors.New("over the budget")
+
+// boundedWriter counts bytes and fails once they pass limit.
+type boundedWriter struct{ n, limit int }
+
+func (w *boundedWriter) Write(p []byte) (int, error) {
+	w.n += len(p)
+	if w.n > w.limit {
+		return 0, errOverBudget
+	}
+	return len(p), nil
 }
 
 // fmtMaxWidth is the largest width or precision Go's fmt honours.

@@ -122,7 +122,12 @@ var builtinSamples = map[string][]string{
 	"strings.any_prefix_match": {`strings.any_prefix_match(input.s, ["x", "he"])`, `strings.any_prefix_match({"a", "b"}, "c")`},
 	"strings.any_suffix_match": {`strings.any_suffix_match(["hello", "x"], "lo")`},
 	"strings.count":            {`strings.count(input.s, "l")`},
-	"strings.render_template":  {`strings.render_template("Hi {{.name}}, {{.n}}", {"name": input.s, "n": input.n})`, `strings.render_template("{{.missing.x}}", {})`},
+	"strings.render_template": {
+		`strings.render_template("Hi {{.name}}, {{.n}}", {"name": input.s, "n": input.n})`, `strings.render_template("{{.missing.x}}", {})`,
+		// A table of 100 rows of 20 cells renders to 80 KB: nested
+		// ranges over data of this size are within the sandbox's bound.
+		`count(strings.render_template("{{range .rows}}{{range .}}{{.}},{{end}}\n{{end}}", {"rows": [[sprintf("cell %03d-%02d aaaaaaaaaaaaaaaaaaaaa", [r, c]) | some c in numbers.range(1, 20)] | some r in numbers.range(1, 100)]}))`,
+	},
 	"strings.replace_n":        {`strings.replace_n({"l": "1", "o": "0"}, input.s)`},
 	"strings.reverse":          {`strings.reverse("héllo")`},
 	"strings.split_n":          {`strings.split_n("a,b,c", ",", 2)`},

@@ -428,7 +428,7 @@ func TestOPAHostBuiltinAmplification(t *testing.T) {
 		{"sprintf", `sprintf(concat("", ["%999999d" | some _ in numbers.range(1, 20)]), numbers.range(1, 20))`, `sprintf("%5d", [1])`},
 		{"sprintf", `sprintf(concat("", ["%*d" | some _ in numbers.range(1, 20)]), [999999 | some _ in numbers.range(1, 40)])`, `sprintf("%*d", [3, 1])`},
 		{"regex.replace", `regex.replace(concat("", ["aaaaaaaaaa" | some _ in numbers.range(1, 500)]), "", concat("", ["bbbbbbbbbb" | some _ in numbers.range(1, 500)]))`, `regex.replace("abc", "b", "X")`},
-		{"strings.render_template", `strings.render_template("{{range .a}}{{range .a}}{{range .a}}{{range .a}}xxxxxxxx{{end}}{{end}}{{end}}{{end}}", {"a": numbers.range(1, 200)})`, `strings.render_template("{{range .a}}{{.}},{{end}}", {"a": [1, 2]})`},
+		{"strings.render_template", `strings.render_template("{{range .a}}{{range $.a}}{{range $.a}}{{range $.a}}xxxxxxxx{{end}}{{end}}{{end}}{{end}}", {"a": numbers.range(1, 200)})`, `strings.render_template("{{range .a}}{{.}},{{end}}", {"a": [1, 2]})`},
 		{"strings.render_template", `strings.render_template("{{define \"x\"}}{{template \"x\" .}}{{end}}{{template \"x\" .}}", {})`, `strings.render_template("{{.n}}", {"n": 1})`},
 		{"graph.reachable_paths", `graph.reachable_paths({x: [y | some y in numbers.range(1, 40); y > x] | some x in numbers.range(1, 40)}, {1})`, `graph.reachable_paths({"a": ["b"], "b": []}, {"a"})`},
 	}
