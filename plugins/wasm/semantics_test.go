@@ -118,6 +118,12 @@ func TestOneSemantics(t *testing.T) {
 			want: want{action: policy.Deny, reason: `no rm; {"code":7}`},
 		},
 		{
+			name:  "null among deny messages stands as its JSON",
+			src:   "package authz\n\ndeny contains null if input.step.target == \"rm\"\n\ndeny contains \"no rm\" if input.step.target == \"rm\"\n",
+			entry: "data.authz.deny", in: input("tool_call", "rm", "", nil),
+			want: want{action: policy.Deny, reason: "no rm; null"},
+		},
+		{
 			name:  "a boolean at a decision entrypoint is an error",
 			src:   "package p\n\ndecision := true\n",
 			entry: "data.p.decision", in: smallInput(),
