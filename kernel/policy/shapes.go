@@ -1,6 +1,9 @@
 package policy
 
 import (
+	"math"
+	"math/big"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -69,3 +72,26 @@ func FromMessages(entrypoint string, msgs []string) *Answer {
 
 // utf8Start reports whether b starts a UTF-8 sequence.
 func utf8Start(b byte) bool { return b&0xC0 != 0x80 }
+
+// jsonNumber is the grammar of a JSON number literal.
+var jsonNumber = regexp.MustCompile(`^-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?$`)
+
+// IntegerNumber returns the value of a JSON number literal that is an
+// integer however it is written (10, 10.0, 1e1: Rego arithmetic and OPA's
+// wasm write numbers so), and false for a fraction, a value beyond int, or
+// anything that is not a number literal of at most 64 bytes. Both engines
+// read an answer's rate_limit.max_calls with it.
+func IntegerNumber(lit string) (int, bool) {
+	if len(lit) > 64 || !jsonNumber.MatchString(lit) {
+		return 0, false
+	}
+	f, _, err := big.ParseFloat(lit, 10, 256, big.ToNearestEven)
+	if err != nil || !f.IsInt() {
+		return 0, false
+	}
+	i, acc := f.Int64()
+	if acc != big.Exact || i > math.MaxInt || i < math.MinInt {
+		return 0, false
+	}
+	return int(i), true
+}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"math"
 	"strings"
 	"testing"
 )
@@ -51,6 +52,19 @@ func TestAcceptsShapes(t *testing.T) {
 	for entry, want := range map[string]bool{"data.wicket.decision": false, "p/decision": false, "data.p.allow": true, "deny": true} {
 		if got := AcceptsShapes(entry); got != want {
 			t.Errorf("%s: %v", entry, got)
+		}
+	}
+}
+
+func TestIntegerNumber(t *testing.T) {
+	for lit, want := range map[string]int{"10": 10, "10.0": 10, "1e1": 10, "1E+1": 10, "100e-1": 10, "-3": -3, "0": 0, "-0": 0, "9223372036854775807": math.MaxInt64} {
+		if got, ok := IntegerNumber(lit); !ok || got != want {
+			t.Errorf("IntegerNumber(%q) = %d, %v; want %d", lit, got, ok, want)
+		}
+	}
+	for _, lit := range []string{"10.5", "1e-1", "1e30", "9223372036854775808", "\"10\"", "0x10", "1/2", "", "10.", ".5", "+1", "NaN", "1e999999999", strings.Repeat("1", 65)} {
+		if got, ok := IntegerNumber(lit); ok {
+			t.Errorf("IntegerNumber(%q) = %d, true; want false", lit, got)
 		}
 	}
 }

@@ -186,7 +186,8 @@ func TestOPALayoutRefusals(t *testing.T) {
 		{"v0 syntax in a v1 bundle", map[string]string{"p.rego": "package wicket\n\nallow { true }\n"}, "p.rego", "rego_parse_error"},
 		{"delta bundle", map[string]string{"p.rego": rego, "patch.json": `{"data": []}`}, "patch.json", "delta"},
 		{"revisions disagree", map[string]string{".manifest": `{"revision": "2"}`, "bundle.yaml": "revision: \"1\"\n", "p.rego": rego}, "bundle.yaml", "contradicts .manifest revision"},
-		{"wasm entrypoints ambiguous", map[string]string{".manifest": `{"wasm": [{"entrypoint": "a/b", "module": "/policy.wasm"}, {"entrypoint": "a/c", "module": "/policy.wasm"}]}`, "policy.wasm": "\x00asm\x01\x00\x00\x00"}, "bundle.yaml", "name the one"},
+		{"wasm entrypoints ambiguous", map[string]string{".manifest": `{"wasm": [{"entrypoint": "a/b", "module": "/policy.wasm"}, {"entrypoint": "a/c", "module": "/policy.wasm"}]}`, "policy.wasm": "\x00asm\x01\x00\x00\x00"}, "bundle.yaml", "(a/b, a/c): name the one to evaluate with entrypoint: in bundle.yaml, or build with one -e"},
+		{"annotated entrypoints ambiguous", map[string]string{"p.rego": "package a\n\n# METADATA\n# entrypoint: true\nb := true\n\n# METADATA\n# entrypoint: true\nc := true\n"}, "bundle.yaml", "(data.a.b, data.a.c): name the one to evaluate with entrypoint: in bundle.yaml"},
 		{"abi on a rego bundle", map[string]string{"bundle.yaml": "abi: opa\n", "p.rego": rego}, "bundle.yaml", "only wasm bundles"},
 	}
 	for _, tt := range tests {

@@ -202,7 +202,7 @@ func complete(b *Bundle, o Options) error {
 		case slices.Contains(eps, "wicket/decision"):
 			m.Entrypoint = "wicket/decision"
 		case len(eps) > 1:
-			return mf("entrypoint", fmt.Errorf(".manifest maps %d entrypoints to policy.wasm (%s): name the one to evaluate", len(eps), strings.Join(eps, ", ")))
+			return mf("entrypoint", fmt.Errorf(".manifest maps %d entrypoints to policy.wasm (%s): name the one to evaluate with entrypoint: in bundle.yaml, or build with one -e", len(eps), strings.Join(eps, ", ")))
 		}
 	case m.Engine == EngineRego:
 		switch eps := b.OPA.Entrypoints; {
@@ -211,7 +211,7 @@ func complete(b *Bundle, o Options) error {
 		case slices.Contains(eps, "data.wicket.decision"):
 			m.Entrypoint = "data.wicket.decision"
 		case len(eps) > 1:
-			return mf("entrypoint", fmt.Errorf("%d rules are annotated entrypoint: true (%s): name the one to evaluate", len(eps), strings.Join(eps, ", ")))
+			return mf("entrypoint", fmt.Errorf("%d rules are annotated entrypoint: true (%s): name the one to evaluate with entrypoint: in bundle.yaml", len(eps), strings.Join(eps, ", ")))
 		}
 	}
 	return nil

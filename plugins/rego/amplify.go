@@ -1,12 +1,14 @@
 package rego
 
 import (
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"regexp"
 	"strconv"
 	"strings"
+	"text/template"
 	"text/template/parse"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -52,25 +54,29 @@ var amplifiers = map[string]func(args []*ast.Term) (float64, error){
 		if !ok {
 			return 0, nil
 		}
-		largest := 0.0
+		// Each verb prints at most its longest argument, padded to its
+		// width and precision. Go's fmt ignores a width or precision over
+		// fmtMaxWidth (%!(NOVERB), %!(BADWIDTH), %!(BADPREC)), so none
+		// counts for more; a numeric argument is a width only when the
+		// format takes one from the arguments (%*d, %.*f).
+		largest, starWidth := 0.0, 0.0
 		if arr, ok := args[1].Value.(*ast.Array); ok {
 			for i := range arr.Len() {
 				largest = max(largest, float64(len(arr.Elem(i).String())))
-			}
-			for i := range arr.Len() { // %*d takes its width from an argument
-				largest = max(largest, number(arr.Elem(i)))
+				starWidth = max(starWidth, min(number(arr.Elem(i)), fmtMaxWidth))
 			}
 		}
 		verbs := float64(strings.Count(string(f), "%"))
+		stars := float64(strings.Count(string(f), "*"))
 		widths := 0.0
 		for _, m := range fmtNumbers.FindAllStringSubmatch(string(f), -1) {
 			for _, g := range m[1:] {
 				if v, err := strconv.ParseFloat(g, 64); err == nil {
-					widths += v
+					widths += min(v, fmtMaxWidth)
 				}
 			}
 		}
-		return float64(len(f)) + widths + verbs*largest, nil
+		return float64(len(f)) + widths + stars*starWidth + verbs*largest, nil
 	},
 	"regex.replace": func(args []*ast.Term) (float64, error) {
 		s, ok1 := args[0].Value.(ast.String)
@@ -78,9 +84,13 @@ var amplifiers = map[string]func(args []*ast.Term) (float64, error){
 		if !ok1 || !ok2 {
 			return 0, nil
 		}
+		// At most n+1 matches, each replaced by repl with its references
+		// expanded. A reference expands to a group of its own match, and
+		// matches do not overlap, so all the expansions of one reference
+		// together take at most n bytes.
 		refs := float64(strings.Count(string(repl), "$"))
 		n := float64(len(s))
-		return n + (n+1)*(float64(len(repl))+refs*n), nil
+		return n + (n+1)*float64(len(repl)) + refs*n, nil
 	},
 	"strings.render_template": func(args []*ast.Term) (float64, error) {
 		tmpl, ok := args[0].Value.(ast.String)
@@ -117,27 +127,214 @@ var amplifiers = map[string]func(args []*ast.Term) (float64, error){
 		for range depth {
 			size *= elems
 		}
-		return size, nil
+		if size <= maxHostOutput {
+			return size, nil
+		}
+		// A range over a part of the element of its enclosing range
+		// ({{range .}}, {{range .cells}}) adds its elements to the loops'
+		// count; any other multiplies it.
+		products := 0
+		for _, t := range trees {
+			products = max(products, rangeProducts(t.Root, false))
+		}
+		iterations := 1.0
+		for range products {
+			iterations *= collections(args[1])
+		}
+		if iterations > maxTemplateIterations {
+			return size, nil
+		}
+		// The estimate multiplies every range by all the data; nested
+		// ranges over moderate data (a table) render far less. With few
+		// enough iterations, render it into a writer that stops at the
+		// budget: the answer is then exact.
+		return renderedSize(string(tmpl), args[1]), nil
 	},
 	"graph.reachable_paths": func(args []*ast.Term) (float64, error) {
-		// Every path is output: their number can grow exponentially with
-		// the edges. Bound it by the product over nodes of (out-degree+1).
+		// Every path is output, and their number can grow exponentially
+		// with the edges: walk them as the builtin does, counting the
+		// bytes of the paths it would commit, and stop past the budget.
 		g, ok := args[0].Value.(ast.Object)
 		if !ok {
 			return 0, nil
 		}
-		paths := 1.0
-		g.Foreach(func(_, v *ast.Term) {
-			switch x := v.Value.(type) {
-			case *ast.Array:
-				paths *= float64(x.Len() + 1)
-			case ast.Set:
-				paths *= float64(x.Len() + 1)
+		var starts []*ast.Term
+		switch x := args[1].Value.(type) {
+		case *ast.Array:
+			x.Foreach(func(t *ast.Term) { starts = append(starts, t) })
+		case ast.Set:
+			starts = x.Slice()
+		}
+		w := pathWalk{g: g, onPath: map[string]bool{}}
+		for _, s := range starts {
+			if g.Get(s) != nil {
+				w.walk(s)
 			}
-		})
-		return paths * float64(g.Len()+1) * 16, nil
+		}
+		return w.bytes, nil
 	},
 }
+
+// pathWalk bounds graph.reachable_paths: it follows every simple path from
+// a node, committing one where OPA's builtin commits one (at a node with no
+// edges, at a node outside the graph, and before an edge back into the
+// path), and adds up the bytes of the committed paths until they pass
+// maxHostOutput, so that the walk itself costs no more than the budget.
+type pathWalk struct {
+	g      ast.Object
+	onPath map[string]bool
+	bytes  float64 // of the paths committed so far
+	path   float64 // bytes of the current path
+}
+
+// pathElemBytes is what one path element costs besides its text.
+const pathElemBytes = 16
+
+func (w *pathWalk) walk(node *ast.Term) {
+	if w.bytes > maxHostOutput {
+		return
+	}
+	edges := w.g.Get(node)
+	if edges == nil { // outside the graph: the path ends before it
+		w.bytes += w.path
+		return
+	}
+	k := node.String()
+	size := float64(len(k) + pathElemBytes)
+	w.path += size
+	defer func() { w.path -= size }()
+	if w.path > maxHostOutput { // this path alone is over the budget
+		w.bytes += w.path
+		return
+	}
+	var next []*ast.Term
+	switch x := edges.Value.(type) {
+	case *ast.Array:
+		x.Foreach(func(t *ast.Term) { next = append(next, t) })
+	case ast.Set:
+		next = x.Slice()
+	}
+	if len(next) == 0 {
+		w.bytes += w.path
+		return
+	}
+	w.onPath[k] = true
+	defer delete(w.onPath, k)
+	for _, n := range next {
+		if w.bytes > maxHostOutput {
+			return
+		}
+		if w.onPath[n.String()] {
+			w.bytes += w.path
+			continue
+		}
+		w.walk(n)
+	}
+}
+
+// rangeProducts returns how many nested ranges multiply the number of loop
+// iterations: every range, except one nested in a range that iterates
+// over a part of its dot.
+func rangeProducts(n parse.Node, inRange bool) int {
+	most := 0
+	visit := func(list *parse.ListNode, inRange bool) {
+		if list == nil {
+			return
+		}
+		for _, c := range list.Nodes {
+			most = max(most, rangeProducts(c, inRange))
+		}
+	}
+	switch x := n.(type) {
+	case *parse.ListNode:
+		visit(x, inRange)
+	case *parse.RangeNode:
+		visit(x.List, true)
+		visit(x.ElseList, inRange)
+		if inRange && dotRelative(x.Pipe) {
+			return most
+		}
+		return most + 1
+	case *parse.IfNode:
+		visit(x.List, inRange)
+		visit(x.ElseList, inRange)
+	case *parse.WithNode:
+		// with changes dot: what follows is no longer a part of it.
+		visit(x.List, false)
+		visit(x.ElseList, inRange)
+	}
+	return most
+}
+
+// dotRelative reports whether a pipeline is dot or a field chain of it,
+// without variables or functions.
+func dotRelative(p *parse.PipeNode) bool {
+	if p == nil || len(p.Decl) > 0 || len(p.Cmds) != 1 || len(p.Cmds[0].Args) != 1 {
+		return false
+	}
+	switch p.Cmds[0].Args[0].(type) {
+	case *parse.DotNode, *parse.FieldNode:
+		return true
+	}
+	return false
+}
+
+// collections counts the elements of every array, object and set in t.
+func collections(t *ast.Term) float64 {
+	n := 1.0
+	ast.WalkTerms(t, func(t *ast.Term) bool {
+		switch x := t.Value.(type) {
+		case *ast.Array:
+			n += float64(x.Len())
+		case ast.Object:
+			n += float64(x.Len())
+		case ast.Set:
+			n += float64(x.Len())
+		}
+		return false
+	})
+	return n
+}
+
+// maxTemplateIterations bounds the loop iterations of a template rendered
+// to measure it (about a tenth of a second).
+const maxTemplateIterations = 1e6
+
+// renderedSize renders tmpl on vars as strings.render_template does, into
+// a writer that stops once past maxHostOutput, and returns how many bytes
+// it wrote (0 when the template does not render: the builtin itself then
+// fails).
+func renderedSize(tmpl string, vars *ast.Term) float64 {
+	var data map[string]any
+	if err := ast.As(vars.Value, &data); err != nil {
+		return 0
+	}
+	t, err := template.New("template").Parse(tmpl)
+	if err != nil {
+		return 0
+	}
+	w := &boundedWriter{limit: maxHostOutput}
+	if err := t.Execute(w, data); err != nil && !errors.Is(err, errOverBudget) {
+		return 0
+	}
+	return float64(w.n)
+}
+
+var errOverBudget = errors.New("over the budget")
+
+// boundedWriter counts bytes and fails once they pass limit.
+type boundedWriter struct{ n, limit int }
+
+func (w *boundedWriter) Write(p []byte) (int, error) {
+	w.n += len(p)
+	if w.n > w.limit {
+		return 0, errOverBudget
+	}
+	return len(p), nil
+}
+
+// fmtMaxWidth is the largest width or precision Go's fmt honours.
+const fmtMaxWidth = 1e6
 
 // fmtNumbers finds the widths and precisions of fmt verbs ("%12.3f").
 var fmtNumbers = regexp.MustCompile(`%[-+# 0]*(?:\[[0-9]+\])?([0-9]*)(?:\.([0-9]+))?`)

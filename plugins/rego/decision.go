@@ -196,7 +196,7 @@ func decodeRateLimit(t *ast.Term) (*policy.RateLimit, error) {
 		if !ok {
 			return nil, fmt.Errorf("field rate_limit.max_calls is %s, want an integer", describe(mc.Value))
 		}
-		i, ok := n.Int()
+		i, ok := policy.IntegerNumber(string(n))
 		if !ok {
 			return nil, fmt.Errorf("field rate_limit.max_calls is %s, want an integer", n)
 		}

@@ -120,6 +120,13 @@ func (e *Engine) compile(ctx context.Context, b *bundle.Bundle) (*evaluator, err
 		return nil, e.astErrors(c.Errors)
 	}
 	if len(c.GetRules(ref)) == 0 {
+		if entry == DefaultEntrypoint {
+			// Likely an OPA bundle, which names its query nowhere (opa
+			// build -e is not recorded in a Rego bundle, and --optimize
+			// drops annotations).
+			return nil, fmt.Errorf("entrypoint %s is not defined by any rule (packages: %s; rules: %s): name the one to evaluate with entrypoint: in bundle.yaml or a # METADATA entrypoint: true annotation",
+				entry, packages(modules), ruleNames(modules))
+		}
 		return nil, fmt.Errorf("entrypoint %s is not defined by any rule (packages: %s)", entry, packages(modules))
 	}
 	for _, r := range c.GetRulesExact(ref) {
@@ -319,6 +326,34 @@ func packages(modules map[string]*ast.Module) string {
 	}
 	sort.Strings(ps)
 	return strings.Join(ps, ", ")
+}
+
+// ruleNames lists the rules a query could name (not functions, not
+// tests), at most ten.
+func ruleNames(modules map[string]*ast.Module) string {
+	seen := make(map[string]bool)
+	var names []string
+	for _, m := range modules {
+		for _, r := range m.Rules {
+			name := r.Head.Ref().String()
+			if len(r.Head.Args) > 0 || strings.HasPrefix(name, "test_") || strings.HasPrefix(name, "todo_test_") {
+				continue
+			}
+			p := m.Package.Path.String() + "." + name
+			if !seen[p] {
+				seen[p] = true
+				names = append(names, p)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	sort.Strings(names)
+	if len(names) > 10 {
+		names = append(names[:10], "…")
+	}
+	return strings.Join(names, ", ")
 }
 
 // loadData returns the bundle's data document (every data file merged by

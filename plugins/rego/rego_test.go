@@ -386,12 +386,21 @@ decision := {"decision": y} if {
 		{
 			name:  "missing entrypoint",
 			files: map[string]string{"policy.rego": "package wicket\n\nallow if true\n"},
-			want:  []string{`rego: compile bundle "test" rev 1: entrypoint data.wicket.decision is not defined by any rule (packages: data.wicket)`},
+			want:  []string{`rego: compile bundle "test" rev 1: entrypoint data.wicket.decision is not defined by any rule (packages: data.wicket; rules: data.wicket.allow): name the one`},
 		},
 		{
 			name:  "entrypoint in another package",
 			files: map[string]string{"policy.rego": "package other\n\ndecision := {\"decision\": \"allow\"}\n"},
-			want:  []string{"entrypoint data.wicket.decision is not defined by any rule (packages: data.other)"},
+			want:  []string{"entrypoint data.wicket.decision is not defined by any rule (packages: data.other; rules: data.other.decision)"},
+		},
+		{
+			// opa build -t rego -e authz/allow does not record the
+			// entrypoint in the bundle, and --optimize drops annotations:
+			// the refusal says how to name it.
+			name:  "an OPA bundle without an entrypoint",
+			files: map[string]string{"authz/policy.rego": "package authz\n\ndefault allow := false\n\nallow if input.step.target == \"fs.read\"\n\nis_read if allow\n"},
+			want: []string{"entrypoint data.wicket.decision is not defined by any rule (packages: data.authz; rules: data.authz.allow, data.authz.is_read): " +
+				"name the one to evaluate with entrypoint: in bundle.yaml or a # METADATA entrypoint: true annotation"},
 		},
 		{
 			name:  "custom missing entrypoint",

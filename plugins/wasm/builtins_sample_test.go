@@ -47,25 +47,31 @@ var builtinSamples = map[string][]string{
 	"format_int":         {`format_int(input.n, 2)`, `format_int(255, 16)`},
 
 	// Arrays and objects.
-	"array.concat":          {`array.concat(input.arr, [9])`},
-	"array.flatten":         {`array.flatten([[1, [2]], 3])`},
-	"array.reverse":         {`array.reverse(input.arr)`},
-	"array.slice":           {`array.slice(input.arr, 1, 5)`, `array.slice(input.arr, 2, 1)`},
-	"object.get":            {`object.get(input.obj, "a", 0)`, `object.get(input.obj, ["b", 1], "none")`, `object.get(input.obj, "zz", "none")`},
-	"object.keys":           {`object.keys(input.obj)`},
-	"object.remove":         {`object.remove(input.obj, ["a"])`},
-	"object.filter":         {`object.filter(input.obj, {"b"})`},
-	"object.union":          {`object.union(input.obj, {"a": {"x": 1}, "c": 3})`},
-	"object.union_n":        {`object.union_n([{"a": 1}, {"a": 2, "b": 1}])`},
-	"object.subset":         {`object.subset(input.obj, {"a": 1})`, `object.subset([1, 2, 3], [2, 3])`, `object.subset({1, 2}, {3})`},
-	"json.filter":           {`json.filter(input.obj, ["b/0"])`},
-	"json.remove":           {`json.remove(input.obj, ["b"])`},
-	"json.patch":            {`json.patch(input.obj, [{"op": "add", "path": "/c", "value": 3}, {"op": "remove", "path": "/a"}])`, `json.patch(input.obj, [{"op": "test", "path": "/a", "value": 2}])`},
-	"walk":                  {`{p | walk(input.obj, [p, _])}`},
-	"graph.reachable":       {`graph.reachable({"a": ["b"], "b": ["c"], "c": []}, ["a"])`},
-	"graph.reachable_paths": {`graph.reachable_paths({"a": ["b"], "b": ["c"], "c": []}, {"a"})`},
-	"internal.member_2":     {`input.n in input.arr`, `3 in input.arr`},
-	"internal.member_3":     {`[true | "a", 1 in input.obj]`},
+	"array.concat":    {`array.concat(input.arr, [9])`},
+	"array.flatten":   {`array.flatten([[1, [2]], 3])`},
+	"array.reverse":   {`array.reverse(input.arr)`},
+	"array.slice":     {`array.slice(input.arr, 1, 5)`, `array.slice(input.arr, 2, 1)`},
+	"object.get":      {`object.get(input.obj, "a", 0)`, `object.get(input.obj, ["b", 1], "none")`, `object.get(input.obj, "zz", "none")`},
+	"object.keys":     {`object.keys(input.obj)`},
+	"object.remove":   {`object.remove(input.obj, ["a"])`},
+	"object.filter":   {`object.filter(input.obj, {"b"})`},
+	"object.union":    {`object.union(input.obj, {"a": {"x": 1}, "c": 3})`},
+	"object.union_n":  {`object.union_n([{"a": 1}, {"a": 2, "b": 1}])`},
+	"object.subset":   {`object.subset(input.obj, {"a": 1})`, `object.subset([1, 2, 3], [2, 3])`, `object.subset({1, 2}, {3})`},
+	"json.filter":     {`json.filter(input.obj, ["b/0"])`},
+	"json.remove":     {`json.remove(input.obj, ["b"])`},
+	"json.patch":      {`json.patch(input.obj, [{"op": "add", "path": "/c", "value": 3}, {"op": "remove", "path": "/a"}])`, `json.patch(input.obj, [{"op": "test", "path": "/a", "value": 2}])`},
+	"walk":            {`{p | walk(input.obj, [p, _])}`},
+	"graph.reachable": {`graph.reachable({"a": ["b"], "b": ["c"], "c": []}, ["a"])`},
+	"graph.reachable_paths": {
+		`graph.reachable_paths({"a": ["b"], "b": ["c"], "c": []}, {"a"})`,
+		// A chain of 30 roles has one path, however many nodes it has;
+		// cycles and nodes outside the graph end a path, as in OPA.
+		`graph.reachable_paths({sprintf("r%02d", [i]): [sprintf("r%02d", [i + 1])] | some i in numbers.range(0, 29)}, ["r00", "r29"])`,
+		`graph.reachable_paths({"a": ["b", "a"], "b": {"c", "a"}, "c": ["zz"]}, {"a", "c"})`,
+	},
+	"internal.member_2": {`input.n in input.arr`, `3 in input.arr`},
+	"internal.member_3": {`[true | "a", 1 in input.obj]`},
 
 	// Types.
 	"is_number":    {`is_number(input.n)`, `is_number(input.s)`},
@@ -107,11 +113,21 @@ var builtinSamples = map[string][]string{
 		`sprintf("%q %x %5s|", [input.s, 255, "ab"])`,
 		`sprintf("%d", [input.bad])`,
 		`sprintf("%s", input.s)`,
+		// Numbers are not widths: a timestamp in nanoseconds or a big
+		// integer prints as OPA prints it. Go's fmt ignores widths over
+		// 10^6 (%!(NOVERB), %!(BADWIDTH)), so these are small answers too.
+		`sprintf("at %d ns, %v", [1764403809123456789, 100000000000000000000001])`,
+		`sprintf("%999999999d|%*d", [1, 999999999, 2])`,
 	},
 	"strings.any_prefix_match": {`strings.any_prefix_match(input.s, ["x", "he"])`, `strings.any_prefix_match({"a", "b"}, "c")`},
 	"strings.any_suffix_match": {`strings.any_suffix_match(["hello", "x"], "lo")`},
 	"strings.count":            {`strings.count(input.s, "l")`},
-	"strings.render_template":  {`strings.render_template("Hi {{.name}}, {{.n}}", {"name": input.s, "n": input.n})`, `strings.render_template("{{.missing.x}}", {})`},
+	"strings.render_template": {
+		`strings.render_template("Hi {{.name}}, {{.n}}", {"name": input.s, "n": input.n})`, `strings.render_template("{{.missing.x}}", {})`,
+		// A table of 100 rows of 20 cells renders to 80 KB: nested
+		// ranges over data of this size are within the sandbox's bound.
+		`count(strings.render_template("{{range .rows}}{{range .}}{{.}},{{end}}\n{{end}}", {"rows": [[sprintf("cell %03d-%02d aaaaaaaaaaaaaaaaaaaaa", [r, c]) | some c in numbers.range(1, 20)] | some r in numbers.range(1, 100)]}))`,
+	},
 	"strings.replace_n":        {`strings.replace_n({"l": "1", "o": "0"}, input.s)`},
 	"strings.reverse":          {`strings.reverse("héllo")`},
 	"strings.split_n":          {`strings.split_n("a,b,c", ",", 2)`},
@@ -124,11 +140,16 @@ var builtinSamples = map[string][]string{
 	"regex.find_all_string_submatch_n": {`regex.find_all_string_submatch_n("(l)(.)", input.s, -1)`},
 	"regex.find_n":                     {`regex.find_n("l.", "hello world", -1)`, `regex.find_n("o", input.s, 1)`},
 	"regex.globs_match":                {`regex.globs_match("a.+", "a.*b")`, `regex.globs_match("[a-c]", "d")`},
-	"regex.replace":                    {`regex.replace(input.s, "l+", "L")`, `regex.replace("a-b-c", "-(.)", "${1}")`},
-	"regex.split":                      {`regex.split("[,;]", "a,b;c")`},
-	"regex.template_match":             {`regex.template_match("urn:foo:{.*}", "urn:foo:bar:baz", "{", "}")`, `regex.template_match("urn:{[a-z]+}", "urn:ABC", "{", "}")`},
-	"glob.match":                       {`glob.match("fs.read*", ["."], "fs.read_file")`, `glob.match("*.exec", ["."], "shell.sub.exec")`, `glob.match("**.exec", ["."], "shell.sub.exec")`, `glob.match("{a,b}*", null, "bz")`, `glob.match("[", null, "x")`},
-	"glob.quote_meta":                  {`glob.quote_meta("*.{a,b}?")`},
+	"regex.replace": {
+		`regex.replace(input.s, "l+", "L")`, `regex.replace("a-b-c", "-(.)", "${1}")`,
+		// Redacting a 6 KB text keeps it 6 KB: a reference repeats part
+		// of its own match, not the whole text.
+		`count(regex.replace(concat("", ["set password = 'hunter2'; " | some _ in numbers.range(1, 240)]), "(password = )'[^']*'", "${1}'***'"))`,
+	},
+	"regex.split":          {`regex.split("[,;]", "a,b;c")`},
+	"regex.template_match": {`regex.template_match("urn:foo:{.*}", "urn:foo:bar:baz", "{", "}")`, `regex.template_match("urn:{[a-z]+}", "urn:ABC", "{", "}")`},
+	"glob.match":           {`glob.match("fs.read*", ["."], "fs.read_file")`, `glob.match("*.exec", ["."], "shell.sub.exec")`, `glob.match("**.exec", ["."], "shell.sub.exec")`, `glob.match("{a,b}*", null, "bz")`, `glob.match("[", null, "x")`},
+	"glob.quote_meta":      {`glob.quote_meta("*.{a,b}?")`},
 
 	// Encodings.
 	"base64.encode":             {`base64.encode(input.s)`},

@@ -424,10 +424,13 @@ func TestOPAHostBuiltinAmplification(t *testing.T) {
 		{"numbers.range_step", `numbers.range_step(0, 1000000000000, 1)`, `numbers.range_step(0, 10, 2)`},
 		{"net.cidr_expand", `net.cidr_expand("10.0.0.0/4")`, `net.cidr_expand("10.0.0.0/30")`},
 		{"net.cidr_expand", `net.cidr_expand("2001:db8::/64")`, `net.cidr_expand("2001:db8::/126")`},
-		{"sprintf", `sprintf("%999999999d", [1])`, `sprintf("%5d", [1])`},
-		{"sprintf", `sprintf("%*d", [999999999, 1])`, `sprintf("%*d", [3, 1])`},
+		// Go's fmt honours widths up to 10^6: twenty such verbs make 20 MB.
+		{"sprintf", `sprintf(concat("", ["%999999d" | some _ in numbers.range(1, 20)]), numbers.range(1, 20))`, `sprintf("%5d", [1])`},
+		{"sprintf", `sprintf(concat("", ["%*d" | some _ in numbers.range(1, 20)]), [999999 | some _ in numbers.range(1, 40)])`, `sprintf("%*d", [3, 1])`},
 		{"regex.replace", `regex.replace(concat("", ["aaaaaaaaaa" | some _ in numbers.range(1, 500)]), "", concat("", ["bbbbbbbbbb" | some _ in numbers.range(1, 500)]))`, `regex.replace("abc", "b", "X")`},
-		{"strings.render_template", `strings.render_template("{{range .a}}{{range .a}}{{range .a}}{{range .a}}xxxxxxxx{{end}}{{end}}{{end}}{{end}}", {"a": numbers.range(1, 200)})`, `strings.render_template("{{range .a}}{{.}},{{end}}", {"a": [1, 2]})`},
+		{"strings.render_template", `strings.render_template("{{range .a}}{{range $.a}}{{range $.a}}{{range $.a}}xxxxxxxx{{end}}{{end}}{{end}}{{end}}", {"a": numbers.range(1, 200)})`, `strings.render_template("{{range .a}}{{.}},{{end}}", {"a": [1, 2]})`},
+		// Few loops, each printing 20 KB: measured by rendering, stopped at the budget.
+		{"strings.render_template", `strings.render_template("{{range .a}}{{$.s}}{{end}}", {"a": numbers.range(1, 1000), "s": concat("", ["x" | some _ in numbers.range(1, 20000)])})`, `count(strings.render_template("{{range .a}}{{$.s}}{{end}}", {"a": numbers.range(1, 10), "s": concat("", ["x" | some _ in numbers.range(1, 20000)])}))`},
 		{"strings.render_template", `strings.render_template("{{define \"x\"}}{{template \"x\" .}}{{end}}{{template \"x\" .}}", {})`, `strings.render_template("{{.n}}", {"n": 1})`},
 		{"graph.reachable_paths", `graph.reachable_paths({x: [y | some y in numbers.range(1, 40); y > x] | some x in numbers.range(1, 40)}, {1})`, `graph.reachable_paths({"a": ["b"], "b": []}, {"a"})`},
 	}

@@ -329,6 +329,16 @@ func (ev *evaluator) drain() {
 }
 
 // decodeOutput validates a module's output as the answer format of docs/policy.md.
+// rateLimitOut is an answer's rate_limit as a module writes it: max_calls
+// is any integral number (10, 10.0, 1e1), as the Rego engine reads it.
+type rateLimitOut struct {
+	MaxCalls       json.RawMessage `json:"max_calls"`
+	Window         string          `json:"window"`
+	Per            string          `json:"per"`
+	Algorithm      string          `json:"algorithm"`
+	OnLimiterError string          `json:"on_limiter_error"`
+}
+
 func decodeOutput(out []byte) (*policy.Answer, error) {
 	trimmed := bytes.TrimSpace(out)
 	if len(trimmed) == 0 || string(trimmed) == "null" {
@@ -342,12 +352,12 @@ func decodeOutput(out []byte) (*policy.Answer, error) {
 	}
 	// One strict pass: the decision's fields and the ABI's error field.
 	var w struct {
-		Decision  *policy.Action    `json:"decision"`
-		Reason    string            `json:"reason"`
-		RuleID    string            `json:"rule_id"`
-		Approval  *policy.Approval  `json:"approval"`
-		RateLimit *policy.RateLimit `json:"rate_limit"`
-		Error     *string           `json:"error"`
+		Decision  *policy.Action   `json:"decision"`
+		Reason    string           `json:"reason"`
+		RuleID    string           `json:"rule_id"`
+		Approval  *policy.Approval `json:"approval"`
+		RateLimit *rateLimitOut    `json:"rate_limit"`
+		Error     *string          `json:"error"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
 	dec.DisallowUnknownFields()
@@ -363,7 +373,17 @@ func decodeOutput(out []byte) (*policy.Answer, error) {
 	if w.Decision == nil {
 		return nil, fmt.Errorf("wasm: output is not a decision: no decision field in %s", snippet(string(trimmed)))
 	}
-	d := &policy.Answer{Action: *w.Decision, Reason: w.Reason, RuleID: w.RuleID, Approval: w.Approval, RateLimit: w.RateLimit}
+	d := &policy.Answer{Action: *w.Decision, Reason: w.Reason, RuleID: w.RuleID, Approval: w.Approval}
+	if rl := w.RateLimit; rl != nil {
+		d.RateLimit = &policy.RateLimit{Window: rl.Window, Per: rl.Per, Algorithm: rl.Algorithm, OnLimiterError: rl.OnLimiterError}
+		if mc := string(rl.MaxCalls); mc != "" && mc != "null" {
+			n, ok := policy.IntegerNumber(mc)
+			if !ok {
+				return nil, fmt.Errorf("wasm: output is not a decision: rate_limit.max_calls is %s, want an integer", snippet(mc))
+			}
+			d.RateLimit.MaxCalls = n
+		}
+	}
 	if err := d.Validate(); err != nil {
 		return nil, fmt.Errorf("wasm: invalid decision: %w", err)
 	}

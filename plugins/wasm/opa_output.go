@@ -55,7 +55,7 @@ func denyMessages(entry string, arr []byte) (*policy.Answer, error) {
 	msgs := make([]string, 0, len(elems))
 	for _, e := range elems {
 		var s string
-		if json.Unmarshal(e, &s) == nil {
+		if e[0] == '"' && json.Unmarshal(e, &s) == nil { // not null, which decodes as ""
 			msgs = append(msgs, s)
 			continue
 		}

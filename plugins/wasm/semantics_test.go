@@ -2,6 +2,7 @@ package wasm
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -116,6 +117,30 @@ func TestOneSemantics(t *testing.T) {
 			src:   "package k8s\n\nviolation contains {\"msg\": \"no rm\", \"details\": {}} if input.step.target == \"rm\"\n\nviolation contains {\"code\": 7} if input.step.target == \"rm\"\n",
 			entry: "data.k8s.violation", in: input("tool_call", "rm", "", nil),
 			want: want{action: policy.Deny, reason: `no rm; {"code":7}`},
+		},
+		{
+			name:  "null among deny messages stands as its JSON",
+			src:   "package authz\n\ndeny contains null if input.step.target == \"rm\"\n\ndeny contains \"no rm\" if input.step.target == \"rm\"\n",
+			entry: "data.authz.deny", in: input("tool_call", "rm", "", nil),
+			want: want{action: policy.Deny, reason: "no rm; null"},
+		},
+		{
+			name:  "an integral max_calls however written",
+			src:   "package p\n\ndecision := {\"decision\": \"allow\", \"reason\": \"ok\", \"rate_limit\": {\"max_calls\": input.step.args.n, \"window\": \"1m\"}}\n",
+			entry: "data.p.decision", in: input("tool_call", "t", "", map[string]any{"n": json.Number("1e1")}),
+			want: want{action: policy.Allow, reason: "ok"},
+		},
+		{
+			name:  "an integral max_calls written with a fraction",
+			src:   "package p\n\ndecision := {\"decision\": \"allow\", \"reason\": \"ok\", \"rate_limit\": {\"max_calls\": 20.0 / 2, \"window\": \"1m\"}}\n",
+			entry: "data.p.decision", in: smallInput(),
+			want: want{action: policy.Allow, reason: "ok"},
+		},
+		{
+			name:  "a fractional max_calls is an error",
+			src:   "package p\n\ndecision := {\"decision\": \"allow\", \"rate_limit\": {\"max_calls\": 10.5, \"window\": \"1m\"}}\n",
+			entry: "data.p.decision", in: smallInput(),
+			want: want{err: "max_calls"},
 		},
 		{
 			name:  "a boolean at a decision entrypoint is an error",
