@@ -65,6 +65,9 @@ type unitTests struct {
 	tracer topdown.QueryTracer
 	// parallel is how many tests run at once (default GOMAXPROCS).
 	parallel int
+	// keep, when set, selects the tests to run by full name; the others
+	// are reported as deselected without being evaluated.
+	keep func(name string) bool
 }
 
 // unitTest is one test rule of the compiled modules.
@@ -374,6 +377,10 @@ func (u *unitTests) runOne(ctx context.Context, c *ast.Compiler, t unitTest) Tes
 	}
 	if t.skip {
 		res.Skipped = true
+		return res
+	}
+	if u.keep != nil && !u.keep(res.Name) {
+		res.Deselected = true
 		return res
 	}
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
