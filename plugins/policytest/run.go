@@ -309,6 +309,9 @@ func (r *Runner) Run(ctx context.Context, f Found) *BundleResult {
 			if rt.Error != "" {
 				t.Message = rt.Error
 			}
+			if len(rt.FailedCases) > 0 {
+				t.Details = append(t.Details, "failed cases: "+strings.Join(rt.FailedCases, ", "))
+			}
 			if out := strings.TrimSpace(rt.Output); out != "" {
 				t.Details = append(t.Details, "printed:")
 				for _, l := range strings.Split(out, "\n") {

@@ -35,6 +35,10 @@ type TestResult struct {
 	Error string `json:"error,omitempty"`
 	// Output is what the test printed (print statements).
 	Output string `json:"output,omitempty"`
+	// FailedCases, for a failing table of cases (test_x[name] if ...), are
+	// the keys of the cases that failed ("k1/k2" for nested keys), sorted,
+	// as opa test lists them (b: FAIL).
+	FailedCases []string `json:"failed_cases,omitempty"`
 	// Duration is how long it ran.
 	Duration time.Duration `json:"duration_ns"`
 }
