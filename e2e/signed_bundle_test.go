@@ -146,8 +146,8 @@ func TestSignedBundles(t *testing.T) {
 		"tampered":       {tampered, "wicket/policy.rego: digest differs"},
 		"other key":      {byOther, ".signatures.json: failed to verify"},
 		"unknown kid":    {wrongKid, ".signatures.json: verification key corresponding to ID someone-else not found"},
-		"alg none":       {algNone, ".signatures.json: failed to verify"},
-		"HS256 with PEM": {hs256, ".signatures.json: failed to verify"},
+		"alg none":       {algNone, `.signatures.json: the signature says alg "none", but key "ci" verifies ES256`},
+		"HS256 with PEM": {hs256, `.signatures.json: the signature says alg "HS256", but key "ci" verifies ES256`},
 		"file added":     {added, "wicket/extra.rego: not covered by .signatures.json"},
 		"file removed":   {removed, ".signatures.json: file(s) [wicket/policy.rego] specified in bundle signatures but not found"},
 	} {
