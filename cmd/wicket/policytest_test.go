@@ -828,3 +828,28 @@ test_forever if count([x | some x in numbers.range(1, 1000000000)]) > 0
 		t.Errorf("coverage counts a deselected test: output lacks %q:\n%s", want, out)
 	}
 }
+
+// TestPolicyTestUnusableCache: a CI runner whose cache dir cannot be made
+// (a read-only or missing home) still runs --target both, compiling the
+// wasm in memory, instead of failing the bundle over the cache.
+func TestPolicyTestUnusableCache(t *testing.T) {
+	notADir := filepath.Join(t.TempDir(), "cache")
+	if err := os.WriteFile(notADir, []byte("a file where the cache dir would be\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("XDG_CACHE_HOME", notADir)
+	t.Setenv("HOME", notADir)
+	root := t.TempDir()
+	writeTree(t, root, map[string]string{
+		"authz/bundle.yaml": "name: authz\ndefault_action: deny\n",
+		"authz/policy.rego": "package wicket\n\ndecision := {\"decision\": \"allow\", \"rule_id\": \"reads\"} if input.step.effect == \"read_only\"\n",
+		"authz/tests/cases.yaml": `cases:
+  - {name: reads, step: {kind: tool_call, target: fs.read, effect: read_only}, expect: {decision: allow, rule_id: reads}}
+  - {name: writes, step: {kind: tool_call, target: fs.write}, expect: {decision: deny}}
+`,
+	})
+	out, _, err := runCmd(t, context.Background(), "policy", "test", filepath.Join(root, "authz"), "--target", "both")
+	if err != nil || !strings.Contains(out, "[rego+wasm]") || !strings.HasSuffix(out, "2 passed, 0 failed\n") {
+		t.Errorf("--target both without a usable cache dir: %v\n%s", err, out)
+	}
+}
