@@ -525,7 +525,7 @@ func (k *Kernel) EvalPolicy(ctx context.Context, req EvalRequest) (*Verdict, err
 	preq.Input = &policy.Input{Tenant: req.Tenant, AgentID: req.AgentID, ExecutionID: "dry-run",
 		Step: policy.Step{Kind: sub.Kind, Target: sub.Target, Args: sub.Args, ArgsHash: sub.argsHash,
 			Idempotency: string(sub.Idempotency), Effect: sub.Effect},
-		Execution: policy.Execution{Status: string(ExecRunning), Labels: req.Labels, CreatedAt: k.now()}}
+		Execution: policy.Execution{Status: string(ExecRunning), Labels: policy.LabelsOrNone(req.Labels), CreatedAt: k.now()}}
 	return k.decide(ctx, preq)
 }
 

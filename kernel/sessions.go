@@ -243,6 +243,6 @@ func (k *Kernel) Probe(ctx context.Context, req ProbeRequest) (bool, error) {
 	}
 	preq.Input = &policy.Input{Tenant: e.Tenant, AgentID: e.AgentID, ExecutionID: e.ID,
 		Step:      policy.Step{Kind: sr.Kind, Target: sr.Target, Args: json.RawMessage("null"), Idempotency: string(sr.Idempotency), Effect: sr.Effect},
-		Execution: policy.Execution{Status: string(e.Status), Labels: e.Labels, Totals: e.Totals, CreatedAt: e.CreatedAt}}
+		Execution: policy.Execution{Status: string(e.Status), Labels: policy.LabelsOrNone(e.Labels), Totals: e.Totals, CreatedAt: e.CreatedAt}}
 	return od.DeniesOutright(ctx, preq)
 }

@@ -108,18 +108,12 @@ func validateStep(req *StepRequest) error {
 	}
 	switch req.Idempotency {
 	case "":
-		if req.Kind == policy.KindToolCall {
-			req.Idempotency = AtMostOnce
-		} else {
-			req.Idempotency = SafeToRetry
-		}
+		req.Idempotency = Idempotency(policy.DefaultIdempotency(req.Kind))
 	case SafeToRetry, AtMostOnce:
 	default:
 		return Errorf(CodeValidation, "idempotency %q is invalid (want safe_to_retry or at_most_once)", req.Idempotency)
 	}
-	switch req.Effect {
-	case "", policy.EffectReadOnly, policy.EffectLocalMutation, policy.EffectRemoteMutation, policy.EffectDestructive:
-	default:
+	if !policy.ValidEffect(req.Effect) {
 		return Errorf(CodeValidation, "effect %q is invalid (want read_only, local_mutation, remote_mutation or destructive)", req.Effect)
 	}
 	return nil
@@ -340,7 +334,7 @@ func (k *Kernel) preread(tx ReadTx, sub *submission, pre *preread) error {
 		Tenant: e.Tenant, AgentID: e.AgentID, ExecutionID: e.ID,
 		Step: policy.Step{Kind: sub.Kind, Target: sub.Target, Args: sub.Args, ArgsHash: sub.argsHash,
 			Idempotency: string(sub.Idempotency), Effect: sub.Effect, Occurrence: pre.occ},
-		Execution: policy.Execution{Status: string(e.Status), Labels: e.Labels, Totals: e.Totals, CreatedAt: e.CreatedAt},
+		Execution: policy.Execution{Status: string(e.Status), Labels: policy.LabelsOrNone(e.Labels), Totals: e.Totals, CreatedAt: e.CreatedAt},
 	}
 	return nil
 }

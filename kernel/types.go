@@ -60,9 +60,9 @@ type Idempotency string
 const (
 	// SafeToRetry steps proceed again under the new attempt, same step id
 	// (default for llm_call and local).
-	SafeToRetry Idempotency = "safe_to_retry"
+	SafeToRetry Idempotency = policy.SafeToRetry
 	// AtMostOnce steps fail "indeterminate" instead (default for tool_call).
-	AtMostOnce Idempotency = "at_most_once"
+	AtMostOnce Idempotency = policy.AtMostOnce
 )
 
 // DispatchStatus is where an execution's dispatch stands.

@@ -67,14 +67,30 @@ func (v verifyFlags) keys() ([]bundle.Key, error) {
 	return keys, nil
 }
 
-// cliHost builds an engine host for offline use; wasm modules are cached
-// under the user cache dir so repeated runs do not recompile.
-func cliHost() (*plugins.Host, func()) {
-	cache := ""
-	if d, err := os.UserCacheDir(); err == nil {
-		cache = filepath.Join(d, "wicket", "wasm-cache")
+// cliWasmCache is the directory offline commands keep compiled wasm
+// modules in, so that repeated runs do not recompile: wicket/wasm-cache
+// under the user cache dir. It is "" (modules are compiled in memory) when
+// there is no such dir or it cannot be used — a CI runner with a read-only
+// or missing home still tests and builds bundles, only slower.
+func cliWasmCache() string {
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return ""
 	}
-	w := wasm.New(wasm.Config{CacheDir: cache, Builtins: rego.NewHostBuiltins()})
+	dir := filepath.Join(d, "wicket", "wasm-cache")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return ""
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() || fi.Mode().Perm()&0o022 != 0 {
+		return ""
+	}
+	return dir
+}
+
+// cliHost builds an engine host for offline use; wasm modules are cached
+// in cliWasmCache.
+func cliHost() (*plugins.Host, func()) {
+	w := wasm.New(wasm.Config{CacheDir: cliWasmCache(), Builtins: rego.NewHostBuiltins()})
 	h := plugins.NewHost(plugins.Options{}, rules.New(), rego.New(), w)
 	return h, func() { h.Close(); _ = w.Close() }
 }

@@ -63,11 +63,7 @@ func policyTestFlags(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		opts.Keys = keys
-		cache := ""
-		if d, err := os.UserCacheDir(); err == nil {
-			cache = filepath.Join(d, "wicket", "wasm-cache")
-		}
-		w := wasm.New(wasm.Config{CacheDir: cache, Builtins: rego.NewHostBuiltins()})
+		w := wasm.New(wasm.Config{CacheDir: cliWasmCache(), Builtins: rego.NewHostBuiltins()})
 		defer w.Close()
 		runner, err := policytest.NewRunner(w, opts)
 		if err != nil {

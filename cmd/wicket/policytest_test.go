@@ -788,3 +788,68 @@ rules:
 		}
 	}
 }
+
+// TestPolicyTestRunSkipsRegoTests: --run selects Rego unit tests before
+// they run, as opa test --run does: a deselected test is not evaluated, so
+// the lines only it reaches are not covered (and a deselected test that
+// would run into its timeout costs nothing).
+func TestPolicyTestRunSkipsRegoTests(t *testing.T) {
+	root := t.TempDir()
+	writeTree(t, root, map[string]string{
+		"authz/bundle.yaml": "name: authz\nengine: rego\n",
+		"authz/policy.rego": `package wicket
+
+decision := {"decision": "allow", "rule_id": "reads"} if input.step.effect == "read_only"
+
+decision := {"decision": "deny", "rule_id": "writes"} if {
+	input.step.effect == "remote_mutation"
+}
+`,
+		"authz/policy_test.rego": `package wicket
+
+test_reads if decision.rule_id == "reads" with input as {"step": {"effect": "read_only"}}
+
+test_writes if decision.rule_id == "writes" with input as {"step": {"effect": "remote_mutation"}}
+
+test_forever if count([x | some x in numbers.range(1, 1000000000)]) > 0
+`,
+	})
+	ctx := context.Background()
+	out, _, err := runCmd(t, ctx, "policy", "test", filepath.Join(root, "authz"), "--run", "test_reads$", "--coverage", "--timeout", "20s", "-v")
+	if err != nil {
+		t.Fatalf("--run test_reads$: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "--- PASS: authz/data.wicket.test_reads") || strings.Contains(out, "test_writes") || strings.Contains(out, "test_forever") ||
+		!strings.HasSuffix(out, "1 passed, 0 failed\n") {
+		t.Errorf("--run test_reads$:\n%s", out)
+	}
+	// Line 6 is reached only by test_writes, which did not run.
+	if want := "        not reached: " + filepath.Join(root, "authz", "policy.rego") + ":6\n"; !strings.Contains(out, want) {
+		t.Errorf("coverage counts a deselected test: output lacks %q:\n%s", want, out)
+	}
+}
+
+// TestPolicyTestUnusableCache: a CI runner whose cache dir cannot be made
+// (a read-only or missing home) still runs --target both, compiling the
+// wasm in memory, instead of failing the bundle over the cache.
+func TestPolicyTestUnusableCache(t *testing.T) {
+	notADir := filepath.Join(t.TempDir(), "cache")
+	if err := os.WriteFile(notADir, []byte("a file where the cache dir would be\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("XDG_CACHE_HOME", notADir)
+	t.Setenv("HOME", notADir)
+	root := t.TempDir()
+	writeTree(t, root, map[string]string{
+		"authz/bundle.yaml": "name: authz\ndefault_action: deny\n",
+		"authz/policy.rego": "package wicket\n\ndecision := {\"decision\": \"allow\", \"rule_id\": \"reads\"} if input.step.effect == \"read_only\"\n",
+		"authz/tests/cases.yaml": `cases:
+  - {name: reads, step: {kind: tool_call, target: fs.read, effect: read_only}, expect: {decision: allow, rule_id: reads}}
+  - {name: writes, step: {kind: tool_call, target: fs.write}, expect: {decision: deny}}
+`,
+	})
+	out, _, err := runCmd(t, context.Background(), "policy", "test", filepath.Join(root, "authz"), "--target", "both")
+	if err != nil || !strings.Contains(out, "[rego+wasm]") || !strings.HasSuffix(out, "2 passed, 0 failed\n") {
+		t.Errorf("--target both without a usable cache dir: %v\n%s", err, out)
+	}
+}

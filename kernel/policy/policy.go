@@ -81,6 +81,45 @@ const (
 	EffectDestructive    = "destructive"
 )
 
+// ValidEffect reports whether e is a side-effect class a step may declare
+// (or empty: none declared).
+func ValidEffect(e string) bool {
+	switch e {
+	case "", EffectReadOnly, EffectLocalMutation, EffectRemoteMutation, EffectDestructive:
+		return true
+	}
+	return false
+}
+
+// Idempotency classes of a step (kernel.Idempotency holds their meaning).
+const (
+	SafeToRetry = "safe_to_retry"
+	AtMostOnce  = "at_most_once"
+)
+
+// DefaultIdempotency is the idempotency of a step of this kind submitted
+// without one, as the input document shows it: at_most_once for a tool
+// call, safe_to_retry otherwise.
+func DefaultIdempotency(kind string) string {
+	if kind == KindToolCall {
+		return AtMostOnce
+	}
+	return SafeToRetry
+}
+
+// NoLabels is the labels of an execution created without any, as the input
+// document shows them: {} (not null), so that a policy may count or walk
+// them. It is shared: engines only read it.
+var NoLabels = map[string]string{}
+
+// LabelsOrNone returns labels, or [NoLabels] when they are nil.
+func LabelsOrNone(labels map[string]string) map[string]string {
+	if labels == nil {
+		return NoLabels
+	}
+	return labels
+}
+
 // Step is the step part of the input document.
 type Step struct {
 	Kind        string          `json:"kind"`

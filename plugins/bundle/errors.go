@@ -123,6 +123,8 @@ func printable(s string) string {
 
 // classed returns an error that reads like fmt.Errorf(format, args...) and
 // also matches class with errors.Is; the class's own text is not repeated.
+// It is one problem: it unwraps to its reason alone (a list would read, to
+// a caller listing a bundle's problems, as two).
 func classed(class error, format string, args ...any) error {
 	return &reason{err: fmt.Errorf(format, args...), class: class}
 }
@@ -132,8 +134,9 @@ type reason struct {
 	class error
 }
 
-func (r *reason) Error() string   { return r.err.Error() }
-func (r *reason) Unwrap() []error { return []error{r.class, r.err} }
+func (r *reason) Error() string        { return r.err.Error() }
+func (r *reason) Unwrap() error        { return r.err }
+func (r *reason) Is(target error) bool { return target == r.class }
 
 // Errors is every problem found in a bundle, each an *[Error] naming the
 // file and, where known, the line, item and field, ordered by file and

@@ -2,12 +2,14 @@ package bundle
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/open-policy-agent/opa/v1/ast"
@@ -162,9 +164,54 @@ func opaRead(files map[string][]byte, vc *opabundle.VerificationConfig) (*opabun
 	}
 	ob, err := r.Read()
 	if err != nil {
+		if vc != nil && strings.Contains(err.Error(), "failed to verify JWT signature") {
+			if msg := algMismatch(files[SignaturesFile], vc); msg != "" {
+				return nil, &Error{File: SignaturesFile, Err: classed(ErrSignature, "%s", msg)}
+			}
+		}
 		return nil, opaError(err, vc != nil)
 	}
 	return &ob, nil
+}
+
+// algMismatch explains a signature that did not verify because its JWT
+// names another algorithm than the key it names is for (alg none, or HS256
+// where the key is an RS256 public key: OPA verifies with the key's
+// algorithm whatever the header says, so such a token never verifies); ""
+// when the header and the key agree or cannot be read.
+func algMismatch(sigs []byte, vc *opabundle.VerificationConfig) string {
+	var doc struct {
+		Signatures []string `json:"signatures"`
+	}
+	if json.Unmarshal(sigs, &doc) != nil || len(doc.Signatures) != 1 {
+		return ""
+	}
+	parts := strings.Split(doc.Signatures[0], ".")
+	if len(parts) != 3 {
+		return ""
+	}
+	var hdr struct {
+		Alg string `json:"alg"`
+		Kid string `json:"kid"`
+	}
+	var claims struct {
+		KeyID string `json:"keyid"`
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[0])
+	if err != nil || json.Unmarshal(raw, &hdr) != nil {
+		return ""
+	}
+	id := hdr.Kid
+	if id == "" {
+		if raw, err := base64.RawURLEncoding.DecodeString(parts[1]); err == nil && json.Unmarshal(raw, &claims) == nil {
+			id = claims.KeyID
+		}
+	}
+	kc, ok := vc.PublicKeys[id]
+	if !ok || strings.EqualFold(hdr.Alg, kc.Algorithm) {
+		return ""
+	}
+	return fmt.Sprintf("the signature says alg %s, but key %s verifies %s signatures: it was not made with that key", strconv.Quote(hdr.Alg), strconv.Quote(id), kc.Algorithm)
 }
 
 // mapLoader is an OPA DirectoryLoader over files already collected (and

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"strings"
@@ -200,5 +204,49 @@ func TestValidateKeys(t *testing.T) {
 	}
 	if err := ValidateKeys([]Key{{Algorithm: "ES256", Key: pub}}); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestSignatureAlgorithmMismatch: a token whose header names another
+// algorithm than the key it names (alg none; HS256 keyed with the public
+// key's PEM, the algorithm-confusion attack) is refused, and the refusal
+// says so rather than only that the signature did not verify.
+func TestSignatureAlgorithmMismatch(t *testing.T) {
+	priv, pub := ecKeys(t)
+	opts := Options{Name: "authz", Keys: []Key{{ID: "ci", Algorithm: "ES256", Key: pub}}}
+	forge := func(header string, sign func(in []byte) []byte) map[string][]byte {
+		files := signedFiles(t, priv)
+		var doc struct{ Signatures []string }
+		if err := json.Unmarshal(files[SignaturesFile], &doc); err != nil {
+			t.Fatal(err)
+		}
+		payload := strings.Split(doc.Signatures[0], ".")[1]
+		h := base64.RawURLEncoding.EncodeToString([]byte(header))
+		tok := h + "." + payload + "." + base64.RawURLEncoding.EncodeToString(sign([]byte(h+"."+payload)))
+		files[SignaturesFile], _ = json.Marshal(map[string][]string{"signatures": {tok}})
+		return files
+	}
+	for name, tc := range map[string]struct {
+		files map[string][]byte
+		want  string
+	}{
+		"alg none": {forge(`{"alg":"none","kid":"ci"}`, func([]byte) []byte { return nil }),
+			`.signatures.json: the signature says alg "none", but key "ci" verifies ES256 signatures`},
+		"HS256 keyed with the PEM": {forge(`{"alg":"HS256","kid":"ci"}`, func(in []byte) []byte {
+			m := hmac.New(sha256.New, []byte(pub))
+			m.Write(in)
+			return m.Sum(nil)
+		}), `.signatures.json: the signature says alg "HS256", but key "ci" verifies ES256 signatures`},
+	} {
+		_, err := opts.LoadFiles(tc.files)
+		if err == nil || !errors.Is(err, ErrSignature) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	// A token signed by another key with the right algorithm is only "does
+	// not verify".
+	otherPriv, _ := ecKeys(t)
+	if _, err := opts.LoadFiles(signedFiles(t, otherPriv)); err == nil || !strings.Contains(err.Error(), "failed to verify JWT signature") {
+		t.Errorf("other key: %v", err)
 	}
 }

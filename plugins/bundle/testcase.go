@@ -2,6 +2,7 @@ package bundle
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -482,12 +483,15 @@ func checkCase(tc *TestCase) error {
 
 // Input builds the policy input document for the case (docs/policy.md).
 //
-// Args become canonical JSON (kernel/canon) and args_hash is its SHA-256, as
-// the kernel computes them for a submitted step; absent args are {}. Empty
-// fields take defaults: tenant [DefaultTestTenant], execution_id
-// [DefaultTestExecutionID], execution status [DefaultTestStatus] and empty
-// labels. Nothing else is invented: an empty agent_id, idempotency or effect
-// stays empty.
+// The document is the one the kernel evaluates for the same step submitted
+// by an agent. Args become canonical JSON (kernel/canon) and args_hash is
+// its SHA-256, as the kernel computes them for a submitted step; absent
+// args are null, as the kernel records a step submitted without args. An
+// absent idempotency is the kernel's default for the kind
+// ([policy.DefaultIdempotency]). Other empty fields take defaults: tenant
+// [DefaultTestTenant], execution_id [DefaultTestExecutionID], execution
+// status [DefaultTestStatus] and empty labels ({}). Nothing else is
+// invented: an empty agent_id or effect stays empty.
 func (tc TestCase) Input() (*policy.Input, error) {
 	if !validKind(tc.Step.Kind) {
 		return nil, fmt.Errorf("case %q: step.kind: unknown step kind %q", tc.Name, tc.Step.Kind)
@@ -505,7 +509,7 @@ func (tc TestCase) Input() (*policy.Input, error) {
 			Target:      tc.Step.Target,
 			Args:        canonical,
 			ArgsHash:    hash,
-			Idempotency: tc.Step.Idempotency,
+			Idempotency: cmp.Or(tc.Step.Idempotency, policy.DefaultIdempotency(tc.Step.Kind)),
 			Effect:      tc.Step.Effect,
 			Occurrence:  tc.Step.Occurrence,
 		},
@@ -547,7 +551,7 @@ func (s TestStep) canonicalArgs() ([]byte, string, error) {
 func argsJSON(args any) ([]byte, error) {
 	switch a := args.(type) {
 	case nil:
-		return []byte("{}"), nil
+		return []byte("null"), nil
 	case json.RawMessage:
 		return a, nil
 	}

@@ -68,7 +68,9 @@ func TestTestCaseInput(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(in.Step.Args) != "{}" || in.Tenant != DefaultTestTenant || in.ExecutionID != DefaultTestExecutionID ||
+	// A step without args and idempotency, as the kernel records it: args
+	// null, the kind's default idempotency (a local step: safe_to_retry).
+	if string(in.Step.Args) != "null" || in.Step.Idempotency != policy.SafeToRetry || in.Tenant != DefaultTestTenant || in.ExecutionID != DefaultTestExecutionID ||
 		in.Execution.Status != DefaultTestStatus || in.Execution.Labels == nil {
 		t.Errorf("defaults: %s", mustJSON(t, in))
 	}

@@ -148,9 +148,11 @@ type TestStep struct {
 	Kind string `yaml:"kind" json:"kind"`
 	// Target is the tool name, model id or local name.
 	Target string `yaml:"target" json:"target"`
-	// Args are the step's arguments (absent: {}).
+	// Args are the step's arguments (absent: null, as the kernel records a
+	// step submitted without args).
 	Args any `yaml:"args,omitempty" json:"args,omitempty"`
-	// Idempotency is safe_to_retry or at_most_once (empty if not given).
+	// Idempotency is safe_to_retry or at_most_once (if not given: the
+	// kernel's default for the kind, at_most_once for a tool call).
 	Idempotency string `yaml:"idempotency,omitempty" json:"idempotency,omitempty"`
 	// Effect is the declared side-effect class (empty if not given).
 	Effect string `yaml:"effect,omitempty" json:"effect,omitempty"`

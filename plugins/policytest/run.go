@@ -262,7 +262,8 @@ func (r *Runner) Run(ctx context.Context, f Found) *BundleResult {
 	}
 	var regoTests []rego.TestResult
 	if hasRegoFiles(b) {
-		if regoTests, err = re.RunTests(ctx, b, r.opts.RegoTestTimeout); err != nil {
+		keep := func(test string) bool { return r.selected(res.Name + "/" + test) }
+		if regoTests, err = re.RunSelectedTests(ctx, b, r.opts.RegoTestTimeout, keep); err != nil {
 			res.check(CheckLoad, f, fmt.Errorf("rego unit tests: %w", err))
 			return res
 		}
@@ -307,6 +308,9 @@ func (r *Runner) Run(ctx context.Context, f Found) *BundleResult {
 			t.Message = "test rule is false or undefined"
 			if rt.Error != "" {
 				t.Message = rt.Error
+			}
+			if len(rt.FailedCases) > 0 {
+				t.Details = append(t.Details, "failed cases: "+strings.Join(rt.FailedCases, ", "))
 			}
 			if out := strings.TrimSpace(rt.Output); out != "" {
 				t.Details = append(t.Details, "printed:")

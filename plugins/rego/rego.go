@@ -292,6 +292,15 @@ func (e *Engine) formatASTError(ae *ast.Error) string {
 			msg = fmt.Sprintf("builtin %s is not allowed in wicket policies: %s", name, why)
 		}
 	}
+	// A test mocking a forbidden builtin (with time.now_ns as 5): OPA
+	// says only that the target does not exist.
+	if ae.Code == ast.TypeErr && strings.HasPrefix(msg, "with keyword target must reference existing") && ae.Location != nil {
+		if name := withTarget(ae.Location.Text); name != "" {
+			if why, ok := e.removed[name]; ok {
+				msg = fmt.Sprintf("with %s: builtin %s is not allowed in wicket policies, so there is nothing to mock: %s", name, name, why)
+			}
+		}
+	}
 	sb.WriteString(ae.Code)
 	sb.WriteString(": ")
 	sb.WriteString(msg)
@@ -311,6 +320,19 @@ func (e *Engine) formatASTError(ae *ast.Error) string {
 		}
 	}
 	return sb.String()
+}
+
+// withTarget returns the target of a with modifier from its source text
+// ("with time.now_ns as 5" or the target alone), or "".
+func withTarget(text []byte) string {
+	f := strings.Fields(string(text))
+	if len(f) > 1 && f[0] == "with" {
+		return f[1]
+	}
+	if len(f) > 0 {
+		return f[0]
+	}
+	return ""
 }
 
 // packages lists the package paths of modules, for error messages.

@@ -478,6 +478,14 @@ decision := {"decision": "deny"} if f(1) with f as http.send
 			want: []string{"policy.rego:4: rego_unsafe_var_error: var http is unsafe"},
 		},
 		{
+			name: "a test mocking a forbidden builtin",
+			files: map[string]string{"policy.rego": mainPolicy, "policy_test.rego": `package wicket
+
+test_late if decision with time.now_ns as 5
+`},
+			want: []string{"policy_test.rego:3: rego_type_error: with time.now_ns: builtin time.now_ns is not allowed in wicket policies, so there is nothing to mock", "input.execution.created_at"},
+		},
+		{
 			name:  "data.json not an object",
 			files: map[string]string{"policy.rego": mainPolicy},
 			data:  `["fs.read"]`,

@@ -27,12 +27,18 @@ type TestResult struct {
 	File string `json:"file"`
 	Line int    `json:"line"`
 	// Passed: the rule was true. Skipped: a todo_ rule, not run.
-	Passed  bool `json:"passed"`
-	Skipped bool `json:"skipped,omitempty"`
+	// Deselected: a test the caller's selection left out, not run.
+	Passed     bool `json:"passed"`
+	Skipped    bool `json:"skipped,omitempty"`
+	Deselected bool `json:"deselected,omitempty"`
 	// Error is why the test could not be evaluated (empty when it ran).
 	Error string `json:"error,omitempty"`
 	// Output is what the test printed (print statements).
 	Output string `json:"output,omitempty"`
+	// FailedCases, for a failing table of cases (test_x[name] if ...), are
+	// the keys of the cases that failed ("k1/k2" for nested keys), sorted,
+	// as opa test lists them (b: FAIL).
+	FailedCases []string `json:"failed_cases,omitempty"`
 	// Duration is how long it ran.
 	Duration time.Duration `json:"duration_ns"`
 }
@@ -62,6 +68,14 @@ func HasRegoTests(b *bundle.Bundle) bool {
 // file:line: code: message), or for ctx ending before every test ran; a
 // failing test is a result, not an error.
 func (e *Engine) RunTests(ctx context.Context, b *bundle.Bundle, timeout time.Duration) ([]TestResult, error) {
+	return e.RunSelectedTests(ctx, b, timeout, nil)
+}
+
+// RunSelectedTests is [Engine.RunTests] for the tests whose full name
+// (data.pkg.test_x) keep accepts (every test when keep is nil), as opa
+// test --run selects them: the others are not evaluated, so they take no
+// time and reach no line of coverage, and are listed with Deselected set.
+func (e *Engine) RunSelectedTests(ctx context.Context, b *bundle.Bundle, timeout time.Duration, keep func(name string) bool) ([]TestResult, error) {
 	modules, store, err := e.testInputs(b)
 	if err != nil {
 		return nil, err
@@ -72,6 +86,7 @@ func (e *Engine) RunTests(ctx context.Context, b *bundle.Bundle, timeout time.Du
 		store:         store,
 		timeout:       timeout,
 		builtinErrors: strictBuiltinErrors,
+		keep:          keep,
 	}
 	if e.cov != nil {
 		u.tracer = e.cov.c

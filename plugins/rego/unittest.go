@@ -65,6 +65,9 @@ type unitTests struct {
 	tracer topdown.QueryTracer
 	// parallel is how many tests run at once (default GOMAXPROCS).
 	parallel int
+	// keep, when set, selects the tests to run by full name; the others
+	// are reported as deselected without being evaluated.
+	keep func(name string) bool
 }
 
 // unitTest is one test rule of the compiled modules.
@@ -376,6 +379,10 @@ func (u *unitTests) runOne(ctx context.Context, c *ast.Compiler, t unitTest) Tes
 		res.Skipped = true
 		return res
 	}
+	if u.keep != nil && !u.keep(res.Name) {
+		res.Deselected = true
+		return res
+	}
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
 
@@ -426,10 +433,15 @@ func (u *unitTests) runOne(ctx context.Context, c *ast.Compiler, t unitTest) Tes
 	case len(rs) == 0 || len(rs[0].Expressions) == 0:
 		// undefined: fails
 	case table:
-		res.Passed = casesPass(rs[0].Expressions[0].Value, cases.cases)
+		res.FailedCases = failedCases(rs[0].Expressions[0].Value, cases.cases)
+		res.Passed = len(res.FailedCases) == 0 && casesPass(rs[0].Expressions[0].Value, cases.cases)
 	default:
 		b, ok := rs[0].Expressions[0].Value.(bool)
 		res.Passed = ok && b
+	}
+	if table && !res.Passed && res.Error == "" && len(res.FailedCases) == 0 {
+		// Undefined: every case the body started failed.
+		res.FailedCases = failedCases(nil, cases.cases)
 	}
 	return res
 }
@@ -453,6 +465,41 @@ func casesPass(v any, started [][]string) bool {
 		}
 	}
 	return true
+}
+
+// failedCases lists the keys of the cases of a table test that failed: a
+// case in v whose value does not pass, and a case the body started on that
+// is not in v (or does not pass), each once, sorted; nested keys are
+// joined with "/".
+func failedCases(v any, started [][]string) []string {
+	failed := map[string]bool{}
+	var walk func(prefix string, x any)
+	walk = func(prefix string, x any) {
+		if sub, ok := x.(map[string]any); ok && prefix != "" {
+			for k, y := range sub {
+				walk(prefix+"/"+k, y)
+			}
+			return
+		}
+		if !casePasses(x) {
+			failed[prefix] = true
+		}
+	}
+	obj, _ := v.(map[string]any)
+	for k, x := range obj {
+		walk(k, x)
+	}
+	for _, key := range started {
+		if len(key) > 0 && !startedCasePassed(obj, key) {
+			failed[strings.Join(key, "/")] = true
+		}
+	}
+	out := make([]string, 0, len(failed))
+	for k := range failed {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // casePasses: a case's value is true, null, or an object of passing cases.
