@@ -271,11 +271,29 @@ func Open(path string, opts Options) (*Store, error) {
 	if opts.Timeout < 0 {
 		bopts.Timeout = 0 // bbolt: zero waits forever
 	}
+	var file *os.File // the file bbolt opened, then waited for the lock of
+	bopts.OpenFile = func(name string, flag int, perm os.FileMode) (*os.File, error) {
+		f, err := os.OpenFile(name, flag, perm)
+		file = f
+		return f, err
+	}
 	db, err := bolt.Open(path, FileMode, bopts)
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("bbolt: open %s: %w (gave up after %s)", path, ErrLocked, opts.Timeout)
 	}
 	if err != nil {
+		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
+	}
+	if err := sameFile(path, file); err != nil {
+		// Another file took the name while bbolt waited for the lock of
+		// the one it opened: `wicket store compact` renames its copy over
+		// the file and then lets the old one's lock go. The old file is
+		// no longer the store (writes to it would be lost, and a log's
+		// checkpoint would read the new one's meta page): open the new.
+		_ = db.Close()
+		if errors.Is(err, errReplaced) {
+			return Open(path, opts)
+		}
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
 	if cp == nil && logLeft(path) {
@@ -506,4 +524,28 @@ func (s *Store) Stats() Stats {
 		Log:       time.Duration(s.logTime.Load()),
 		File:      time.Duration(s.fileTime.Load()),
 	}
+}
+
+// errReplaced is sameFile's answer for a path that names another file.
+var errReplaced = errors.New("replaced while waiting for its lock")
+
+// sameFile reports (errReplaced) whether path no longer names the file f,
+// opened at path: a file renamed over it since. A path removed since is
+// an error of its own.
+func sameFile(path string, f *os.File) error {
+	if f == nil {
+		return nil
+	}
+	opened, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat the opened file: %w", err)
+	}
+	named, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("the file went while waiting for its lock: %w", err)
+	}
+	if !os.SameFile(opened, named) {
+		return errReplaced
+	}
+	return nil
 }
