@@ -228,7 +228,21 @@ var _ kernel.Store = (*Store)(nil)
 // (ErrNewerSchema), and a file whose lock is held beyond opts.Timeout
 // (ErrLocked). Every error names path.
 func Open(path string, opts Options) (*Store, error) {
-	opts = opts.withDefaults()
+	return open(path, opts.withDefaults(), 0)
+}
+
+// openAttempts bounds the times open starts again because another
+// process changed the file while this one waited for its lock.
+const openAttempts = 10
+
+// open is Open; attempt counts the times it started again.
+func open(path string, opts Options, attempt int) (*Store, error) {
+	again := func() (*Store, error) {
+		if attempt+1 >= openAttempts {
+			return nil, fmt.Errorf("bbolt: open %s: the file or its log changed %d times while waiting for its lock", path, openAttempts)
+		}
+		return open(path, opts, attempt+1)
+	}
 	if !opts.ReadOnly {
 		if err := os.MkdirAll(filepath.Dir(path), DirMode); err != nil {
 			return nil, fmt.Errorf("bbolt: open %s: create directory: %w", path, err)
@@ -271,6 +285,9 @@ func Open(path string, opts Options) (*Store, error) {
 	if opts.Timeout < 0 {
 		bopts.Timeout = 0 // bbolt: zero waits forever
 	}
+	if testHookBeforeLock != nil {
+		testHookBeforeLock()
+	}
 	var file *os.File // the file bbolt opened, then waited for the lock of
 	bopts.OpenFile = func(name string, flag int, perm os.FileMode) (*os.File, error) {
 		f, err := os.OpenFile(name, flag, perm)
@@ -292,7 +309,7 @@ func Open(path string, opts Options) (*Store, error) {
 		// checkpoint would read the new one's meta page): open the new.
 		_ = db.Close()
 		if errors.Is(err, errReplaced) {
-			return Open(path, opts)
+			return again()
 		}
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
@@ -304,7 +321,15 @@ func Open(path string, opts Options) (*Store, error) {
 		if opts.ReadOnly {
 			return nil, fmt.Errorf("bbolt: open %s: %w", path, ErrUnclean)
 		}
-		return Open(path, opts)
+		return again()
+	}
+	if cp != nil && !stillAt(db, path, cp) {
+		// checkLog took the file back to the log's checkpoint cp, and let
+		// its lock go for bbolt to take; another kernel took it first (a
+		// double start), applied the log, wrote on and died: the file and
+		// its log are no longer those cp describes. Look again.
+		_ = db.Close()
+		return again()
 	}
 	var lsn uint64
 	if cp != nil {
@@ -548,4 +573,20 @@ func sameFile(path string, f *os.File) error {
 		return errReplaced
 	}
 	return nil
+}
+
+// testHookBeforeLock, when set (tests), runs in Open after the look at
+// the log, before bbolt opens the file and takes its lock.
+var testHookBeforeLock func()
+
+// stillAt reports whether db, opened once checkLog restored the
+// checkpoint cp, is still at it: the file at cp's transaction and the
+// log's checkpoint cp.
+func stillAt(db *bolt.DB, path string, cp *checkpoint) bool {
+	var txid uint64
+	if err := db.View(func(tx *bolt.Tx) error { txid = uint64(tx.ID()); return nil }); err != nil || txid != cp.txid {
+		return false
+	}
+	now, err := readCheckpoint(WALDir(path))
+	return err == nil && now != nil && now.lsn == cp.lsn && now.txid == cp.txid
 }
