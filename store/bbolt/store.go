@@ -268,6 +268,11 @@ func open(path string, opts Options, attempt int) (*Store, error) {
 		return nil, fmt.Errorf("bbolt: open %s read-only: %w", path, err)
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
+	default:
+		if err := createFile(path); err != nil {
+			return nil, fmt.Errorf("bbolt: open %s: create: %w", path, err)
+		}
+		return again()
 	}
 	useWAL := opts.WAL && !opts.NoSync && !opts.ReadOnly
 	bopts := &bolt.Options{
@@ -589,4 +594,37 @@ func stillAt(db *bolt.DB, path string, cp *checkpoint) bool {
 	}
 	now, err := readCheckpoint(WALDir(path))
 	return err == nil && now != nil && now.lsn == cp.lsn && now.txid == cp.txid
+}
+
+// createFile makes a new, empty store file at path whole or not at all:
+// bbolt writes its first pages to a file under a temporary name, which is
+// then linked to path. A kernel killed during its first start used to
+// leave path empty, a file Open refuses as damaged (CheckFile), so that
+// it never started again. A file another process created at path
+// meanwhile is kept.
+func createFile(path string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".new-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	err = f.Chmod(FileMode)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	db, err := bolt.Open(tmp, FileMode, &bolt.Options{FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return err
+	}
+	if err := db.Close(); err != nil { // bbolt synced the pages it wrote
+		return err
+	}
+	if err := os.Link(tmp, path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return syncDir(filepath.Dir(path))
 }
