@@ -624,7 +624,14 @@ func createFile(path string) error {
 		return err
 	}
 	if err := os.Link(tmp, path); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
+		// A file system without hard links: renamed instead, unless a
+		// file has the name by now.
+		if _, serr := os.Lstat(path); serr == nil {
+			return nil
+		}
+		if rerr := os.Rename(tmp, path); rerr != nil {
+			return fmt.Errorf("%w; rename instead: %w", err, rerr)
+		}
 	}
 	return syncDir(filepath.Dir(path))
 }
