@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -109,11 +110,19 @@ func Compact(path, dst string, timeout time.Duration) (CompactStats, error) {
 	inPlace := dst == ""
 	if inPlace {
 		dst = path + ".compact"
+		if err := removeStaleCopy(dst); err != nil {
+			return st, fmt.Errorf("bbolt: compact %s: %w", path, err)
+		}
 	}
 	if _, err := os.Stat(dst); err == nil {
 		return st, fmt.Errorf("bbolt: compact %s: %s already exists (remove it)", path, dst)
 	}
-	out, err := bolt.Open(dst, FileMode, &bolt.Options{NoSync: true, FreelistType: bolt.FreelistMapType})
+	// Created, never opened: a second compaction at the same time fails
+	// here instead of waiting for the lock of a file renamed over path.
+	exclusive := func(name string, flag int, perm os.FileMode) (*os.File, error) {
+		return os.OpenFile(name, flag|os.O_CREATE|os.O_EXCL, perm)
+	}
+	out, err := bolt.Open(dst, FileMode, &bolt.Options{NoSync: true, FreelistType: bolt.FreelistMapType, OpenFile: exclusive})
 	if err != nil {
 		return st, fmt.Errorf("bbolt: compact %s: create %s: %w", path, dst, err)
 	}
@@ -146,4 +155,25 @@ func Compact(path, dst string, timeout time.Duration) (CompactStats, error) {
 		_ = d.Close()
 	}
 	return st, nil
+}
+
+// removeStaleCopy removes the copy a compaction killed before its rename
+// left at dst (nobody holds its lock), so that the next one goes ahead;
+// a copy whose lock is held is another compaction's, running.
+func removeStaleCopy(dst string) error {
+	release, held, err := lockFree(dst)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if held {
+		return fmt.Errorf("%s is being written by another compaction", dst)
+	}
+	defer release()
+	if err := os.Remove(dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove the copy a compaction left: %w", err)
+	}
+	return nil
 }

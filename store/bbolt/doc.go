@@ -164,7 +164,10 @@
 // it back to). Close syncs the file and removes the log: a store closed
 // cleanly is one file, as without a log. An Open that found the lock held
 // and got it once the kernel holding it died (a restart racing the old
-// process's death) starts again, and so applies the log that kernel left.
+// process's death) starts again, and so applies the log that kernel left;
+// so does one that restored the checkpoint and then lost the lock to
+// another kernel's recovery (a double start), and one whose file was
+// renamed over while it waited (`wicket store compact`).
 //
 // bbolt cannot remap its memory map while a read transaction is open, so
 // with a log it maps 1 TiB of address space up front (address space, not

@@ -232,7 +232,21 @@ var _ kernel.Store = (*Store)(nil)
 // (ErrNewerSchema), and a file whose lock is held beyond opts.Timeout
 // (ErrLocked). Every error names path.
 func Open(path string, opts Options) (*Store, error) {
-	opts = opts.withDefaults()
+	return open(path, opts.withDefaults(), 0)
+}
+
+// openAttempts bounds the times open starts again because another
+// process changed the file while this one waited for its lock.
+const openAttempts = 10
+
+// open is Open; attempt counts the times it started again.
+func open(path string, opts Options, attempt int) (*Store, error) {
+	again := func() (*Store, error) {
+		if attempt+1 >= openAttempts {
+			return nil, fmt.Errorf("bbolt: open %s: the file or its log changed %d times while waiting for its lock", path, openAttempts)
+		}
+		return open(path, opts, attempt+1)
+	}
 	if !opts.ReadOnly {
 		if err := os.MkdirAll(filepath.Dir(path), DirMode); err != nil {
 			return nil, fmt.Errorf("bbolt: open %s: create directory: %w", path, err)
@@ -258,6 +272,11 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("bbolt: open %s read-only: %w", path, err)
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
+	default:
+		if err := createFile(path); err != nil {
+			return nil, fmt.Errorf("bbolt: open %s: create: %w", path, err)
+		}
+		return again()
 	}
 	useWAL := opts.WAL && !opts.NoSync && !opts.ReadOnly
 	bopts := &bolt.Options{
@@ -275,11 +294,32 @@ func Open(path string, opts Options) (*Store, error) {
 	if opts.Timeout < 0 {
 		bopts.Timeout = 0 // bbolt: zero waits forever
 	}
+	if testHookBeforeLock != nil {
+		testHookBeforeLock()
+	}
+	var file *os.File // the file bbolt opened, then waited for the lock of
+	bopts.OpenFile = func(name string, flag int, perm os.FileMode) (*os.File, error) {
+		f, err := os.OpenFile(name, flag, perm)
+		file = f
+		return f, err
+	}
 	db, err := bolt.Open(path, FileMode, bopts)
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("bbolt: open %s: %w (gave up after %s)", path, ErrLocked, opts.Timeout)
 	}
 	if err != nil {
+		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
+	}
+	if err := sameFile(path, file); err != nil {
+		// Another file took the name while bbolt waited for the lock of
+		// the one it opened: `wicket store compact` renames its copy over
+		// the file and then lets the old one's lock go. The old file is
+		// no longer the store (writes to it would be lost, and a log's
+		// checkpoint would read the new one's meta page): open the new.
+		_ = db.Close()
+		if errors.Is(err, errReplaced) {
+			return again()
+		}
 		return nil, fmt.Errorf("bbolt: open %s: %w", path, err)
 	}
 	if cp == nil && logLeft(path) {
@@ -290,7 +330,15 @@ func Open(path string, opts Options) (*Store, error) {
 		if opts.ReadOnly {
 			return nil, fmt.Errorf("bbolt: open %s: %w", path, ErrUnclean)
 		}
-		return Open(path, opts)
+		return again()
+	}
+	if cp != nil && !stillAt(db, path, cp) {
+		// checkLog took the file back to the log's checkpoint cp, and let
+		// its lock go for bbolt to take; another kernel took it first (a
+		// double start), applied the log, wrote on and died: the file and
+		// its log are no longer those cp describes. Look again.
+		_ = db.Close()
+		return again()
 	}
 	var lsn uint64
 	if cp != nil {
@@ -510,4 +558,84 @@ func (s *Store) Stats() Stats {
 		Log:       time.Duration(s.logTime.Load()),
 		File:      time.Duration(s.fileTime.Load()),
 	}
+}
+
+// errReplaced is sameFile's answer for a path that names another file.
+var errReplaced = errors.New("replaced while waiting for its lock")
+
+// sameFile reports (errReplaced) whether path no longer names the file f,
+// opened at path: a file renamed over it since. A path removed since is
+// an error of its own.
+func sameFile(path string, f *os.File) error {
+	if f == nil {
+		return nil
+	}
+	opened, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat the opened file: %w", err)
+	}
+	named, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("the file went while waiting for its lock: %w", err)
+	}
+	if !os.SameFile(opened, named) {
+		return errReplaced
+	}
+	return nil
+}
+
+// testHookBeforeLock, when set (tests), runs in Open after the look at
+// the log, before bbolt opens the file and takes its lock.
+var testHookBeforeLock func()
+
+// stillAt reports whether db, opened once checkLog restored the
+// checkpoint cp, is still at it: the file at cp's transaction and the
+// log's checkpoint cp.
+func stillAt(db *bolt.DB, path string, cp *checkpoint) bool {
+	var txid uint64
+	if err := db.View(func(tx *bolt.Tx) error { txid = uint64(tx.ID()); return nil }); err != nil || txid != cp.txid {
+		return false
+	}
+	now, err := readCheckpoint(WALDir(path))
+	return err == nil && now != nil && now.lsn == cp.lsn && now.txid == cp.txid
+}
+
+// createFile makes a new, empty store file at path whole or not at all:
+// bbolt writes its first pages to a file under a temporary name, which is
+// then linked to path. A kernel killed during its first start used to
+// leave path empty, a file Open refuses as damaged (CheckFile), so that
+// it never started again. A file another process created at path
+// meanwhile is kept.
+func createFile(path string) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".new-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	err = f.Chmod(FileMode)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	db, err := bolt.Open(tmp, FileMode, &bolt.Options{FreelistType: bolt.FreelistMapType})
+	if err != nil {
+		return err
+	}
+	if err := db.Close(); err != nil { // bbolt synced the pages it wrote
+		return err
+	}
+	if err := os.Link(tmp, path); err != nil && !errors.Is(err, fs.ErrExist) {
+		// A file system without hard links: renamed instead, unless a
+		// file has the name by now.
+		if _, serr := os.Lstat(path); serr == nil {
+			return nil
+		}
+		if rerr := os.Rename(tmp, path); rerr != nil {
+			return fmt.Errorf("%w; rename instead: %w", err, rerr)
+		}
+	}
+	return syncDir(filepath.Dir(path))
 }

@@ -110,3 +110,76 @@ func TestWALOpenWhileTheKernelDies(t *testing.T) {
 		})
 	}
 }
+
+// TestWALOpenAfterAnotherRecovered: two kernels started on a store a
+// crash left a log beside (a supervisor's double start). The first
+// restores the checkpoint's meta page and, before bbolt takes the file's
+// lock for it, the second does the same, takes the lock first, applies
+// the log, works (checkpoints included) and dies without stopping
+// cleanly. The first then gets the lock with the checkpoint it read,
+// which is no longer the log's: it must recover from the log as it is
+// now, not refuse the file as damaged ("opened at transaction N, its
+// checkpoint is M").
+func TestWALOpenAfterAnotherRecovered(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "wicket.db")
+	old, err := Open(path, walOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	walWorkload(t, old, 0, 2)
+	if err := old.forceCheckpoint(); err != nil {
+		t.Fatal(err)
+	}
+	walWorkload(t, old, 2, 2)
+	old.fail(errors.New("killed"))
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	atHook, release := make(chan struct{}), make(chan struct{})
+	first := true
+	testHookBeforeLock = func() {
+		if first {
+			first = false
+			close(atHook)
+			<-release
+		}
+	}
+	defer func() { testHookBeforeLock = nil }()
+	type result struct {
+		s   *Store
+		err error
+	}
+	opened := make(chan result, 1)
+	go func() {
+		s, err := Open(path, Options{WAL: true, Timeout: time.Minute})
+		opened <- result{s, err}
+	}()
+	<-atHook // the first has restored the checkpoint, and waits to lock
+
+	second, err := Open(path, walOptions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	walWorkload(t, second, 4, 2)
+	if err := second.forceCheckpoint(); err != nil {
+		t.Fatal(err)
+	}
+	walWorkload(t, second, 6, 2)
+	want := dumpStore(t, second)
+	second.fail(errors.New("killed"))
+	if err := second.Close(); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+
+	r := <-opened
+	if r.err != nil {
+		t.Fatalf("Open after another kernel recovered the log and died: %v", r.err)
+	}
+	sameDump(t, dumpStore(t, r.s), want)
+	if err := r.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	sameDump(t, recovered(t, path), want)
+}
