@@ -278,6 +278,9 @@ func (k *Kernel) Start(ctx context.Context) error {
 	if k.deliv == nil {
 		return errors.New("kernel: start: no deliverer")
 	}
+	if err := k.checkCopyMark(ctx); err != nil {
+		return fmt.Errorf("kernel: start: %w", err)
+	}
 	t0 := time.Now()
 	counts, err := k.countExecutions(ctx)
 	if err != nil {

@@ -141,6 +141,23 @@ func TestStoreCopy(t *testing.T) {
 	if _, _, err := runCmd(t, ctx, "store", "copy", "--from", dir, "--to", dsn); err == nil || !strings.Contains(err.Error(), "not empty") {
 		t.Errorf("copy into a full database: %v", err)
 	}
+	// The verified copy says where it came from, and is not marked
+	// incomplete (a kernel would refuse it).
+	bst, err := bbolt.Open(filepath.Join(back, "wicket.db"), bbolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mark []byte
+	if err := bst.View(ctx, func(tx kernel.ReadTx) error {
+		mark, err = tx.Counter(kernel.DefaultTenant, kernel.CopyMarkKey)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = bst.Close()
+	if !strings.HasPrefix(string(mark), "copied from a postgres store at ") {
+		t.Errorf("the copy's mark is %q, want what it was copied from", mark)
+	}
 	if _, _, err := runCmd(t, ctx, "store", "copy", "--from", filepath.Join(dir, "missing"), "--to", t.TempDir()); err == nil {
 		t.Error("copy from a missing directory succeeded")
 	}

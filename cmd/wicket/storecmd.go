@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/wicket-run/wicket/store/storecopy"
 )
@@ -105,6 +106,10 @@ func storeCopy(ctx context.Context, from, to string, stdout io.Writer) error {
 	}
 	if got.Digest != want.Digest {
 		return fmt.Errorf("store copy: the copy differs from the source: source %s (%s), copy %s (%s)", want.Digest, want.Counts, got.Digest, got.Counts)
+	}
+	note := fmt.Sprintf("copied from a %s store at %s, records sha256 %s", src.kind, time.Now().UTC().Format(time.RFC3339), got.Digest)
+	if err := storecopy.Finish(ctx, dst, note); err != nil {
+		return fmt.Errorf("store copy: the copy is verified, but %w (a kernel will refuse it: copy again)", err)
 	}
 	fmt.Fprintf(stdout, "copied %s (%s) to %s (%s)\n", src.desc, src.kind, dst.desc, dst.kind)
 	fmt.Fprintf(stdout, "records: %s\n", counts)

@@ -173,10 +173,20 @@ type Summary struct {
 	Digest string
 }
 
-// Digest reads every record of src and summarizes them.
+// isCopyMark reports whether r is the mark a copy leaves in the store it
+// fills (kernel.CopyMarkKey): it is the copy's own, never copied on nor
+// part of a digest.
+func (r Record) isCopyMark() bool {
+	return r.Counter != nil && r.Counter.Tenant == kernel.DefaultTenant && r.Counter.Key == kernel.CopyMarkKey
+}
+
+// Digest reads every record of src but a copy's mark and summarizes them.
 func Digest(ctx context.Context, src Source) (Summary, error) {
 	byKind := map[string][]string{}
 	err := src.Export(ctx, func(r Record) error {
+		if r.isCopyMark() {
+			return nil
+		}
 		b, err := json.Marshal(r.value())
 		if err != nil {
 			return fmt.Errorf("encode %s: %w", r.Kind(), err)
@@ -244,6 +254,13 @@ func Copy(ctx context.Context, src Source, dst kernel.Store, dstSrc Source) (Cou
 	if !empty {
 		return nil, fmt.Errorf("storecopy: %w (copy into a new database or directory)", ErrNotEmpty)
 	}
+	// Marked before the first record, so that a copy stopped anywhere
+	// leaves a store the kernel refuses to start on (kernel.CopyMarkKey).
+	if err := dst.Update(ctx, func(tx kernel.Tx) error {
+		return tx.PutCounter(kernel.DefaultTenant, kernel.CopyMarkKey, []byte(kernel.CopyMarkIncomplete))
+	}); err != nil {
+		return nil, fmt.Errorf("storecopy: mark the destination: %w", err)
+	}
 	counts := Counts{}
 	var pending []Record
 	flush := func() error {
@@ -269,6 +286,9 @@ func Copy(ctx context.Context, src Source, dst kernel.Store, dstSrc Source) (Cou
 		return nil
 	}
 	err = src.Export(ctx, func(r Record) error {
+		if r.isCopyMark() {
+			return nil // the source's own, from the copy that made it
+		}
 		// Start a new transaction at an execution when the current one
 		// is full, so that the execution and its records travel together.
 		if len(pending) >= batchSize && (r.Execution != nil || len(pending) >= 4*batchSize) {
@@ -286,4 +306,19 @@ func Copy(ctx context.Context, src Source, dst kernel.Store, dstSrc Source) (Cou
 		return counts, fmt.Errorf("storecopy: %w", err)
 	}
 	return counts, nil
+}
+
+// Finish marks dst, filled by Copy and then verified, as a finished copy:
+// note (what it was copied from) replaces the mark that makes the kernel
+// refuse it.
+func Finish(ctx context.Context, dst kernel.Store, note string) error {
+	if note == "" || note == kernel.CopyMarkIncomplete {
+		return fmt.Errorf("storecopy: finish: the note %q would not mark the copy finished", note)
+	}
+	if err := dst.Update(ctx, func(tx kernel.Tx) error {
+		return tx.PutCounter(kernel.DefaultTenant, kernel.CopyMarkKey, []byte(note))
+	}); err != nil {
+		return fmt.Errorf("storecopy: finish: %w", err)
+	}
+	return nil
 }
