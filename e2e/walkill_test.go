@@ -47,22 +47,7 @@ import (
 // WICKET_KILL_SEED replays a run's draw of kill instants (the seed is
 // logged); WICKET_KILL_LIVES sets the number of lives (default 8).
 func TestKillAtRandomInstants(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("WICKET_KILL_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("WICKET_KILL_SEED: %v", err)
-		}
-	}
-	lives := 8
-	if s := os.Getenv("WICKET_KILL_LIVES"); s != "" {
-		var err error
-		if lives, err = strconv.Atoi(s); err != nil || lives < 2 {
-			t.Fatalf("WICKET_KILL_LIVES=%q: want a number, 2 at least", s)
-		}
-	}
-	t.Logf("WICKET_KILL_SEED=%d WICKET_KILL_LIVES=%d", seed, lives)
-	rng := rand.New(rand.NewPCG(seed, 0))
+	rng, lives := killDraw(t, 0)
 	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
 
 	dir, addr := t.TempDir(), freeAddr(t)
@@ -417,4 +402,27 @@ func (p *process) exited(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatalf("the kernel did not stop after SIGTERM; log:\n%s", p.stderrString())
 	}
+}
+
+// killDraw is a kill test's random draw and number of lives:
+// WICKET_KILL_SEED replays a run's draw (the seed is logged; stream keeps
+// each test's draws its own), WICKET_KILL_LIVES sets the lives (default 8).
+func killDraw(t *testing.T, stream uint64) (rng *rand.Rand, lives int) {
+	t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("WICKET_KILL_SEED"); s != "" {
+		var err error
+		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
+			t.Fatalf("WICKET_KILL_SEED: %v", err)
+		}
+	}
+	lives = 8
+	if s := os.Getenv("WICKET_KILL_LIVES"); s != "" {
+		var err error
+		if lives, err = strconv.Atoi(s); err != nil || lives < 2 {
+			t.Fatalf("WICKET_KILL_LIVES=%q: want a number, 2 at least", s)
+		}
+	}
+	t.Logf("WICKET_KILL_SEED=%d WICKET_KILL_LIVES=%d", seed, lives)
+	return rand.New(rand.NewPCG(seed, stream)), lives
 }

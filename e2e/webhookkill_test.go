@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,22 +45,7 @@ import (
 // WICKET_KILL_SEED replays a run's draw; WICKET_KILL_LIVES sets the
 // number of lives (default 8).
 func TestKillWebhookExecutionsAtRandomInstants(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("WICKET_KILL_SEED"); s != "" {
-		var err error
-		if seed, err = strconv.ParseUint(s, 10, 64); err != nil {
-			t.Fatalf("WICKET_KILL_SEED: %v", err)
-		}
-	}
-	lives := 8
-	if s := os.Getenv("WICKET_KILL_LIVES"); s != "" {
-		var err error
-		if lives, err = strconv.Atoi(s); err != nil || lives < 2 {
-			t.Fatalf("WICKET_KILL_LIVES=%q: want a number, 2 at least", s)
-		}
-	}
-	t.Logf("WICKET_KILL_SEED=%d WICKET_KILL_LIVES=%d", seed, lives)
-	rng := rand.New(rand.NewPCG(seed, 2))
+	rng, lives := killDraw(t, 2)
 	between := func(lo, hi time.Duration) time.Duration { return lo + time.Duration(rng.Int64N(int64(hi-lo)+1)) }
 
 	dir, addr := t.TempDir(), freeAddr(t)
