@@ -366,8 +366,13 @@ func TestLoadBundlesTenantBudget(t *testing.T) {
 	if most := int(budget/timeout) + runtime.GOMAXPROCS(0) + 1; len(l.evil) > most || len(l.evil) >= evil {
 		t.Errorf("evil's bundles were compiled %d times, want at most %d of its %d", len(l.evil), most, evil+1)
 	}
-	if len(l.evil) == 0 || l.evil[0] != "zz-guard" {
-		t.Errorf("evil's compilations ran in the order %v, want its admin-owned bundle first", l.evil)
+	// The admin-owned bundle goes first: its name sorts it after the 40
+	// others, whose compile time spends the budget, so it is active only
+	// because it was started before them. (Which of the first
+	// GOMAXPROCS started compilations reaches the loader first is the
+	// scheduler's: the order of l.evil is not asserted.)
+	if !slices.Contains(l.evil, "zz-guard") {
+		t.Errorf("evil's admin-owned bundle was never compiled (compilations %v)", l.evil)
 	}
 	slices.Sort(l.active)
 	if want := []string{"evil/zz-guard", "good/a", "good/b", "good/c"}; !slices.Equal(l.active, want) {
