@@ -135,7 +135,7 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 		return nil, err
 	}
 	l.Activate(tenant, cb)
-	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest, accountedSize(cb))
+	k.markActive(Ref{Tenant: tenant, Name: br.Name}, br.Digest, accountedSize(len(br.Archive), cb.Size))
 	k.log.Info("bundle activated", "tenant", tenant, "bundle", br.Name, "revision", br.Revision, "engine", br.Engine,
 		"sha256", br.Digest, "compile", compiled.Round(time.Microsecond).String())
 	return br, nil
@@ -154,8 +154,7 @@ func (k *Kernel) PutBundle(ctx context.Context, tenant, name string, src BundleS
 // bundleMu must be held.
 func (k *Kernel) checkBundleCeilings(tenant, name string, archive int, unpacked int64) error {
 	var n int
-	size := max(int64(archive), unpacked)
-	bytes := size
+	bytes := accountedSize(archive, unpacked)
 	for ref, a := range k.sh.active {
 		if ref.Tenant == tenant && ref.Name != name {
 			n++
@@ -171,11 +170,11 @@ func (k *Kernel) checkBundleCeilings(tenant, name string, archive int, unpacked 
 	return nil
 }
 
-// accountedSize is what a compiled bundle counts against
+// accountedSize is what a bundle counts against
 // Config.MaxTenantBundleBytes: the larger of its archive and its unpacked
 // files.
-func accountedSize(cb *CompiledBundle) int64 {
-	return max(int64(len(cb.Archive)), cb.Size)
+func accountedSize(archive int, unpacked int64) int64 {
+	return max(int64(archive), unpacked)
 }
 
 // BundlePull names the bundle server a bundle is pulled from (OPA's bundle
@@ -481,7 +480,7 @@ func (k *Kernel) loadStored(ctx context.Context, rec *BundleRecord) (int64, erro
 		k.bundles.Activate(rec.Tenant, r.cb)
 		k.log.Info("bundle loaded", "tenant", rec.Tenant, "bundle", rec.Name, "revision", rec.Revision, "engine", rec.Engine,
 			"sha256", rec.Digest, "compile", time.Since(t0).Round(time.Microsecond).String())
-		return max(int64(len(rec.Archive)), r.cb.Size), nil
+		return accountedSize(len(rec.Archive), r.cb.Size), nil
 	case <-lctx.Done():
 		go func() {
 			if r := <-done; r.err == nil {
