@@ -329,9 +329,8 @@ func (p *proc) read(stdout io.Reader) {
 }
 
 // outOfMemory reports whether the worker, now waited for, died of its
-// memory cap: the Go runtime says so, or the runtime itself faulted (a
-// failed mapping can surface as a SIGSEGV inside the garbage collector).
-// A Go panic (a bug, in OPA or here) is not counted.
+// memory cap (memoryDeath). A Go panic (a bug, in OPA or here) is not
+// counted.
 func (p *proc) outOfMemory() bool {
 	if p.stderr.contains("out of memory") || p.stderr.contains("cannot allocate memory") {
 		return true
@@ -339,8 +338,29 @@ func (p *proc) outOfMemory() bool {
 	if st := p.cmd.ProcessState; st == nil || st.Success() || p.stderr.contains("panic: ") {
 		return false
 	}
-	first := p.stderr.first()
-	return strings.HasPrefix(first, "SIGSEGV") || strings.HasPrefix(first, "SIGBUS") || strings.HasPrefix(first, "unexpected fault address")
+	return memoryDeath(p.stderr.first())
+}
+
+// memoryDeath reports whether a worker that crashed without a Go panic,
+// its standard error starting with first, died of its memory cap
+// (RLIMIT_DATA): the runtime itself faulted (a failed mapping can surface
+// as a SIGSEGV inside the garbage collector), or it could not start a
+// thread, whose stack is a private mapping the cap counts (with cgo,
+// pthread_create fails with EAGAIN and the process aborts; without it,
+// the runtime says it failed to create an OS thread).
+func memoryDeath(first string) bool {
+	for _, shape := range []string{
+		"SIGSEGV",
+		"SIGBUS",
+		"unexpected fault address",
+		"runtime/cgo: pthread_create failed",
+		"runtime: failed to create new OS thread",
+	} {
+		if strings.HasPrefix(first, shape) {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *proc) exited() bool {
