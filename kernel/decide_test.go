@@ -482,6 +482,18 @@ func TestLimits(t *testing.T) {
 			step{kind: "llm_call", target: "m", args: `{"max_tokens":100.5}`}, "limit_output_tokens"},
 		{"max_output_tokens_per_call_string", kernel.Limits{MaxOutputTokensPerCall: 100}, nil, nil,
 			step{kind: "llm_call", target: "m", args: `{"max_tokens":"5000"}`}, "limit_output_tokens"},
+		// n choices may each use the cap: n times it must fit, and n must
+		// be a whole number of choices no larger than the limit.
+		{"max_output_tokens_per_call_choices", kernel.Limits{MaxOutputTokensPerCall: 100}, nil, nil,
+			step{kind: "llm_call", target: "m", args: `{"max_tokens":60,"n":2}`}, "limit_output_tokens"},
+		{"max_output_tokens_per_call_choices_uncapped", kernel.Limits{MaxOutputTokensPerCall: 100}, nil, nil,
+			step{kind: "llm_call", target: "m", args: `{"n":101}`}, "limit_output_tokens"},
+		{"max_output_tokens_per_call_choices_fraction", kernel.Limits{MaxOutputTokensPerCall: 100}, nil, nil,
+			step{kind: "llm_call", target: "m", args: `{"max_tokens":10,"n":2.5}`}, "limit_output_tokens"},
+		{"max_output_tokens_per_call_choices_string", kernel.Limits{MaxOutputTokensPerCall: 100}, nil, nil,
+			step{kind: "llm_call", target: "m", args: `{"max_tokens":10,"n":"9"}`}, "limit_output_tokens"},
+		{"max_output_tokens_per_call_choices_zero", kernel.Limits{MaxOutputTokensPerCall: 100}, nil, nil,
+			step{kind: "llm_call", target: "m", args: `{"max_tokens":10,"n":0}`}, "limit_output_tokens"},
 		{"max_duration", kernel.Limits{MaxDuration: "10m"}, nil,
 			func(r *run) { r.advance(11 * time.Minute) }, step{target: "late"}, "limit_duration"},
 		{"deadline", kernel.Limits{}, &deadline,
@@ -519,6 +531,15 @@ func TestLimits(t *testing.T) {
 		r.advance(9 * time.Minute)
 		if d := r.mustSubmit(step{target: "again"}); d.Decision != kernel.DecisionProceed {
 			t.Errorf("second of two: %+v", d)
+		}
+	})
+	t.Run("choices under the output cap", func(t *testing.T) {
+		h := newHarness(t, kernel.Config{}, nil)
+		r := h.start(kernel.Limits{MaxOutputTokensPerCall: 100}, nil)
+		for _, args := range []string{`{"max_tokens":50,"n":2}`, `{"n":100}`, `{"max_tokens":100,"n":1}`, `{"max_tokens":100,"n":null}`} {
+			if d := r.mustSubmit(step{kind: "llm_call", target: "m", args: args}); d.Decision != kernel.DecisionProceed {
+				t.Errorf("llm_call %s under 100 output tokens per call: %+v", args, d)
+			}
 		}
 	})
 	t.Run("a success resets consecutive failures", func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"time"
@@ -981,11 +982,18 @@ func stepOf(tx ReadTx, tenant, executionID, stepID string) (*Step, error) {
 // its cap) or a number no larger than max. A cap that is not a number
 // (a string, say, which a lenient provider reads as one) does not fit: a
 // limit enforced before the call cannot trust what the provider will make
-// of it.
+// of it. A call asking for n choices (OpenAI's "n") may use its cap once
+// per choice, so n times its cap must fit, and n must be a whole number
+// from 1 to max (each choice is at least one token; the gateway gives an
+// uncapped call max/n per choice).
 func outputCapOver(args json.RawMessage, max int64) string {
 	var req map[string]json.RawMessage
 	if json.Unmarshal(args, &req) != nil {
 		return ""
+	}
+	choices, why := ChoicesOf(req["n"], max)
+	if why != "" {
+		return why
 	}
 	for _, f := range []string{"max_tokens", "max_output_tokens", "max_completion_tokens"} {
 		raw := bytes.TrimSpace(req[f])
@@ -995,9 +1003,32 @@ func outputCapOver(args json.RawMessage, max int64) string {
 		if raw[0] != '-' && (raw[0] < '0' || raw[0] > '9') {
 			return fmt.Sprintf("the call's %s is %.32s, not a number of output tokens (max %d per call)", f, raw, max)
 		}
-		if n, err := strconv.ParseFloat(string(raw), 64); err != nil || n > float64(max) {
+		n, err := strconv.ParseFloat(string(raw), 64)
+		switch {
+		case err != nil || n > float64(max):
 			return fmt.Sprintf("the call asks for %.32s output tokens (max %d per call)", raw, max)
+		case n*float64(choices) > float64(max):
+			return fmt.Sprintf("the call asks for %d choices of up to %.32s output tokens each (max %d per call)", choices, raw, max)
 		}
 	}
 	return ""
+}
+
+// ChoicesOf reads an LLM request's "n" (how many choices it asks for) under
+// a per-call output cap of max: 1 when absent or null, else a whole number
+// from 1 to max, or why it is not one. The gateway divides an uncapped
+// call's cap by it.
+func ChoicesOf(raw json.RawMessage, max int64) (int64, string) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return 1, ""
+	}
+	n, err := strconv.ParseFloat(string(raw), 64)
+	if raw[0] < '0' || raw[0] > '9' || err != nil || n < 1 || n != math.Trunc(n) {
+		return 0, fmt.Sprintf("the call's n is %.32s, not a number of choices (max %d output tokens per call)", raw, max)
+	}
+	if n > float64(max) {
+		return 0, fmt.Sprintf("the call asks for %.32s choices of at least one output token each (max %d per call)", raw, max)
+	}
+	return int64(n), ""
 }

@@ -501,7 +501,7 @@ func setUpstreamHeaders(out, in http.Header, p *Provider, stepID string) {
 // (stream_options.include_usage: without it a streamed call would use
 // tokens the limits never see) and, under max_output_tokens_per_call, a
 // request without an output cap (or with a null one) gets the limit as its
-// cap. The step's
+// cap, shared among its choices when it asks for n. The step's
 // args stay the caller's body.
 func upstreamBody(ep endpoint, body []byte, maxOut int64) ([]byte, error) {
 	capField := ""
@@ -528,7 +528,12 @@ func upstreamBody(ep endpoint, body []byte, maxOut int64) ([]byte, error) {
 		}
 	}
 	if maxOut > 0 && capField != "" && m["max_tokens"] == nil && m["max_completion_tokens"] == nil && m["max_output_tokens"] == nil {
-		m[capField] = json.RawMessage(strconv.FormatInt(maxOut, 10))
+		// Each of n choices may use the cap: they share the limit.
+		choices, why := kernel.ChoicesOf(m["n"], maxOut)
+		if why != "" {
+			return nil, errors.New(why) // the kernel refused such a call before
+		}
+		m[capField] = json.RawMessage(strconv.FormatInt(maxOut/choices, 10))
 		changed = true
 	}
 	if ep.kind == kindChat && bytes.Equal(bytes.TrimSpace(m["stream"]), []byte("true")) {

@@ -985,6 +985,50 @@ func TestProvidersPerTenant(t *testing.T) {
 	}
 }
 
+// TestOutputCapSharedByChoices: a call asking for n choices may use its
+// output cap once per choice, so under max_output_tokens_per_call an
+// uncapped call gets the limit divided among its choices, and a capped one
+// whose choices together ask for more is refused before the call.
+func TestOutputCapSharedByChoices(t *testing.T) {
+	g := startGW(t, kernel.Config{})
+	url := g.env.URL + "/llm/openai/v1/chat/completions"
+	var mu sync.Mutex
+	got := map[string]string{}
+	bodies := []string{`"n":3`, `"n":2,"max_tokens":5`, `"n":10`}
+	g.setHandler(func(ctx context.Context, r *testkit.Run) (any, error) {
+		for i, b := range bodies {
+			st, out := rawCall(t, url, r.LLMGatewayToken, fmt.Sprintf(`{"model":"gpt-fake","messages":[{"role":"user","content":"choices %d"}],%s}`, i, b))
+			mu.Lock()
+			got[b] = fmt.Sprintf("%d %s", st, out)
+			mu.Unlock()
+		}
+		return map[string]any{}, nil
+	})
+	var x kernel.Execution
+	if _, err := g.env.Admin("POST", "/v0/executions", map[string]any{"agent_id": g.agent.ID, "input": map[string]any{},
+		"limits": map[string]any{"max_output_tokens_per_call": 9}}, &x); err != nil {
+		t.Fatal(err)
+	}
+	g.env.WaitTerminal(x.ID, 30*time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.HasPrefix(got[`"n":3`], "200 ") {
+		t.Errorf("3 choices, no cap, under a limit of 9: %s", got[`"n":3`])
+	}
+	for _, b := range []string{`"n":2,"max_tokens":5`, `"n":10`} {
+		if !strings.HasPrefix(got[b], "403 ") || !strings.Contains(got[b], "rebuno_refusal: denied reason=limit_output_tokens") {
+			t.Errorf("%s under a limit of 9: %s", b, got[b])
+		}
+	}
+	reqs := g.prov.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests reached the provider, want 1", len(reqs))
+	}
+	if !bytes.Contains(reqs[0].Body, []byte(`"max_completion_tokens":3`)) {
+		t.Errorf("3 choices under a limit of 9 went out as %s", reqs[0].Body)
+	}
+}
+
 // TestOutputCapsThatAreNotIntegers: under max_output_tokens_per_call, a
 // request's own cap is held to the limit whatever its JSON form (an
 // exponent, a fraction, a string a lenient provider reads as a number)
