@@ -1,12 +1,14 @@
 package mcpproxy
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wicket-run/wicket/sdk/agent"
@@ -20,6 +22,11 @@ func (p *Proxy) handler(t *tool) mcp.ToolHandler {
 		args := json.RawMessage("{}")
 		if req.Params != nil && len(req.Params.Arguments) > 0 && string(req.Params.Arguments) != "null" {
 			args = req.Params.Arguments
+		}
+		if a := bytes.TrimLeft(args, " \t\r\n"); len(a) == 0 || a[0] != '{' {
+			// MCP's arguments are an object: anything else is the
+			// client's mistake, refused before it is a step.
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf("tools/call %s: arguments must be a JSON object, not %.40s", t.def.Name, args)}
 		}
 		return p.call(ctx, t, args, progressOf(req))
 	}

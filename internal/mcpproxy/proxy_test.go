@@ -2,6 +2,7 @@ package mcpproxy_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/wicket-run/wicket/internal/mcpproxy"
@@ -559,5 +561,29 @@ func TestProxyRefusesAnotherAgentsSession(t *testing.T) {
 	// Its holder attaches at once: the proxy took no lease.
 	if _, err := client.New(h.env.URL, client.WithAPIKey(h.key)).AttachSession(ctx, s.ID()); err != nil {
 		t.Fatalf("attach after the refused proxy: %v", err)
+	}
+}
+
+// TestProxyRefusesArgumentsNotAnObject: a tools/call whose arguments are
+// not a JSON object is refused with invalid params before it becomes a
+// step: the upstream never sees it, and the next proper call is the
+// upstream's first.
+func TestProxyRefusesArgumentsNotAnObject(t *testing.T) {
+	h := newHarness(t)
+	_, cs, _ := h.proxy("", false)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, args := range []any{"https://example.com/a", []any{1, 2}, 5, true} {
+		_, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "web_fetch", Arguments: args})
+		var werr *jsonrpc.Error
+		if !errors.As(err, &werr) || werr.Code != jsonrpc.CodeInvalidParams || !strings.Contains(werr.Message, "arguments must be a JSON object") {
+			t.Errorf("arguments %v: %v, want invalid params", args, err)
+		}
+	}
+	if got := h.calls(); len(got) != 0 {
+		t.Errorf("the upstream was called: %v", got)
+	}
+	if r := call(t, cs, "web_fetch", map[string]any{"url": "https://example.com/a"}); r.IsError || !strings.Contains(text(r), "fetch #1") {
+		t.Fatalf("fetch after the refusals: %+v", text(r))
 	}
 }
