@@ -561,19 +561,23 @@ func upstreamBody(ep endpoint, body []byte, maxOut int64) ([]byte, error) {
 
 // modelOf reads the request's model: a JSON object with a "model" string.
 func modelOf(body []byte) (string, error) {
-	var b struct {
-		Model *string `json:"model"`
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil || m == nil {
+		return "", errors.New("the request body must be a JSON object")
 	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		return "", fmt.Errorf("the request body must be a JSON object: %v", err)
+	var model string
+	if raw := bytes.TrimSpace(m["model"]); len(raw) > 0 && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &model); err != nil {
+			return "", fmt.Errorf(`the request's "model" must be a string, not %.40s`, raw)
+		}
 	}
-	if b.Model == nil || *b.Model == "" {
+	if model == "" {
 		return "", errors.New(`the request body must name its "model"`)
 	}
-	if len(*b.Model) > kernel.MaxTargetLen {
+	if len(model) > kernel.MaxTargetLen {
 		return "", fmt.Errorf("the model name is longer than %d bytes", kernel.MaxTargetLen)
 	}
-	return *b.Model, nil
+	return model, nil
 }
 
 // readBody reads a request body within limit; the read deadline the

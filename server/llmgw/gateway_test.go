@@ -680,6 +680,10 @@ func TestErrors(t *testing.T) {
 		add("large", st, b)
 		st, b = rawCall(t, url, r.LLMGatewayToken, `{"model":`)
 		add("json", st, b)
+		st, b = rawCall(t, url, r.LLMGatewayToken, `[{"model":"gpt-fake"}]`)
+		add("array", st, b)
+		st, b = rawCall(t, url, r.LLMGatewayToken, `{"model":["gpt-fake"]}`)
+		add("model type", st, b)
 		st, b = rawCall(t, url, r.LLMGatewayToken, `{"model":"gpt-error","messages":[{"role":"user","content":"x"}]}`)
 		add("provider", st, b)
 		st, b = rawCall(t, g.env.URL+"/llm/anthropic/v1/messages", "", `{"model":"claude-down","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`,
@@ -695,13 +699,16 @@ func TestErrors(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	want := map[string]string{
-		"forged":   `401 {"error":{"code":"authentication_error","message":"invalid gateway token: unknown or expired"`,
-		"lease":    `409 {"error":{"code":"lease_superseded"`,
-		"model":    `404 {"error":{"code":"model_not_configured","message":"model \"gpt-5-unknown\" is not configured for openai calls of tenant default (configured: embed-fake, gpt-denied, gpt-error, gpt-fake, gpt-gated, gpt-limited)"`,
-		"large":    `413 {"error":{"code":"request_too_large"`,
-		"json":     `400 {"error":{"code":"invalid_request_error"`,
-		"provider": `500 {"error":{"code":null,"message":"the fake model gpt-error always fails","type":"api_error"}}`,
-		"down":     `502 {"error":{"message":"the provider gave no whole answer: provider down: `,
+		"forged": `401 {"error":{"code":"authentication_error","message":"invalid gateway token: unknown or expired"`,
+		"lease":  `409 {"error":{"code":"lease_superseded"`,
+		"model":  `404 {"error":{"code":"model_not_configured","message":"model \"gpt-5-unknown\" is not configured for openai calls of tenant default (configured: embed-fake, gpt-denied, gpt-error, gpt-fake, gpt-gated, gpt-limited)"`,
+		"large":  `413 {"error":{"code":"request_too_large"`,
+		"json":   `400 {"error":{"code":"invalid_request_error"`,
+		// Precise, in the request's own terms, not Go's decoder's.
+		"array":      `400 {"error":{"code":"invalid_request_error","message":"the request body must be a JSON object"`,
+		"model type": `400 {"error":{"code":"invalid_request_error","message":"the request's \"model\" must be a string, not [\"gpt-fake\"]"`,
+		"provider":   `500 {"error":{"code":null,"message":"the fake model gpt-error always fails","type":"api_error"}}`,
+		"down":       `502 {"error":{"message":"the provider gave no whole answer: provider down: `,
 	}
 	if len(got) != len(want) {
 		t.Fatalf("results %+v", got)
