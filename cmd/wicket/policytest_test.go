@@ -357,6 +357,60 @@ func TestPolicyTestJUnit(t *testing.T) {
 	}
 }
 
+// TestPolicyTestJUnitError: a Rego unit test whose evaluation fails (here
+// a function with two outputs for one input) is a JUnit <error>, as OPA
+// reports it ERROR, and a test that is merely false a <failure>; both
+// count as failed in the summary.
+func TestPolicyTestJUnitError(t *testing.T) {
+	root := t.TempDir()
+	writeTree(t, root, map[string]string{
+		"conflict/bundle.yaml":      "name: conflict\nentrypoint: data.shell.deny\ndefault_action: allow\n",
+		"conflict/policy.rego":      shellRego,
+		"conflict/policy_test.rego": "package shell_test\n\nf(_) := 1\n\nf(_) := 2\n\ntest_conflict if f(1) == 1\n\ntest_false if false\n\ntest_true if true\n",
+	})
+	stdout, stderr, err := runCmd(t, context.Background(), "policy", "test", root, "--format", "junit")
+	if err == nil {
+		t.Fatal("failures were not reported")
+	}
+	if p, f, _ := summaryCounts(t, stderr); p != 1 || f != 2 {
+		t.Errorf("summary %q, want 1 passed, 2 failed", stderr)
+	}
+	var doc struct {
+		Failures int `xml:"failures,attr"`
+		Errors   int `xml:"errors,attr"`
+		Suites   []struct {
+			Failures int `xml:"failures,attr"`
+			Errors   int `xml:"errors,attr"`
+			Cases    []struct {
+				Name    string    `xml:"name,attr"`
+				Failure *struct{} `xml:"failure"`
+				Error   *struct {
+					Message string `xml:"message,attr"`
+				} `xml:"error"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal([]byte(stdout), &doc); err != nil || len(doc.Suites) != 1 {
+		t.Fatalf("not one testsuite: %v\n%s", err, stdout)
+	}
+	s := doc.Suites[0]
+	if doc.Failures != 1 || doc.Errors != 1 || s.Failures != 1 || s.Errors != 1 {
+		t.Errorf("failures %d errors %d (suite %d, %d), want 1 and 1\n%s", doc.Failures, doc.Errors, s.Failures, s.Errors, stdout)
+	}
+	for _, c := range s.Cases {
+		switch c.Name {
+		case "data.shell_test.test_conflict":
+			if c.Error == nil || c.Failure != nil || !strings.Contains(c.Error.Message, "eval_conflict_error") {
+				t.Errorf("%s: %+v", c.Name, c)
+			}
+		case "data.shell_test.test_false":
+			if c.Failure == nil || c.Error != nil {
+				t.Errorf("%s: %+v", c.Name, c)
+			}
+		}
+	}
+}
+
 // TestPolicyTestJSON: the JSON report has the summary's counts and, per
 // test, the expectation and the answer.
 func TestPolicyTestJSON(t *testing.T) {

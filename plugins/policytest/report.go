@@ -140,6 +140,7 @@ type junitCase struct {
 	Line      int           `xml:"line,attr,omitempty"`
 	Time      string        `xml:"time,attr"`
 	Failure   *junitFailure `xml:"failure,omitempty"`
+	Error     *junitFailure `xml:"error,omitempty"`
 	Skipped   *junitSkipped `xml:"skipped,omitempty"`
 }
 
@@ -156,13 +157,23 @@ type junitSkipped struct {
 // WriteJUnit writes the report as JUnit XML: a testsuite per bundle (named
 // by its path, with its name, engine, revision and digest as properties),
 // a testcase per test (classname the bundle's name), and for a failure
-// its message and the expected and actual answers. Counts are the
-// report's: tests = passed + failed + skipped, failures = failed.
+// its message and the expected and actual answers: an <error> for a test
+// that did not evaluate to an answer (TestResult.Errored), a <failure> for
+// the others. Counts are the report's: tests = passed + failed + skipped,
+// failures + errors = failed.
 func (r *Report) WriteJUnit(w io.Writer) error {
 	doc := junitSuites{Name: "wicket policy test", Tests: r.Passed + r.Failed + r.Skipped, Failures: r.Failed, Skipped: r.Skipped, Time: seconds(r.Duration)}
 	for _, b := range r.Bundles {
 		p, f, s := b.Counts()
-		suite := junitSuite{Name: b.Path, Tests: p + f + s, Failures: f, Skipped: s, Time: seconds(b.Duration), File: b.Path}
+		e := 0
+		for _, t := range b.Tests {
+			if t.Status == Fail && t.Errored {
+				e++
+			}
+		}
+		doc.Failures -= e
+		doc.Errors += e
+		suite := junitSuite{Name: b.Path, Tests: p + f + s, Failures: f - e, Errors: e, Skipped: s, Time: seconds(b.Duration), File: b.Path}
 		for _, kv := range [][2]string{{"bundle", b.Name}, {"engine", b.Engine}, {"revision", b.Revision}, {"sha256", b.Digest}, {"targets", strings.Join(b.Targets, ",")}} {
 			if kv[1] != "" {
 				suite.Properties = append(suite.Properties, junitProperty{Name: kv[0], Value: kv[1]})
@@ -175,8 +186,12 @@ func (r *Report) WriteJUnit(w io.Writer) error {
 			jc := junitCase{Name: t.Case, Classname: b.Name, File: t.File, Line: t.Line, Time: seconds(t.Duration)}
 			switch t.Status {
 			case Fail:
-				text := strings.Join(t.Details, "\n")
-				jc.Failure = &junitFailure{Message: t.Message, Type: t.Kind, Text: text}
+				f := &junitFailure{Message: t.Message, Type: t.Kind, Text: strings.Join(t.Details, "\n")}
+				if t.Errored {
+					jc.Error = f
+				} else {
+					jc.Failure = f
+				}
 			case Skip:
 				jc.Skipped = &junitSkipped{Message: "todo"}
 			}

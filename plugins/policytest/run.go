@@ -141,6 +141,10 @@ type TestResult struct {
 	Status string `json:"status"`
 	// Message says why the test failed, in one line.
 	Message string `json:"message,omitempty"`
+	// Errored reports a failed test that did not evaluate to an answer (a
+	// Rego unit test whose evaluation failed: a timeout, a conflict), what
+	// OPA reports as ERROR rather than FAIL. It is counted as failed.
+	Errored bool `json:"errored,omitempty"`
 	// Details are more lines about a failure (expected, got, input,
 	// errors), without indentation.
 	Details []string `json:"details,omitempty"`
@@ -307,7 +311,7 @@ func (r *Runner) Run(ctx context.Context, f Found) *BundleResult {
 			t.Status = Fail
 			t.Message = "test rule is false or undefined"
 			if rt.Error != "" {
-				t.Message = rt.Error
+				t.Message, t.Errored = rt.Error, true
 			}
 			if len(rt.FailedCases) > 0 {
 				t.Details = append(t.Details, "failed cases: "+strings.Join(rt.FailedCases, ", "))
