@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
@@ -331,4 +332,71 @@ func TestArgumentsAreEscaped(t *testing.T) {
 	if strings.Contains(page, "<script>alert") {
 		t.Fatalf("markup reached the execution page")
 	}
+}
+
+// TestAdminDecidesOnBehalf: an admin who is not among an approval's
+// approvers is asked, before the form is sent, to name one of them (the
+// API refuses the decision otherwise); on an approval any approver may
+// decide, the field stays optional. Granting on behalf of the named
+// approver goes through.
+func TestAdminDecidesOnBehalf(t *testing.T) {
+	env := start(t)
+	policy := "default_action: allow\nrules:\n" +
+		"  - id: named\n    priority: 1\n    when: {target: named}\n    then: {decision: require_approval, approval_config: {approvers: [alice, bob]}}\n" +
+		"  - id: anyone\n    priority: 1\n    when: {target: anyone}\n    then: {decision: require_approval}\n"
+	a := testkit.NewAgent("bot", "bot-secret-0123456789", env.URL, func(ctx context.Context, r *testkit.Run) (any, error) {
+		var in struct{ Target string }
+		if err := json.Unmarshal(r.Input, &in); err != nil {
+			return nil, err
+		}
+		_, err := r.Step(ctx, "tool_call", in.Target, map[string]any{}, testkit.StepOpts{}, func() (any, error) { return "done", nil })
+		return nil, err
+	})
+	defer a.Close()
+	env.RegisterAgent(a, "")
+	if _, err := env.Admin("POST", "/v0/policies/bot", map[string]any{"bundle": policy}, nil); err != nil {
+		t.Fatal(err)
+	}
+	blocked := func(s kernel.ExecStatus) bool { return s == kernel.ExecBlocked }
+	named := env.CreateExecution("bot", map[string]any{"target": "named"})
+	env.WaitStatus(named, 30*time.Second, blocked)
+	anyone := env.CreateExecution("bot", map[string]any{"target": "anyone"})
+	env.WaitStatus(anyone, 30*time.Second, blocked)
+
+	b := newBrowser(t, env.URL)
+	b.signIn(testkit.AdminKey)
+	_, page := b.do("GET", "/ui/approvals", nil, nil)
+	article := func(execID string) string {
+		i := strings.Index(page, execID)
+		if i < 0 {
+			t.Fatalf("execution %s not on the page:\n%s", execID, page)
+		}
+		start := strings.LastIndex(page[:i], "<article")
+		end := strings.Index(page[i:], "</article>")
+		return page[start : i+end]
+	}
+	n := article(named)
+	if !regexp.MustCompile(`name="on_behalf_of" value="" required list="a-[^"]+"`).MatchString(n) ||
+		!strings.Contains(n, `<option value="alice">`) || !strings.Contains(n, `<option value="bob">`) {
+		t.Errorf("an approval for alice and bob asks the admin for no approver:\n%s", n)
+	}
+	if o := article(anyone); !strings.Contains(o, `name="on_behalf_of"`) || strings.Contains(o, "required") {
+		t.Errorf("an approval for anyone:\n%s", o)
+	}
+
+	var list struct{ Approvals []wire.Approval }
+	if _, err := env.Admin("GET", "/v0/approvals?status=pending", nil, &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, ap := range list.Approvals {
+		if ap.ExecutionID != named {
+			continue
+		}
+		tok := b.csrf("/ui/approvals")
+		resp, _ := b.do("POST", "/ui/approvals/"+ap.ID+"/grant", url.Values{"csrf": {tok}, "request_hash": {ap.RequestHash}, "on_behalf_of": {"alice"}}, nil)
+		if resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("grant on behalf of alice: %d", resp.StatusCode)
+		}
+	}
+	env.WaitTerminal(named, 30*time.Second)
 }

@@ -80,6 +80,9 @@ type approvalView struct {
 	// also decide for a named approver.
 	MayDecide bool
 	Admin     bool
+	// OnBehalf: the viewer is an admin not among the approval's approvers,
+	// so the kernel takes a decision only on behalf of one of them.
+	OnBehalf bool
 }
 
 func (c *Console) approvalsPage(q *req) {
@@ -116,7 +119,7 @@ func (c *Console) approvalsPage(q *req) {
 			continue
 		}
 		may := q.may(routeGrant) && (admin || kernel.MayDecide(a.Approvers, q.who.Principal))
-		pv = append(pv, approvalView{Approval: a, MayDecide: may, Admin: admin})
+		pv = append(pv, approvalView{Approval: a, MayDecide: may, Admin: admin, OnBehalf: admin && !kernel.MayDecide(a.Approvers, q.who.Principal)})
 	}
 	sort.SliceStable(pv, func(i, j int) bool { return pv[i].ExpiresAt.Before(pv[j].ExpiresAt) })
 	var decided []wire.Approval
