@@ -446,7 +446,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 			if err := puller.Start(src); err != nil {
 				return fmt.Errorf("manifest %s: bundle %s: %w", o.config, src.Name, err)
 			}
-			log.Info("pulling bundle", "tenant", src.Tenant, "bundle", src.Name, "url", src.URL)
+			log.Info("pulling bundle", "tenant", src.Tenant, "bundle", src.Name, "url", src.RedactedURL())
 		}
 	}
 	if err := checkDefaultPolicy(ctx, k, o.defaultPolicy, log); err != nil {
