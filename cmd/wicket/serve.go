@@ -553,9 +553,14 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	log.Info("shutting down")
+	log.Info("shutting down", "wait", shutdownWait.String(), "hint", "a second SIGINT or SIGTERM stops at once")
+	stopNow := func(sig os.Signal) {
+		log.Warn("second signal: stopping at once, without waiting for requests in progress (the next start applies the store's log)", "signal", sig.String())
+	}
+	onSecondSignal.Store(&stopNow)
+	defer onSecondSignal.Store(nil)
 	srv.SetReady(false)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownWait)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("http shutdown", "err", err)
@@ -571,6 +576,10 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	log.Info("stopped")
 	return nil
 }
+
+// shutdownWait bounds a graceful stop: the requests in progress (event
+// streams are ended at once), then the kernel's own shutdown.
+const shutdownWait = 15 * time.Second
 
 // webhookGuard builds the webhook address policy from the
 // --webhook-allow-cidr and --webhook-deny-cidr flags.
