@@ -359,3 +359,14 @@ func TestStoreBackupUnwritableOutput(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestStoreBackupToADirectory: -o naming a directory is a usage mistake
+// found before anything is downloaded. It used to download and check the
+// whole store, then fail to rename it ("rename .DIR.part…: file exists").
+func TestStoreBackupToADirectory(t *testing.T) {
+	dir := t.TempDir()
+	_, errOut, code := runExit(t, "store", "backup", "--url", closedURL(t), "-o", dir)
+	if code != 2 || !strings.Contains(errOut, "-o "+dir+" is a directory") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
