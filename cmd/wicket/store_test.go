@@ -370,3 +370,23 @@ func TestStoreBackupToADirectory(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestStoreCopyIntoItself: --from and --to naming one data directory in
+// two spellings is a usage mistake. It used to wait 2 s for the lock the
+// copy itself held on the source and then blame another `wicket serve`.
+func TestStoreCopyIntoItself(t *testing.T) {
+	dir := t.TempDir()
+	st, err := bbolt.Open(storePath(dir), bbolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, to := range []string{dir + "/", filepath.Join(dir, ".", ".")} {
+		_, errOut, code := runExit(t, "store", "copy", "--from", dir, "--to", to)
+		if code != 2 || !strings.Contains(errOut, "--from and --to name the same store") {
+			t.Errorf("--to %s: exit %d, stderr %q", to, code, errOut)
+		}
+	}
+}
