@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // version is the binary's version: set at build time with
@@ -34,18 +35,28 @@ func main() {
 	go func() {
 		// The first SIGINT or SIGTERM asks the command to stop (serve stops
 		// gracefully); a second one, while it does, stops the process at
-		// once.
+		// once. One sent twice at once is one: coreutils' timeout, for
+		// one, signals the process and then its process group.
 		<-sigs
+		first := time.Now()
 		cancel()
-		sig := <-sigs
-		secondSignal(sig)
-		os.Exit(1)
+		for sig := range sigs {
+			if time.Since(first) >= sameSignal {
+				secondSignal(sig)
+				os.Exit(1)
+			}
+		}
 	}()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	signal.Stop(sigs)
 	cancel()
 	os.Exit(exitCode(err, os.Stderr))
 }
+
+// sameSignal is how soon after the first a signal is taken for the same
+// one delivered twice, not a second one: a person's second Ctrl-C comes
+// later.
+const sameSignal = 300 * time.Millisecond
 
 // onSecondSignal says why the process stops without finishing; serve
 // replaces it with a line in its own log.
