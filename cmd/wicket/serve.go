@@ -223,6 +223,19 @@ func listenError(flagName, addr string, err error) error {
 	return fmt.Errorf("serve: %s %s: %w", flagName, addr, err)
 }
 
+// checkListenAddr refuses a listen address no machine could listen on:
+// no port, a port past 65535, a service name the system does not know.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return err
+	}
+	return nil
+}
+
 // isLoopback reports whether a listen address only serves this machine.
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
@@ -267,6 +280,13 @@ func (o *serveOptions) checkFlags() error {
 		}
 	}
 	// What needs no store is checked before the data directory is made.
+	for _, f := range []struct{ name, addr string }{
+		{"addr", o.addr}, {"metrics-addr", o.metricsAddr}, {"llm-addr", o.llm.addr}, {"pprof", o.pprofAddr},
+	} {
+		if err := checkListenAddr(f.addr); f.addr != "" && err != nil {
+			return usageError{fmt.Sprintf("serve: --%s %s: %v (want HOST:PORT, e.g. 127.0.0.1:8080)", f.name, f.addr, err)}
+		}
+	}
 	switch {
 	case o.retention < 0 || (o.retention > 0 && o.retention < kernel.MinRetention):
 		return usageError{fmt.Sprintf("serve: --retention %s: want 0 (keep forever) or at least %s", o.retention, kernel.MinRetention)}
