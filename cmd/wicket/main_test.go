@@ -407,3 +407,17 @@ func TestServeMalformedAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestServeLLMAddrWithoutProviders: --llm-addr without llm_providers in
+// the manifest is refused before the data directory is made (it used to
+// be refused once the store was opened and the bundles loaded).
+func TestServeLLMAddrWithoutProviders(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	_, errOut, code := runExit(t, "serve", "--data", data, "--addr", "127.0.0.1:0", "--llm-addr", "127.0.0.1:0")
+	if code != 2 || !strings.Contains(errOut, "--llm-addr needs llm_providers") {
+		t.Errorf("exit %d, %q", code, errOut)
+	}
+	if _, err := os.Stat(data); err == nil {
+		t.Errorf("the data directory was made")
+	}
+}

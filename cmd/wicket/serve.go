@@ -323,6 +323,9 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 			return err
 		}
 	}
+	if o.llm.addr != "" && (man == nil || len(man.LLMProviders) == 0) {
+		return usageError{"serve: --llm-addr needs llm_providers in the manifest (--config)"}
+	}
 	if o.adminKeyFile != "" {
 		if o.adminKey != "" {
 			return usageError{"serve: give --admin-key or --admin-key-file, not both"}
