@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/wicket-run/wicket/kernel"
 )
@@ -67,6 +68,52 @@ func TestWritesRefusedOnceTheFileIsReplaced(t *testing.T) {
 			}
 			if errors.Is(err, ErrLocked) {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestWritesRefusedOnceTheFileIsReplacedNoWAL: without a log (serve
+// --no-wal) the writer itself checks, at most every fileCheckEvery before
+// a write, that the path still names its file. Before, every write to the
+// unlinked file was answered. It failed before the fix.
+func TestWritesRefusedOnceTheFileIsReplacedNoWAL(t *testing.T) {
+	defer func(d time.Duration) { fileCheckEvery = d }(fileCheckEvery)
+	fileCheckEvery = 0 // every write checks
+	for _, how := range []string{"renamed over", "removed"} {
+		t.Run(how, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "wicket.db")
+			s, err := Open(path, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			put := func(i int) error {
+				return s.Update(context.Background(), func(tx kernel.Tx) error {
+					return tx.PutCounter("t", fmt.Sprintf("k%d", i), []byte("v"))
+				})
+			}
+			if err := put(0); err != nil {
+				t.Fatal(err)
+			}
+			switch how {
+			case "renamed over":
+				if err := os.WriteFile(filepath.Join(dir, "other"), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Rename(filepath.Join(dir, "other"), path); err != nil {
+					t.Fatal(err)
+				}
+			case "removed":
+				if err := os.Remove(path); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := 1; i <= 2; i++ {
+				if err := put(i); err == nil || !strings.Contains(err.Error(), "no longer the file") {
+					t.Fatalf("write %d after the file was %s: %v, want refused", i, how, err)
+				}
 			}
 		})
 	}

@@ -380,16 +380,12 @@ func (s *Store) checkpoint(w *walState, job *ckptJob) error {
 		return fmt.Errorf("wal: checkpoint: sync %s: %w", s.path, err)
 	}
 	if err := sameFile(s.path, w.metaFile); err != nil {
-		if errors.Is(err, errReplaced) {
-			err = errors.New("another file has its name")
-		}
 		// The file was renamed over (a backup restored without stopping
 		// the kernel) or removed: what the kernel writes from now on would
 		// be in no file a restart opens. The store fails, so no write is
 		// answered any more, and its log stays, as the file's.
 		_ = job.base.Rollback()
-		return fmt.Errorf("%s is no longer the file this kernel opened (it was replaced or removed while the kernel ran: %v); "+
-			"writes are refused: stop the kernel; to restore a backup, see docs/operations.md#backup-and-restore", s.path, err)
+		return replacedError(s.path, err)
 	}
 	if err := writeCheckpoint(w.log.dir, &job.cp); err != nil {
 		_ = job.base.Rollback()
