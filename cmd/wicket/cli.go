@@ -311,7 +311,7 @@ func (c *command) printHelp(w io.Writer, fs *flag.FlagSet) {
 		if name != "" {
 			head += " " + name
 		}
-		if !zeroDefault(f.DefValue) && !strings.Contains(f.Usage, "secret") && !strings.Contains(f.Name, "key") {
+		if !zeroDefault(f.DefValue) && !holdsSecret(f) {
 			if name == "string" {
 				usage += fmt.Sprintf(" (default %q)", f.DefValue)
 			} else {
@@ -323,6 +323,14 @@ func (c *command) printHelp(w io.Writer, fs *flag.FlagSet) {
 	if len(lines) > 0 {
 		fmt.Fprintf(w, "\nflags:\n%s\n", strings.Join(lines, "\n"))
 	}
+}
+
+// holdsSecret reports whether a flag's value may be a secret (a key, from
+// the environment), whose default the help must not show: --key,
+// --admin-key, --metrics-key and the like, and flags whose usage says
+// secret. --max-tenant-keys is a number.
+func holdsSecret(f *flag.Flag) bool {
+	return f.Name == "key" || strings.HasSuffix(f.Name, "-key") || strings.Contains(f.Usage, "secret")
 }
 
 // zeroDefault reports whether a flag's default is its type's zero value,

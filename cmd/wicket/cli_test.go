@@ -82,11 +82,20 @@ func TestHelpDefaults(t *testing.T) {
 			}
 		}
 	}
+	// A key's value, from the environment, is never shown; a default of a
+	// flag whose name merely contains "key" is (--max-tenant-keys's was
+	// left out).
+	t.Setenv("WICKET_ADMIN_KEY", "admin-key-from-the-environment")
+	t.Setenv("WICKET_METRICS_KEY", "metrics-key-from-the-environment")
 	serve, _, _ := runExit(t, "serve", "--help")
-	for _, want := range []string{`(WICKET_ADDR) (default "127.0.0.1:8080")`, `(WICKET_MAX_BODY) (default 1048576)`, `(WICKET_LEASE_TIMEOUT) (default 1m30s)`} {
+	for _, want := range []string{`(WICKET_ADDR) (default "127.0.0.1:8080")`, `(WICKET_MAX_BODY) (default 1048576)`, `(WICKET_LEASE_TIMEOUT) (default 1m30s)`,
+		`(WICKET_MAX_TENANT_KEYS) (default 1000)`} {
 		if !strings.Contains(serve, want) {
 			t.Errorf("serve --help lacks %s", want)
 		}
+	}
+	if strings.Contains(serve, "from-the-environment") {
+		t.Errorf("serve --help shows a key:\n%s", serve)
 	}
 	proxy, _, _ := runExit(t, "mcp-proxy", "--help")
 	if !strings.Contains(proxy, "is renewed (default 30s; keep it under the kernel's --lease-timeout)\n") {

@@ -18,7 +18,9 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // version is the binary's version: set at build time with
@@ -27,10 +29,46 @@ import (
 var version string
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// The first SIGINT or SIGTERM asks the command to stop (serve stops
+		// gracefully); a second one, while it does, stops the process at
+		// once. One sent twice at once is one: coreutils' timeout, for
+		// one, signals the process and then its process group.
+		<-sigs
+		first := time.Now()
+		cancel()
+		for sig := range sigs {
+			if time.Since(first) >= sameSignal {
+				secondSignal(sig)
+				os.Exit(1)
+			}
+		}
+	}()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
+	signal.Stop(sigs)
+	cancel()
 	os.Exit(exitCode(err, os.Stderr))
+}
+
+// sameSignal is how soon after the first a signal is taken for the same
+// one delivered twice, not a second one: a person's second Ctrl-C comes
+// later.
+const sameSignal = 300 * time.Millisecond
+
+// onSecondSignal says why the process stops without finishing; serve
+// replaces it with a line in its own log.
+var onSecondSignal atomic.Pointer[func(os.Signal)]
+
+// secondSignal reports a second SIGINT or SIGTERM before the exit.
+func secondSignal(sig os.Signal) {
+	if f := onSecondSignal.Load(); f != nil {
+		(*f)(sig)
+		return
+	}
+	fmt.Fprintf(os.Stderr, "wicket: second signal (%v): stopping at once\n", sig)
 }
 
 // exitCode prints err and returns the process's exit status: 0 without an

@@ -386,3 +386,38 @@ func TestSignatureToleranceFlag(t *testing.T) {
 		t.Errorf("zero tolerance: %T %v, want a usage error", err, err)
 	}
 }
+
+// TestServeMalformedAddress: a listen address that cannot be listened on
+// whatever the machine (no port, a port past 65535, an unknown service
+// name) is a usage mistake found before the data directory is made. It
+// used to open (and create) the store, load the bundles and apply the
+// manifest first, then fail with exit 1.
+func TestServeMalformedAddress(t *testing.T) {
+	for _, flagName := range []string{"--addr", "--metrics-addr", "--llm-addr", "--pprof"} {
+		for _, addr := range []string{"127.0.0.1:99999", "127.0.0.1", "127.0.0.1:notaport"} {
+			data := filepath.Join(t.TempDir(), "data")
+			args := []string{"serve", "--data", data, "--addr", "127.0.0.1:0", flagName, addr}
+			_, errOut, code := runExit(t, args...)
+			if code != 2 || !strings.Contains(errOut, flagName+" "+addr) {
+				t.Errorf("%s %s: exit %d, %q", flagName, addr, code, errOut)
+			}
+			if _, err := os.Stat(data); err == nil {
+				t.Errorf("%s %s: the data directory was made", flagName, addr)
+			}
+		}
+	}
+}
+
+// TestServeLLMAddrWithoutProviders: --llm-addr without llm_providers in
+// the manifest is refused before the data directory is made (it used to
+// be refused once the store was opened and the bundles loaded).
+func TestServeLLMAddrWithoutProviders(t *testing.T) {
+	data := filepath.Join(t.TempDir(), "data")
+	_, errOut, code := runExit(t, "serve", "--data", data, "--addr", "127.0.0.1:0", "--llm-addr", "127.0.0.1:0")
+	if code != 2 || !strings.Contains(errOut, "--llm-addr needs llm_providers") {
+		t.Errorf("exit %d, %q", code, errOut)
+	}
+	if _, err := os.Stat(data); err == nil {
+		t.Errorf("the data directory was made")
+	}
+}

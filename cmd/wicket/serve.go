@@ -223,6 +223,19 @@ func listenError(flagName, addr string, err error) error {
 	return fmt.Errorf("serve: %s %s: %w", flagName, addr, err)
 }
 
+// checkListenAddr refuses a listen address no machine could listen on:
+// no port, a port past 65535, a service name the system does not know.
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil {
+		return err
+	}
+	return nil
+}
+
 // isLoopback reports whether a listen address only serves this machine.
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
@@ -267,6 +280,13 @@ func (o *serveOptions) checkFlags() error {
 		}
 	}
 	// What needs no store is checked before the data directory is made.
+	for _, f := range []struct{ name, addr string }{
+		{"addr", o.addr}, {"metrics-addr", o.metricsAddr}, {"llm-addr", o.llm.addr}, {"pprof", o.pprofAddr},
+	} {
+		if err := checkListenAddr(f.addr); f.addr != "" && err != nil {
+			return usageError{fmt.Sprintf("serve: --%s %s: %v (want HOST:PORT, e.g. 127.0.0.1:8080)", f.name, f.addr, err)}
+		}
+	}
 	switch {
 	case o.retention < 0 || (o.retention > 0 && o.retention < kernel.MinRetention):
 		return usageError{fmt.Sprintf("serve: --retention %s: want 0 (keep forever) or at least %s", o.retention, kernel.MinRetention)}
@@ -302,6 +322,9 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		if man, err = manifest.Load(o.config, nil); err != nil {
 			return err
 		}
+	}
+	if o.llm.addr != "" && (man == nil || len(man.LLMProviders) == 0) {
+		return usageError{"serve: --llm-addr needs llm_providers in the manifest (--config)"}
 	}
 	if o.adminKeyFile != "" {
 		if o.adminKey != "" {
@@ -446,7 +469,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 			if err := puller.Start(src); err != nil {
 				return fmt.Errorf("manifest %s: bundle %s: %w", o.config, src.Name, err)
 			}
-			log.Info("pulling bundle", "tenant", src.Tenant, "bundle", src.Name, "url", src.URL)
+			log.Info("pulling bundle", "tenant", src.Tenant, "bundle", src.Name, "url", src.RedactedURL())
 		}
 	}
 	if err := checkDefaultPolicy(ctx, k, o.defaultPolicy, log); err != nil {
@@ -553,9 +576,14 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
-	log.Info("shutting down")
+	log.Info("shutting down", "wait", shutdownWait.String(), "hint", "a second SIGINT or SIGTERM stops at once")
+	stopNow := func(sig os.Signal) {
+		log.Warn("second signal: stopping at once, without waiting for requests in progress (the next start applies the store's log)", "signal", sig.String())
+	}
+	onSecondSignal.Store(&stopNow)
+	defer onSecondSignal.Store(nil)
 	srv.SetReady(false)
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownWait)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("http shutdown", "err", err)
@@ -571,6 +599,10 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	log.Info("stopped")
 	return nil
 }
+
+// shutdownWait bounds a graceful stop: the requests in progress (event
+// streams are ended at once), then the kernel's own shutdown.
+const shutdownWait = 15 * time.Second
 
 // webhookGuard builds the webhook address policy from the
 // --webhook-allow-cidr and --webhook-deny-cidr flags.

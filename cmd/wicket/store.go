@@ -98,6 +98,9 @@ put the file at DIR/wicket.db (mode 0600) and start it with --data DIR.`,
 					if *out == "" {
 						return usagef("store backup: -o FILE is required")
 					}
+					if fi, err := os.Stat(*out); err == nil && fi.IsDir() {
+						return usagef("store backup: -o %s is a directory: name the backup file", *out)
+					}
 					start := time.Now()
 					n, err := backupTo(ctx, o, *out, !*noCheck)
 					if err != nil {

@@ -359,3 +359,34 @@ func TestStoreBackupUnwritableOutput(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestStoreBackupToADirectory: -o naming a directory is a usage mistake
+// found before anything is downloaded. It used to download and check the
+// whole store, then fail to rename it ("rename .DIR.part…: file exists").
+func TestStoreBackupToADirectory(t *testing.T) {
+	dir := t.TempDir()
+	_, errOut, code := runExit(t, "store", "backup", "--url", closedURL(t), "-o", dir)
+	if code != 2 || !strings.Contains(errOut, "-o "+dir+" is a directory") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestStoreCopyIntoItself: --from and --to naming one data directory in
+// two spellings is a usage mistake. It used to wait 2 s for the lock the
+// copy itself held on the source and then blame another `wicket serve`.
+func TestStoreCopyIntoItself(t *testing.T) {
+	dir := t.TempDir()
+	st, err := bbolt.Open(storePath(dir), bbolt.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, to := range []string{dir + "/", filepath.Join(dir, ".", ".")} {
+		_, errOut, code := runExit(t, "store", "copy", "--from", dir, "--to", to)
+		if code != 2 || !strings.Contains(errOut, "--from and --to name the same store") {
+			t.Errorf("--to %s: exit %d, stderr %q", to, code, errOut)
+		}
+	}
+}

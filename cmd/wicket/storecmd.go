@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/wicket-run/wicket/store/bbolt"
 	"github.com/wicket-run/wicket/store/storecopy"
 )
 
@@ -52,6 +53,9 @@ func openCopyStore(ctx context.Context, spec string, source bool) (*copyStore, e
 		}
 	}
 	o, err := openStore(ctx, st, dir, false, true, 0, nil)
+	if errors.Is(err, bbolt.ErrLocked) {
+		return nil, fmt.Errorf("store copy: %s: %w: is `wicket serve` running on it? stop it first", dir, bbolt.ErrLocked)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -63,6 +67,22 @@ func openCopyStore(ctx context.Context, spec string, source bool) (*copyStore, e
 	return &copyStore{openedStore: o, Source: src}, nil
 }
 
+// sameDir reports whether two data directories (not postgres:// URLs) are
+// one: the same path however spelled, or the same directory.
+func sameDir(a, b string) bool {
+	if isPostgres(a) || isPostgres(b) {
+		return false
+	}
+	aa, err1 := filepath.Abs(a)
+	ab, err2 := filepath.Abs(b)
+	if err1 == nil && err2 == nil && aa == ab {
+		return true
+	}
+	fa, err1 := os.Stat(a)
+	fb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
+}
+
 // storeCopy copies every record of one store into another, empty, one
 // and proves the copy: both checkers pass and the records read back from
 // the destination have the source's digest.
@@ -70,7 +90,7 @@ func storeCopy(ctx context.Context, from, to string, stdout io.Writer) error {
 	if from == "" || to == "" {
 		return usageError{"store copy: want --from and --to (a data directory or a postgres:// URL each)"}
 	}
-	if from == to {
+	if from == to || sameDir(from, to) {
 		return usageError{"store copy: --from and --to name the same store"}
 	}
 	src, err := openCopyStore(ctx, from, true)

@@ -284,7 +284,7 @@ func Parse(src []byte, lookup func(string) (string, bool)) (*Manifest, error) {
 					return nil, fmt.Errorf("%s.role: admin keys belong to the default tenant", kw)
 				}
 			default:
-				return nil, fmt.Errorf("%s.role: %q is invalid (want client, tenant-admin or approver)", kw, k.Role)
+				return nil, fmt.Errorf("%s.role: %q is invalid (want client, approver, tenant-admin, or admin in the default tenant)", kw, k.Role)
 			}
 			if k.Principal == "" {
 				return nil, fmt.Errorf("%s.principal is required", kw)

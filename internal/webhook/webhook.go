@@ -21,6 +21,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"syscall"
 	"time"
@@ -107,7 +108,7 @@ func (s *Sender) Deliver(ctx context.Context, d kernel.Delivery) error {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.WebhookURL, bytes.NewReader(body))
 	if err != nil {
-		return &kernel.DeliveryError{Class: kernel.DeliveryInvalidURL, Err: fmt.Errorf("webhook: request for %s: %w", d.WebhookURL, err)}
+		return &kernel.DeliveryError{Class: kernel.DeliveryInvalidURL, Err: fmt.Errorf("webhook: request for %s: %w", redactURL(d.WebhookURL), scrubURL(err, d.WebhookURL))}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(wire.HeaderAgentID, d.AgentID)
@@ -121,15 +122,43 @@ func (s *Sender) Deliver(ctx context.Context, d kernel.Delivery) error {
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return &kernel.DeliveryError{Class: Classify(err), Err: fmt.Errorf("webhook: post %s: %w", d.WebhookURL, err)}
+		return &kernel.DeliveryError{Class: Classify(err), Err: fmt.Errorf("webhook: post %s: %w", redactURL(d.WebhookURL), scrubURL(err, d.WebhookURL))}
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return &kernel.DeliveryError{Class: kernel.DeliveryHTTPStatus, Status: resp.StatusCode,
-			Err: fmt.Errorf("webhook: %s answered %s", d.WebhookURL, resp.Status)}
+			Err: fmt.Errorf("webhook: %s answered %s", redactURL(d.WebhookURL), resp.Status)}
 	}
 	return nil
+}
+
+// redactURL is a webhook URL as a delivery error shows it, for the
+// kernel's log: without the password of its user info and without its
+// query and fragment (which often carry a token), "?…" marking a query.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(a URL that does not parse)"
+	}
+	query := u.RawQuery != "" || u.ForceQuery
+	u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = "", false, "", ""
+	s := u.Redacted()
+	if query {
+		s += "?…"
+	}
+	return s
+}
+
+// scrubURL replaces the URL net/http and net/url put in their errors
+// (*url.Error: the query, and for a parse error the password too) with
+// redactURL's.
+func scrubURL(err error, raw string) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = redactURL(raw)
+	}
+	return err
 }
 
 // Classify returns the kernel.Delivery* class of an error of an HTTP

@@ -235,3 +235,46 @@ func TestDNSRebindingAtDial(t *testing.T) {
 		t.Errorf("agent saw %d webhooks, want 1", n)
 	}
 }
+
+// TestDeliveryErrorsHideCredentials: a delivery error's text goes to the
+// kernel's log (`webhook delivery failed`), so the password of a webhook
+// URL's user info and its query (a token, often) must not be in it, whether
+// the POST failed to connect, was answered non-2xx, or the URL did not parse.
+// It used to print the URL as registered: "webhook: post
+// http://hook:hunter2-password@…?token=…".
+func TestDeliveryErrorsHideCredentials(t *testing.T) {
+	const secret = "webhook-secret-0123456789"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	withCreds := func(base string) string {
+		return strings.Replace(base, "http://", "http://hook:hunter2-password@", 1) + "/webhook?token=query-token-secret"
+	}
+	s := New()
+	defer s.Close()
+	for _, tc := range []struct {
+		name, url, class, want string
+	}{
+		{"refused", withCreds(closedURL(t)), kernel.DeliveryConnectRefused, "http://hook:xxxxx@127.0.0.1:"},
+		{"status", withCreds(srv.URL), kernel.DeliveryHTTPStatus, strings.TrimPrefix(srv.URL, "http://") + "/webhook?…"},
+		{"unparsable", "http://hook:hunter2-password@127.0.0.1:port/webhook?token=query-token-secret", kernel.DeliveryInvalidURL, `invalid port ":port"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := s.Deliver(context.Background(), kernel.Delivery{AgentID: "a", WebhookURL: tc.url, Secret: secret, ExecutionID: "e", DispatchID: "d", Attempt: 1})
+			var de *kernel.DeliveryError
+			if !errors.As(err, &de) || de.Class != tc.class {
+				t.Fatalf("got %v, want a DeliveryError of class %s", err, tc.class)
+			}
+			msg := err.Error()
+			for _, s := range []string{"hunter2-password", "query-token-secret"} {
+				if strings.Contains(msg, s) {
+					t.Errorf("the error shows %q: %s", s, msg)
+				}
+			}
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("the error does not name the destination %q: %s", tc.want, msg)
+			}
+		})
+	}
+}

@@ -378,12 +378,13 @@ func (p *Puller) poll(ctx context.Context, r *running) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	src := r.st.Source
+	shown := src.RedactedURL() // never the query: it may carry a token
 	archive, etag, err := p.download(ctx, src, r.st.ETag)
 	switch {
 	case errors.Is(err, errNotModified):
 		r.st.NotModified++
 		r.st.Failures, r.st.LastError = 0, ""
-		p.o.Logger.Debug("bundle not modified", "tenant", src.Tenant, "bundle", src.Name, "url", src.URL, "etag", r.st.ETag)
+		p.o.Logger.Debug("bundle not modified", "tenant", src.Tenant, "bundle", src.Name, "url", shown, "etag", r.st.ETag)
 		return nil
 	case err == nil:
 		var rev, digest string
@@ -392,7 +393,7 @@ func (p *Puller) poll(ctx context.Context, r *running) error {
 			r.st.ETag, r.st.Revision, r.st.Digest = etag, rev, digest
 			r.st.Activations++
 			r.st.Failures, r.st.LastError = 0, ""
-			p.o.Logger.Info("bundle activated", "tenant", src.Tenant, "bundle", src.Name, "revision", rev, "sha256", digest, "url", src.URL, "etag", etag)
+			p.o.Logger.Info("bundle activated", "tenant", src.Tenant, "bundle", src.Name, "revision", rev, "sha256", digest, "url", shown, "etag", etag)
 			return nil
 		}
 		err = fmt.Errorf("bundle refused: %w", err)
@@ -402,7 +403,7 @@ func (p *Puller) poll(ctx context.Context, r *running) error {
 	}
 	r.st.Failures++
 	r.st.LastError = err.Error()
-	p.o.Logger.Warn("bundle download failed; the live revision stays", "tenant", src.Tenant, "bundle", src.Name, "url", src.URL,
+	p.o.Logger.Warn("bundle download failed; the live revision stays", "tenant", src.Tenant, "bundle", src.Name, "url", shown,
 		"live_revision", r.st.Revision, "live_sha256", r.st.Digest, "failures", r.st.Failures, "err", err)
 	return err
 }
@@ -413,7 +414,7 @@ func (p *Puller) download(ctx context.Context, src Source, etag string) ([]byte,
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, src.URL, nil)
 	if err != nil {
-		return nil, "", err
+		return nil, "", scrubURL(err, src)
 	}
 	req.Header.Set("Accept", "application/gzip, application/octet-stream")
 	if etag != "" {
@@ -421,7 +422,7 @@ func (p *Puller) download(ctx context.Context, src Source, etag string) ([]byte,
 	}
 	resp, err := p.o.Client.Do(req)
 	if err != nil {
-		return nil, "", err
+		return nil, "", scrubURL(err, src) // net/http words it with the whole URL
 	}
 	defer resp.Body.Close()
 	switch {
@@ -439,6 +440,20 @@ func (p *Puller) download(ctx context.Context, src Source, etag string) ([]byte,
 		return nil, "", fmt.Errorf("GET %s: the bundle is larger than %d bytes", redact(src.URL), p.o.MaxBytes)
 	}
 	return body, resp.Header.Get("ETag"), nil
+}
+
+// RedactedURL is the source's URL as logs and messages show it: without
+// its query and fragment, which may carry a token.
+func (s Source) RedactedURL() string { return redact(s.URL) }
+
+// scrubURL replaces the URL in a *url.Error of net/http or net/url with
+// the source's redacted one.
+func scrubURL(err error, src Source) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		ue.URL = src.RedactedURL()
+	}
+	return err
 }
 
 // redact drops the query (it may carry a token) from a URL for messages.

@@ -6,6 +6,8 @@ import (
 	"compress/gzip"
 	"context"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -315,4 +317,67 @@ func tarGz(t *testing.T, files map[string]string) []byte {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
+}
+
+// logBuffer is an io.Writer the puller's logger may write to from its
+// goroutines while the test reads it.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestPullLogsHideTheQuery: a source URL's query may carry a token (a
+// signed URL of an object store, say), so no log line of the puller may
+// show it: not an activation, not a server's error answer, not a failed
+// connection (whose error net/http words with the whole URL). They used to
+// log url= with the query, and the connection error in err=.
+func TestPullLogsHideTheQuery(t *testing.T) {
+	const token = "query-token-secret"
+	env := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rego.New()}})
+	bs := newBundleServer(t)
+	var logs logBuffer
+	p := pull.New(pull.KernelActivator(env.Kernel), pull.Options{Backoff: 5 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	defer p.Close()
+	bs.serve(revision(t, "1", "allow"), `"r1"`, 0)
+	fast := func(name, url string) pull.Source {
+		return pull.Source{Tenant: "default", Name: name, URL: url + "/authz.tar.gz?token=" + token, MinDelay: 5 * time.Millisecond, MaxDelay: 20 * time.Millisecond}
+	}
+	if err := p.Start(fast("authz", bs.srv.URL)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { _, m := bs.counts(); return m >= 1 }) // activated, then a 304
+	bs.serve(nil, "", http.StatusForbidden)
+	waitFor(t, func() bool { st, _ := p.Status("default", "authz"); return st.Failures >= 1 })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	ln.Close()
+	if err := p.Start(fast("gone", closed)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { st, _ := p.Status("default", "gone"); return st.Failures >= 1 })
+	out := logs.String()
+	for _, want := range []string{"bundle activated", "403", "connection refused", bs.srv.URL + "/authz.tar.gz"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the log lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, token) {
+		t.Errorf("the log shows the query's token:\n%s", out)
+	}
 }

@@ -157,6 +157,10 @@ type Store struct {
 	// lastCommit is how long the last commit took (write and fsync); the
 	// writer's too.
 	lastCommit time.Duration
+	// file is the file bbolt opened, and fileChecked when the writer last
+	// checked (without a log: checkFile) that the path still names it.
+	file        *os.File
+	fileChecked time.Time
 
 	reqs      chan *request // unbuffered: a sender blocks until the writer takes it
 	closing   chan struct{} // closed by Close
@@ -356,6 +360,7 @@ func open(path string, opts Options, attempt int) (*Store, error) {
 	s := &Store{
 		db:       db,
 		path:     path,
+		file:     file,
 		maxBatch: opts.MaxBatch,
 		gather:   opts.GatherWindow,
 		onCommit: opts.OnCommit,
@@ -580,6 +585,35 @@ func sameFile(path string, f *os.File) error {
 	}
 	if !os.SameFile(opened, named) {
 		return errReplaced
+	}
+	return nil
+}
+
+// replacedError is the store's failure once its path no longer names the
+// file it opened.
+func replacedError(path string, err error) error {
+	if errors.Is(err, errReplaced) {
+		err = errors.New("another file has its name")
+	}
+	return fmt.Errorf("%s is no longer the file this kernel opened (it was replaced or removed while the kernel ran: %v); "+
+		"writes are refused: stop the kernel; to restore a backup, see docs/operations.md#backup-and-restore", path, err)
+}
+
+// fileCheckEvery is how often, at most, a store without a log checks
+// before a write that its path still names its file (the checkpoints do
+// it with a log). A variable for tests.
+var fileCheckEvery = 100 * time.Millisecond
+
+// checkFile fails the store once its path names another file, or none:
+// every write would go to a file no restart opens. The writer's.
+func (s *Store) checkFile() error {
+	if s.file == nil || time.Since(s.fileChecked) < fileCheckEvery {
+		return nil
+	}
+	s.fileChecked = time.Now()
+	if err := sameFile(s.path, s.file); err != nil {
+		s.fail(replacedError(s.path, err))
+		return *s.failure.Load()
 	}
 	return nil
 }

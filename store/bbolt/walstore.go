@@ -379,6 +379,14 @@ func (s *Store) checkpoint(w *walState, job *ckptJob) error {
 		_ = job.base.Rollback()
 		return fmt.Errorf("wal: checkpoint: sync %s: %w", s.path, err)
 	}
+	if err := sameFile(s.path, w.metaFile); err != nil {
+		// The file was renamed over (a backup restored without stopping
+		// the kernel) or removed: what the kernel writes from now on would
+		// be in no file a restart opens. The store fails, so no write is
+		// answered any more, and its log stays, as the file's.
+		_ = job.base.Rollback()
+		return replacedError(s.path, err)
+	}
 	if err := writeCheckpoint(w.log.dir, &job.cp); err != nil {
 		_ = job.base.Rollback()
 		return err

@@ -424,6 +424,11 @@ func (s *Store) try(batch []*request) (failed int, fnErr, err error) {
 	if s.openFor > 0 && (s.wal != nil || s.noSync) {
 		return s.tryOpen(batch)
 	}
+	if s.wal == nil {
+		if err := s.checkFile(); err != nil {
+			return -1, nil, err
+		}
+	}
 	begin := time.Now()
 	btx, err := s.db.Begin(true)
 	if err != nil {
