@@ -787,10 +787,16 @@ func (k *Kernel) CompleteStep(ctx context.Context, o StepOutcome) (*Step, error)
 }
 
 // FailStep records a step's error, with the same rules as CompleteStep.
+// The error is required and not null: a failure recorded with a null
+// error would replay as "error": null, which clients (the Go SDK among
+// them) read as no error, that is as a success with a null result.
 func (k *Kernel) FailStep(ctx context.Context, o StepOutcome) (*Step, error) {
 	ev, err := canonicalOrNull(o.Error, "error")
 	if err != nil {
 		return nil, err
+	}
+	if string(ev) == "null" {
+		return nil, Errorf(CodeValidation, "error is required and must not be null: it is what the step's replay answers (a null error reads as a success)")
 	}
 	o.Error = ev
 	return k.endStep(ctx, o, StepFailed)

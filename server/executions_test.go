@@ -236,6 +236,34 @@ func TestStepCompleteConflict(t *testing.T) {
 	}
 }
 
+// TestStepFailNeedsAnError: failing a step records what failed. A fail
+// without an error (or with null) was recorded as a failure whose replay
+// answer carries "error": null, which the Go SDK (isSet) and any client
+// that reads a null error as none take for a success with a null result:
+// the failed effect replayed as done. Now 400, nothing recorded.
+func TestStepFailNeedsAnError(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("bot")
+	d := e.submit(r, "tool_call", "charge", map[string]any{"amount": 5})
+	url := "/v0/executions/" + r.id + "/steps/" + d.StepID
+	for _, body := range []string{``, `{}`, `{"error":null}`, ` {"error" : null } `} {
+		msg := e.agent(r.as, "POST", url+"/fail", rawBody([]byte(body))).wantErr(t, http.StatusBadRequest, wire.CodeValidation).Message
+		if !strings.Contains(msg, "error") {
+			t.Fatalf("%q: message %q does not name the field", body, msg)
+		}
+	}
+	var st wire.Step
+	e.admin("GET", url, nil).want(t, http.StatusOK).decode(t, &st)
+	if st.Status != "executing" {
+		t.Fatalf("a refused fail changed the step: %+v", st)
+	}
+	// A real error is recorded, and answers its replay as an error.
+	e.agent(r.as, "POST", url+"/fail", map[string]any{"error": false}).want(t, http.StatusOK).decode(t, &st)
+	if st.Status != "failed" || string(st.Error) != "false" {
+		t.Fatalf("failed step: %+v", st)
+	}
+}
+
 func TestNotFound(t *testing.T) {
 	e := newEnv(t)
 	r := e.start("bot")
