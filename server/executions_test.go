@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -261,6 +262,34 @@ func TestStepFailNeedsAnError(t *testing.T) {
 	e.agent(r.as, "POST", url+"/fail", map[string]any{"error": false}).want(t, http.StatusOK).decode(t, &st)
 	if st.Status != "failed" || string(st.Error) != "false" {
 		t.Fatalf("failed step: %+v", st)
+	}
+}
+
+// TestUsageTotalsSaturate: an agent's usage is added to its execution's
+// totals; two reports of cost_usd 1.7e308 made the total +Inf, which JSON
+// cannot carry, so the execution, and every list of the tenant's
+// executions that held it, answered 500 from then on (and tokens
+// wrapped negative past MaxInt64). The totals now stop at the largest
+// value instead, and every read answers.
+func TestUsageTotalsSaturate(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("bot")
+	for i := range 3 {
+		d := e.submit(r, "llm_call", "model", map[string]any{"i": i})
+		e.agent(r.as, "POST", "/v0/executions/"+r.id+"/steps/"+d.StepID+"/complete",
+			rawBody([]byte(`{"result":"ok","usage":{"input_tokens":9223372036854775807,"output_tokens":9223372036854775807,"cost_usd":1.7e308}}`))).
+			want(t, http.StatusOK)
+	}
+	var x wire.Execution
+	e.admin("GET", "/v0/executions/"+r.id, nil).want(t, http.StatusOK).decode(t, &x)
+	if x.Totals.Tokens != math.MaxInt64 || x.Totals.CostUSD != math.MaxFloat64 || x.Totals.LLMCalls != 3 {
+		t.Fatalf("totals %+v", x.Totals)
+	}
+	e.agent(r.as, "GET", "/v0/executions/"+r.id, nil).want(t, http.StatusOK)
+	var l wire.ExecutionList
+	e.admin("GET", "/v0/executions", nil).want(t, http.StatusOK).decode(t, &l)
+	if len(l.Executions) != 1 {
+		t.Fatalf("list %+v", l)
 	}
 }
 
