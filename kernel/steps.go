@@ -788,10 +788,16 @@ func (k *Kernel) CompleteStep(ctx context.Context, o StepOutcome) (*Step, error)
 }
 
 // FailStep records a step's error, with the same rules as CompleteStep.
+// The error is required and not null: a failure recorded with a null
+// error would replay as "error": null, which clients (the Go SDK among
+// them) read as no error, that is as a success with a null result.
 func (k *Kernel) FailStep(ctx context.Context, o StepOutcome) (*Step, error) {
 	ev, err := canonicalOrNull(o.Error, "error")
 	if err != nil {
 		return nil, err
+	}
+	if string(ev) == "null" {
+		return nil, Errorf(CodeValidation, "error is required and must not be null: it is what the step's replay answers (a null error reads as a success)")
 	}
 	o.Error = ev
 	return k.endStep(ctx, o, StepFailed)
@@ -856,11 +862,12 @@ func (k *Kernel) recordOutcome(r *rec, e *Execution, s *Step, st StepStatus, res
 		payload.Error = errv
 	}
 	if usage != nil {
-		e.Totals.Tokens += usage.TotalTokens
-		if usage.TotalTokens == 0 {
-			e.Totals.Tokens += usage.InputTokens + usage.OutputTokens
+		if usage.TotalTokens != 0 {
+			e.Totals.Tokens = addTokens(e.Totals.Tokens, usage.TotalTokens)
+		} else {
+			e.Totals.Tokens = addTokens(addTokens(e.Totals.Tokens, usage.InputTokens), usage.OutputTokens)
 		}
-		e.Totals.CostUSD += usage.CostUSD
+		e.Totals.CostUSD = addCost(e.Totals.CostUSD, usage.CostUSD)
 	}
 	if err := r.event(e, typ, payload); err != nil {
 		return err
@@ -869,6 +876,26 @@ func (k *Kernel) recordOutcome(r *rec, e *Execution, s *Step, st StepStatus, res
 		return countFailure(r.tx, e, st == StepFailed)
 	}
 	return nil
+}
+
+// addTokens adds n (not negative: endStep refuses that) to a token total,
+// stopping at the largest int64 rather than wrapping negative.
+func addTokens(total, n int64) int64 {
+	if n > math.MaxInt64-total {
+		return math.MaxInt64
+	}
+	return total + n
+}
+
+// addCost adds c (finite, not negative) to a cost total, stopping at the
+// largest float64: a sum of finite costs may overflow to +Inf, which JSON
+// cannot carry, and every answer and policy input holding the
+// execution's totals would then fail to encode.
+func addCost(total, c float64) float64 {
+	if sum := total + c; sum <= math.MaxFloat64 {
+		return sum
+	}
+	return math.MaxFloat64
 }
 
 // GetStep returns one step of an execution.

@@ -180,6 +180,12 @@ func (s *Server) agentOf(c *call, agentID string) (*kernel.Agent, string, error)
 	switch {
 	case v1Header == "" && bodyHeader == "":
 		return nil, "", errorf(kernel.CodeUnauthenticated, "missing %s (or %s for agents registered with signing: body)", wire.HeaderWicketSignature, wire.HeaderSignature)
+	case v1Header != "" && bodyHeader != "":
+		// One scheme per agent (no downgrade): a request carrying both
+		// would be admitted on whichever is the agent's, so that a v1
+		// agent's traffic could carry the body scheme's replayable value
+		// unnoticed. Refused before any lookup: it needs no secret.
+		return nil, "", errorf(kernel.CodeUnauthenticated, "carry one signature, %s or %s (for agents registered with signing: body), not both", wire.HeaderWicketSignature, wire.HeaderSignature)
 	case bodyHeader == "":
 		if err := wire.CheckV1(v1Header, time.Now(), s.cfg.SignatureTolerance); err != nil {
 			return nil, "", errorf(kernel.CodeUnauthenticated, "%s: %v", wire.HeaderWicketSignature, err)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -196,6 +197,7 @@ func TestAgentAuth(t *testing.T) {
 		{"signature of another body", steps, body, signed(botSecret, "POST", steps, []byte("{}"), with(wire.HeaderAgentID, "bot")), 401, wire.CodeUnauthenticated},
 		{"malformed signature", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderWicketSignature, "t=1,v1=xyz"), 401, wire.CodeUnauthenticated},
 		{"body scheme for a v1 agent", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderSignature, wire.Sign([]byte(botSecret), body)), 401, wire.CodeUnauthenticated},
+		{"both schemes for a v1 agent", steps, body, with(wire.HeaderAgentID, "bot", wire.HeaderWicketSignature, sig, wire.HeaderSignature, wire.Sign([]byte(botSecret), body)), 401, wire.CodeUnauthenticated},
 		{"agent of another execution", "/v0/executions/" + o.id + "/steps", body, signed(botSecret, "POST", "/v0/executions/"+o.id+"/steps", body, with(wire.HeaderAgentID, "bot")), 401, wire.CodeUnauthenticated},
 		{"other agent, its own secret", steps, body, signed(otherSecret, "POST", steps, body, with(wire.HeaderAgentID, "other")), 401, wire.CodeUnauthenticated},
 		{"unknown execution", "/v0/executions/01890000-0000-7000-8000-000000000000/steps", body, with(wire.HeaderAgentID, "bot", wire.HeaderWicketSignature, sig), 401, wire.CodeUnauthenticated},
@@ -231,6 +233,44 @@ func TestAgentAuth(t *testing.T) {
 	e.admin("GET", "/v0/executions/"+o.id+"/steps", nil).want(t, http.StatusOK).decode(t, &l)
 	if len(l.Steps) != 0 {
 		t.Fatalf("steps appeared on another agent's execution: %+v", l)
+	}
+}
+
+// TestAgentAuthOneScheme: a request carrying both signature headers is
+// refused whatever the agent's scheme and whether each signature is valid
+// (docs/security.md, "No downgrade"): the kernel checked only the
+// agent's own scheme and ignored the other header.
+func TestAgentAuthOneScheme(t *testing.T) {
+	e := newEnv(t)
+	if _, err := e.k.PutAgent(context.Background(), kernel.Agent{ID: "writer", WebhookURL: "http://127.0.0.1:9/writer",
+		Secret: botSecret, Signing: kernel.SigningBody}); err != nil {
+		t.Fatal(err)
+	}
+	r := e.start("bot")
+	var w wire.Execution
+	e.admin("POST", "/v0/executions", map[string]any{"agent_id": "writer"}).want(t, http.StatusCreated).decode(t, &w)
+	for _, tc := range []struct {
+		name, agent, id string
+	}{{"v1 agent", "bot", r.id}, {"body agent", "writer", w.ID}} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := "/v0/executions/" + tc.id
+			h := map[string]string{wire.HeaderAgentID: tc.agent}
+			both := map[string]string{wire.HeaderAgentID: tc.agent,
+				wire.HeaderWicketSignature: signV1(botSecret, "GET", path, h, nil, time.Now()),
+				wire.HeaderSignature:       wire.Sign([]byte(botSecret), nil)}
+			// Each header alone: the agent's own scheme reads, the other is refused.
+			for _, k := range []string{wire.HeaderWicketSignature, wire.HeaderSignature} {
+				one := map[string]string{wire.HeaderAgentID: tc.agent, k: both[k]}
+				own := (k == wire.HeaderSignature) == (tc.agent == "writer")
+				if res := e.do("GET", path, nil, one); (res.status == http.StatusOK) != own {
+					t.Fatalf("%s alone: status %d %s", k, res.status, res.body)
+				}
+			}
+			body := e.do("GET", path, nil, both).wantErr(t, http.StatusUnauthorized, wire.CodeUnauthenticated)
+			if !strings.Contains(body.Message, "not both") {
+				t.Fatalf("message %q does not say why", body.Message)
+			}
+		})
 	}
 }
 

@@ -299,6 +299,12 @@ func checkKeys(b []byte, sc *schema) error {
 					break
 				}
 			}
+			if esc {
+				if off, ok := loneSurrogate(b[i+1 : j]); ok {
+					return errorf(kernel.CodeValidation, "malformed JSON: lone surrogate %s in a string in %s at byte offset %d (a surrogate must be escaped as a high+low pair)",
+						b[i+1+off:i+1+off+6], where(stack), i+1+off)
+				}
+			}
 			if expectKey {
 				key := b[i+1 : j]
 				if esc {
@@ -340,6 +346,60 @@ func checkKeys(b []byte, sc *schema) error {
 		}
 	}
 	return nil
+}
+
+// loneSurrogate finds the first \u escape in the inside of a JSON string
+// (well formed: the body parsed) that is half of no surrogate pair, and
+// returns its offset. encoding/json reads one as U+FFFD, so two
+// different strings would decode as one (a step's target, and with it
+// its id), and a value would be recorded that the caller never sent;
+// kernel/canon refuses them in free-form values for the same reason
+// (docs/identity.md), and raw invalid UTF-8 is refused before this.
+func loneSurrogate(s []byte) (int, bool) {
+	for k := 0; k < len(s); k++ {
+		if s[k] != '\\' {
+			continue
+		}
+		if k+1 < len(s) && s[k+1] != 'u' {
+			k++ // a two-byte escape, \\ included
+			continue
+		}
+		if k+6 > len(s) {
+			return 0, false // not JSON: the parser refuses it
+		}
+		r := hex4(s[k+2 : k+6])
+		switch {
+		case r >= 0xd800 && r < 0xdc00:
+			if k+12 <= len(s) && s[k+6] == '\\' && s[k+7] == 'u' {
+				if lo := hex4(s[k+8 : k+12]); lo >= 0xdc00 && lo < 0xe000 {
+					k += 11
+					continue
+				}
+			}
+			return k, true
+		case r >= 0xdc00 && r < 0xe000:
+			return k, true
+		}
+		k += 5
+	}
+	return 0, false
+}
+
+// hex4 is the value of four hex digits (already known to be hex).
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		default:
+			r |= rune(c - 'A' + 10)
+		}
+	}
+	return r
 }
 
 // keyFrame is an open object or array of checkKeys.

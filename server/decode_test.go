@@ -119,6 +119,15 @@ func TestMalformedBodies(t *testing.T) {
 		{"deep nesting in args", deep, "nesting too deep"},
 		{"args not JSON", `{"kind":"tool_call","target":"t","args":NaN}`, "malformed JSON"},
 		{"lone surrogate in args", `{"kind":"tool_call","target":"t","args":"\ud800"}`, "surrogate"},
+		// A step's target is part of its identity: encoding/json read a lone
+		// surrogate escape as U+FFFD, so "t\ud800" and "t\udfff" were
+		// recorded as one target "t\ufffd" (and one step id), a value the
+		// agent never sent, while the same code point sent raw (invalid
+		// UTF-8) was refused.
+		{"lone surrogate in target", `{"kind":"tool_call","target":"t\ud800","args":{}}`, "surrogate"},
+		{"lone low surrogate in target", `{"kind":"tool_call","target":"\udfff","args":{}}`, "surrogate"},
+		{"surrogates reversed in target", `{"kind":"tool_call","target":"\ude00\ud83d","args":{}}`, "surrogate"},
+		{"lone surrogate in an unknown field", `{"kind":"tool_call","target":"t","note":"\\\ud800"}`, "surrogate"},
 		{"huge number literal in args", `{"kind":"tool_call","target":"t","args":` + strings.Repeat("9", 300) + `}`, "number literal too long"},
 		{"kind wrong type", `{"kind":1,"target":"t"}`, "field kind: expected a string"},
 		{"bad kind", `{"kind":"shell","target":"t"}`, `kind "shell" is invalid`},
@@ -139,8 +148,14 @@ func TestMalformedBodies(t *testing.T) {
 	if len(l.Steps) != 0 {
 		t.Fatalf("steps recorded: %+v", l)
 	}
+	// An escaped backslash before a u is no escape, and a pair is one
+	// character: both accepted.
+	for _, target := range []string{`t\\ud800`, `t\ud83d\ude00`} {
+		e.agent(r.as, "POST", steps, rawBody(`{"kind":"tool_call","target":"`+target+`","args":{}}`)).want(t, http.StatusOK)
+	}
 	// Client routes decode the same way.
 	e.admin("POST", "/v0/executions", rawBody(`{"agent_id":"bot"`)).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
+	e.admin("POST", "/v0/executions", rawBody(`{"agent_id":"bot","labels":{"team":"\udc00"}}`)).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 	e.admin("POST", "/v0/executions", rawBody(`"bot"`)).wantErr(t, http.StatusBadRequest, wire.CodeValidation)
 }
 
@@ -206,15 +221,17 @@ func FuzzDecode(f *testing.F) {
 			}
 			return
 		}
-		if err := checkDuplicateKeys(body); err != nil && !strings.Contains(err.Error(), "duplicate key") {
+		if err := checkDuplicateKeys(body); err != nil && !strings.Contains(err.Error(), "duplicate key") && !strings.Contains(err.Error(), "lone surrogate") {
 			t.Fatalf("%q: %v", body, err)
 		}
 		_, cerr := canon.Canonical(body)
 		switch {
 		case cerr == nil && err != nil:
 			t.Fatalf("%q: canonical JSON object refused: %v", body, err)
-		case errors.Is(cerr, canon.ErrDuplicateKey) && (err == nil || !strings.Contains(err.Error(), "duplicate key")):
+		case errors.Is(cerr, canon.ErrDuplicateKey) && (err == nil || !strings.Contains(err.Error(), "duplicate key") && !strings.Contains(err.Error(), "lone surrogate")):
 			t.Fatalf("%q: canon finds a duplicate key (%v), decode says %v", body, cerr, err)
+		case errors.Is(cerr, canon.ErrLoneSurrogate) && err == nil:
+			t.Fatalf("%q: canon finds a lone surrogate (%v), decode accepts it", body, cerr)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -233,6 +234,62 @@ func TestStepCompleteConflict(t *testing.T) {
 	e.admin("GET", url, nil).want(t, http.StatusOK).decode(t, &st)
 	if st.Status != "succeeded" || string(st.Result) != `"first"` {
 		t.Fatalf("the first result must stand: %+v", st)
+	}
+}
+
+// TestStepFailNeedsAnError: failing a step records what failed. A fail
+// without an error (or with null) was recorded as a failure whose replay
+// answer carries "error": null, which the Go SDK (isSet) and any client
+// that reads a null error as none take for a success with a null result:
+// the failed effect replayed as done. Now 400, nothing recorded.
+func TestStepFailNeedsAnError(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("bot")
+	d := e.submit(r, "tool_call", "charge", map[string]any{"amount": 5})
+	url := "/v0/executions/" + r.id + "/steps/" + d.StepID
+	for _, body := range []string{``, `{}`, `{"error":null}`, ` {"error" : null } `} {
+		msg := e.agent(r.as, "POST", url+"/fail", rawBody([]byte(body))).wantErr(t, http.StatusBadRequest, wire.CodeValidation).Message
+		if !strings.Contains(msg, "error") {
+			t.Fatalf("%q: message %q does not name the field", body, msg)
+		}
+	}
+	var st wire.Step
+	e.admin("GET", url, nil).want(t, http.StatusOK).decode(t, &st)
+	if st.Status != "executing" {
+		t.Fatalf("a refused fail changed the step: %+v", st)
+	}
+	// A real error is recorded, and answers its replay as an error.
+	e.agent(r.as, "POST", url+"/fail", map[string]any{"error": false}).want(t, http.StatusOK).decode(t, &st)
+	if st.Status != "failed" || string(st.Error) != "false" {
+		t.Fatalf("failed step: %+v", st)
+	}
+}
+
+// TestUsageTotalsSaturate: an agent's usage is added to its execution's
+// totals; two reports of cost_usd 1.7e308 made the total +Inf, which JSON
+// cannot carry, so the execution, and every list of the tenant's
+// executions that held it, answered 500 from then on (and tokens
+// wrapped negative past MaxInt64). The totals now stop at the largest
+// value instead, and every read answers.
+func TestUsageTotalsSaturate(t *testing.T) {
+	e := newEnv(t)
+	r := e.start("bot")
+	for i := range 3 {
+		d := e.submit(r, "llm_call", "model", map[string]any{"i": i})
+		e.agent(r.as, "POST", "/v0/executions/"+r.id+"/steps/"+d.StepID+"/complete",
+			rawBody([]byte(`{"result":"ok","usage":{"input_tokens":9223372036854775807,"output_tokens":9223372036854775807,"cost_usd":1.7e308}}`))).
+			want(t, http.StatusOK)
+	}
+	var x wire.Execution
+	e.admin("GET", "/v0/executions/"+r.id, nil).want(t, http.StatusOK).decode(t, &x)
+	if x.Totals.Tokens != math.MaxInt64 || x.Totals.CostUSD != math.MaxFloat64 || x.Totals.LLMCalls != 3 {
+		t.Fatalf("totals %+v", x.Totals)
+	}
+	e.agent(r.as, "GET", "/v0/executions/"+r.id, nil).want(t, http.StatusOK)
+	var l wire.ExecutionList
+	e.admin("GET", "/v0/executions", nil).want(t, http.StatusOK).decode(t, &l)
+	if len(l.Executions) != 1 {
+		t.Fatalf("list %+v", l)
 	}
 }
 

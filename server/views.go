@@ -1,6 +1,7 @@
 package server
 
 import (
+	"math"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel"
@@ -48,8 +49,10 @@ func executionView(e *kernel.Execution) wire.Execution {
 	v := wire.Execution{
 		ID: e.ID, Tenant: e.Tenant, AgentID: e.AgentID, AgentVersion: e.AgentVersion, Status: string(e.Status),
 		Input: e.Input, Output: e.Output, Error: e.Error, Reason: e.Reason, Labels: e.Labels,
-		Limits:   limitsView(e.Limits),
-		Totals:   wire.Totals{Steps: e.Totals.Steps, LLMCalls: e.Totals.LLMCalls, Tokens: e.Totals.Tokens, CostUSD: e.Totals.CostUSD},
+		Limits: limitsView(e.Limits),
+		// min: a total stored as +Inf before the kernel saturated sums
+		// (kernel.addCost) would make the answer unencodable.
+		Totals:   wire.Totals{Steps: e.Totals.Steps, LLMCalls: e.Totals.LLMCalls, Tokens: e.Totals.Tokens, CostUSD: min(e.Totals.CostUSD, math.MaxFloat64)},
 		Deadline: e.Deadline, IdempotencyKey: e.IdempotencyKey, BlockedOn: e.BlockedOn, LastSeq: e.LastSeq,
 		Lease: leaseView(e.Lease), CreatedAt: e.CreatedAt, UpdatedAt: e.UpdatedAt,
 	}

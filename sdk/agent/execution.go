@@ -305,8 +305,9 @@ func (e *Execution) Complete(ctx context.Context, stepID string, result json.Raw
 		wire.StepCompleteRequest{Result: result, Usage: usage}, nil)
 }
 
-// Fail records the error (any JSON) of a step that was told to proceed. Like
-// Complete it runs even if ctx is cancelled.
+// Fail records the error (any JSON but null, which the kernel refuses: a
+// replay reads a null error as none) of a step that was told to proceed.
+// Like Complete it runs even if ctx is cancelled.
 func (e *Execution) Fail(ctx context.Context, stepID string, stepErr json.RawMessage) error {
 	ctx, cancel := settle(ctx)
 	defer cancel()

@@ -237,7 +237,7 @@ func parseV1Into(header string, sigs *[maxV1Values][sha256.Size]byte) (ts int64,
 		switch k {
 		case "t":
 			t, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || seenT || t < 0 || len(v) > 12 {
+			if err != nil || seenT || t < 0 || len(v) > 12 || !plainDecimal(v) {
 				return 0, 0, &sigError{ErrSignatureMalformed, "t must be one decimal unix time in seconds"}
 			}
 			ts, seenT = t, true
@@ -255,6 +255,20 @@ func parseV1Into(header string, sigs *[maxV1Values][sha256.Size]byte) (ts int64,
 		return 0, 0, &sigError{ErrSignatureMalformed, `want "t=<unix seconds>,v1=<hex>"`}
 	}
 	return ts, n, nil
+}
+
+// plainDecimal reports whether s is spelled as the message spells a
+// timestamp: decimal digits only, no sign, no leading zero (but "0").
+func plainDecimal(s string) bool {
+	if s == "" || len(s) > 1 && s[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // decodeHex decodes the hex digits of s (either case, as encoding/hex

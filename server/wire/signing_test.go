@@ -110,6 +110,14 @@ func TestVerifyV1(t *testing.T) {
 		{"no v1", secret, sig[:strings.Index(sig, ",")], m, now, 0, ErrSignatureMalformed},
 		{"two t", secret, "t=1," + sig, m, now, 0, ErrSignatureMalformed},
 		{"negative t", secret, "t=-5,v1=" + strings.Repeat("0", 64), m, now, 0, ErrSignatureMalformed},
+		// The message holds t's decimal digits; a t spelled otherwise (sign,
+		// leading zeros) is not the t a signer following protocol.md put in
+		// the message, so it is refused as malformed rather than read as
+		// the same number (which left the HMAC's "does not match" to
+		// explain a spelling, or admitted it).
+		{"t with a plus sign", secret, "t=+" + sig[2:], m, now, 0, ErrSignatureMalformed},
+		{"t with a leading zero", secret, "t=0" + sig[2:], m, now, 0, ErrSignatureMalformed},
+		{"t empty", secret, "t=," + sig[strings.Index(sig, ",")+1:], m, now, 0, ErrSignatureMalformed},
 		{"short v1", secret, "t=1800000000,v1=abc", m, now, 0, ErrSignatureMalformed},
 		{"non-hex v1", secret, "t=1800000000,v1=" + strings.Repeat("z", 64), m, now, 0, ErrSignatureMalformed},
 		{"too many v1", secret, sig + strings.Repeat(",v1="+strings.Repeat("0", 64), 4), m, now, 0, ErrSignatureMalformed},
@@ -244,7 +252,7 @@ func refVerifyV1(secret []byte, header string, m SignedRequest, now time.Time, t
 		switch k {
 		case "t":
 			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || seenT || n < 0 || len(v) > 12 {
+			if err != nil || seenT || n < 0 || len(v) > 12 || strconv.FormatInt(n, 10) != v {
 				return &sigError{ErrSignatureMalformed, "t must be one decimal unix time in seconds"}
 			}
 			ts, seenT = n, true
