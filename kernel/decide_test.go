@@ -424,6 +424,30 @@ func TestDecisionOutcomes(t *testing.T) {
 		}
 	})
 
+	// A failure stored with a null error (a fail the kernel took before it
+	// needed an error) replays as a failure: "error": null reads as none.
+	t.Run("replay of a failure without an error", func(t *testing.T) {
+		h := newHarness(t, kernel.Config{}, verdicts)
+		r := h.start(kernel.Limits{}, nil)
+		d := r.mustSubmit(step{target: "read"})
+		r.fail(d.StepID)
+		if err := h.st.Update(context.Background(), func(tx kernel.Tx) error {
+			s, err := tx.Step(kernel.DefaultTenant, r.id, d.StepID)
+			if err != nil {
+				return err
+			}
+			s.Error = json.RawMessage("null")
+			return tx.PutStep(s)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		r.expireLease()
+		rp := r.mustSubmit(step{target: "read"})
+		if rp.Decision != kernel.DecisionReplay || rp.StepID != d.StepID || string(rp.Error) != `{}` {
+			t.Errorf("replay: %+v, want the failure with error {}", rp)
+		}
+	})
+
 	t.Run("step id divergence", func(t *testing.T) {
 		h := newHarness(t, kernel.Config{}, verdicts)
 		r := h.start(kernel.Limits{}, nil)

@@ -525,6 +525,12 @@ func replayOf(base *StepDecision, s *Step) *StepDecision {
 	d.Decision = DecisionReplay
 	d.Result = s.Result
 	d.Error = s.Error
+	if s.Status == StepFailed && (len(s.Error) == 0 || string(s.Error) == "null") {
+		// A failure recorded without an error (FailStep took a null one
+		// before it needed an error) replays as a failure, not as a
+		// success with no result.
+		d.Error = json.RawMessage(`{}`)
+	}
 	return d
 }
 
