@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 
 	"github.com/tetratelabs/wazero"
@@ -147,6 +148,17 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	// Go modules take about a second to compile: use every CPU.
 	cctx := experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0))
 	cm, err := rt.r.CompileModule(cctx, bin)
+	if err != nil && mod.dir != "" && strings.Contains(err.Error(), "compilationcache:") {
+		// The machine code on disk is damaged (a truncated or corrupted
+		// file: wazero checks its length and checksum): drop it and
+		// compile again, rather than refuse a good module for ever.
+		e.cfg.Logger.Warn("wasm: compilation cache entry unreadable, compiling again", "dir", mod.dir, "err", err)
+		if rerr := e.forgetCompiled(mod); rerr != nil {
+			err = fmt.Errorf("%w (and removing it: %v)", err, rerr)
+		} else {
+			cm, err = rt.r.CompileModule(cctx, bin)
+		}
+	}
 	e.compiled(mod)
 	if err != nil {
 		e.release(mod)
