@@ -127,6 +127,11 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	if !ok {
 		return nil, fmt.Errorf("wasm: bundle has no %s", PolicyFile)
 	}
+	// Tables are outside the memory cap: bound them (tables.go).
+	capped, err := capTables(bin)
+	if err != nil {
+		return nil, fmt.Errorf("wasm: %s: %w", PolicyFile, err)
+	}
 	// The cache entry is named by the module as uploaded.
 	mod, err := e.acquire(bin)
 	if err != nil {
@@ -134,7 +139,7 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	}
 	// OPA modules check their own deadline (instrument.go); the others, and
 	// an OPA module that cannot be instrumented, rely on wazero's check.
-	fuel := false
+	bin, fuel := capped, false
 	if sb.abi == bundle.ABIOPA {
 		if fueled, err := instrumentFuel(bin); err == nil {
 			bin, fuel = fueled, true
