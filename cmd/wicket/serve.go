@@ -417,7 +417,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	sender := webhook.New(webhook.WithGuard(guard))
 	defer sender.Close()
 	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), CacheMaxBytes: int64(o.limits.cacheMax), Limits: limits,
-		Builtins: rego.NewHostBuiltins()})
+		Builtins: rego.NewHostBuiltins(), Logger: log})
 	defer wasmEngine.Close()
 	kernelKeys, err := o.verificationKeys()
 	if err != nil {

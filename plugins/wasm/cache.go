@@ -101,6 +101,21 @@ func (e *Engine) compiled(m *module) {
 	}
 }
 
+// forgetCompiled removes the machine code of m from the disk cache (its
+// entries, not the temporary files of a compilation writing one).
+func (e *Engine) forgetCompiled(m *module) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var errs []error
+	err := filepath.WalkDir(m.dir, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && !strings.HasSuffix(path, ".tmp") {
+			errs = append(errs, os.Remove(path))
+		}
+		return err
+	})
+	return errors.Join(append(errs, err)...)
+}
+
 // release drops a reference to m; the last one closes its runtimes.
 func (e *Engine) release(m *module) {
 	e.mu.Lock()

@@ -257,3 +257,54 @@ func TestCacheDirPermissions(t *testing.T) {
 		}
 	}
 }
+
+// TestDamagedCacheRecompiles: a cache entry that is truncated, corrupted
+// or empty (a disk fault, a copy cut short) is compiled again at the next
+// start, not held against the module: before, every bundle of that module
+// was refused ("compilationcache: checksum mismatch …") — skipped at boot,
+// its agents denied — until the entry was removed by hand.
+func TestDamagedCacheRecompiles(t *testing.T) {
+	for _, damage := range []string{"truncated", "flipped", "empty"} {
+		t.Run(damage, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "wasm-cache")
+			b := newBundle("c", cPolicy(t), bundle.Sandbox{})
+			e1 := New(Config{CacheDir: dir})
+			ev, err := e1.Compile(context.Background(), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = ev.Close()
+			if err := e1.Close(); err != nil {
+				t.Fatal(err)
+			}
+			sizes := map[string]int{}
+			for path := range cacheFiles(t, dir) {
+				data, err := os.ReadFile(path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sizes[path] = len(data)
+				switch damage {
+				case "truncated":
+					data = data[:len(data)/2]
+				case "flipped":
+					data[len(data)/2] ^= 0xff
+				case "empty":
+					data = nil
+				}
+				if err := os.WriteFile(path, data, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			e2 := newEngine(t, Config{CacheDir: dir})
+			ev2 := compile(t, e2, b)
+			wantDecision(t, ev2, sdkCases[0].in, sdkCases[0].action, sdkCases[0].rule)
+			for path, n := range sizes {
+				fi, err := os.Stat(path)
+				if err != nil || fi.Size() != int64(n) {
+					t.Errorf("%s after the recompile: %v, size %d, want %d", path, err, fi.Size(), n)
+				}
+			}
+		})
+	}
+}

@@ -283,3 +283,46 @@ decision := {"decision": "allow", "reason": sprintf("%d", [count(numbers.range(1
 		t.Fatalf("%d instances: evaluations failed", ev.instances.Load())
 	}
 }
+
+// TestFuelNotTheModules: a module cannot set the fuel counter the engine
+// adds to it. The uploaded module is not validated before it is
+// instrumented, so code naming global 0 of a module that has none was
+// valid once the fuel global took that index: an eval loop refilling it
+// never reached a check, and ran past its deadline forever, holding a CPU
+// and its instance. It is refused like any module naming a global (or a
+// function) it does not define.
+func TestFuelNotTheModules(t *testing.T) {
+	e := newEngine(t, Config{})
+	for _, c := range []struct {
+		name, want string
+		body       []byte
+	}{
+		// loop { global.set 0 (i32.const 1000); br 0 }
+		{"sets the fuel", "invalid global index", []byte{opLoop, blockEmpty, 0x41, 0xe8, 0x07, 0x24, 0x00, opBr, 0, 0x0b}},
+		// call 14, the refuel function once appended
+		{"calls the refuel function", "invalid function index", []byte{opCall, 14}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := opaBundle(fakeOPAModule(c.body, true), "x", "")
+			b.Manifest.Sandbox.Timeout = "100ms"
+			ev, err := e.Compile(context.Background(), b)
+			if err == nil {
+				defer ev.Close()
+				done := make(chan error, 1)
+				go func() { _, err := ev.Evaluate(context.Background(), smallInput()); done <- err }()
+				select {
+				case err := <-done:
+					t.Fatalf("compiled, and evaluated to %v", err)
+				case <-time.After(10 * time.Second):
+					t.Fatal("compiled, and evaluation still runs 10s past its 100ms deadline")
+				}
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("compile: %v, want %q", err, c.want)
+			}
+			if _, ierr := instrumentFuel(fakeOPAModule(c.body, true)); ierr == nil {
+				t.Error("instrumentFuel accepted the module")
+			}
+		})
+	}
+}

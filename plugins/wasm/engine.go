@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 
 	"github.com/tetratelabs/wazero"
@@ -126,6 +127,11 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	if !ok {
 		return nil, fmt.Errorf("wasm: bundle has no %s", PolicyFile)
 	}
+	// Tables are outside the memory cap: bound them (tables.go).
+	capped, err := capTables(bin)
+	if err != nil {
+		return nil, fmt.Errorf("wasm: %s: %w", PolicyFile, err)
+	}
 	// The cache entry is named by the module as uploaded.
 	mod, err := e.acquire(bin)
 	if err != nil {
@@ -133,7 +139,7 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	}
 	// OPA modules check their own deadline (instrument.go); the others, and
 	// an OPA module that cannot be instrumented, rely on wazero's check.
-	fuel := false
+	bin, fuel := capped, false
 	if sb.abi == bundle.ABIOPA {
 		if fueled, err := instrumentFuel(bin); err == nil {
 			bin, fuel = fueled, true
@@ -147,6 +153,17 @@ func (e *Engine) Compile(ctx context.Context, b *bundle.Bundle) (policy.Evaluato
 	// Go modules take about a second to compile: use every CPU.
 	cctx := experimental.WithCompilationWorkers(ctx, runtime.GOMAXPROCS(0))
 	cm, err := rt.r.CompileModule(cctx, bin)
+	if err != nil && mod.dir != "" && strings.Contains(err.Error(), "compilationcache:") {
+		// The machine code on disk is damaged (a truncated or corrupted
+		// file: wazero checks its length and checksum): drop it and
+		// compile again, rather than refuse a good module for ever.
+		e.cfg.Logger.Warn("wasm: compilation cache entry unreadable, compiling again", "dir", mod.dir, "err", err)
+		if rerr := e.forgetCompiled(mod); rerr != nil {
+			err = fmt.Errorf("%w (and removing it: %v)", err, rerr)
+		} else {
+			cm, err = rt.r.CompileModule(cctx, bin)
+		}
+	}
 	e.compiled(mod)
 	if err != nil {
 		e.release(mod)

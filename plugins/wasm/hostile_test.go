@@ -183,3 +183,54 @@ func TestGoHostile(t *testing.T) {
 	t.Logf("Go memory bomb: %v", err)
 	good(bomb)
 }
+
+// TestTablesBounded: a module's tables are outside its capped linear
+// memory, and wazero keeps 8 bytes per element in the kernel's memory. A
+// 160-byte module declaring a table of 134,217,728 elements (wazero's own
+// limit) and filling it, or growing a small one that far, took 1 GiB of the
+// kernel per instance, past every ceiling. Tables now hold at most
+// MaxTableElements together: larger tables are refused at load, and
+// table.grow fails past the bound as memory.grow fails past the cap.
+func TestTablesBounded(t *testing.T) {
+	e := newEngine(t, Config{})
+	withTables := func(evaluate []byte, tables ...memLimits) []byte {
+		return rawModule(rawSpec{
+			evaluate: cat(evaluate, outputAt(2048, uint32(len(goodAnswer)))),
+			data:     []wasmData{{offset: 2048, bytes: []byte(goodAnswer)}},
+			extra:    func(m *wasmModule) { m.tables = tables },
+		})
+	}
+	for _, c := range []struct {
+		name   string
+		tables []memLimits
+	}{
+		{"one huge table", []memLimits{{min: 134217728}}},
+		{"two tables over the bound together", []memLimits{{min: MaxTableElements / 2}, {min: MaxTableElements/2 + 1, max: MaxTableElements, hasMax: true}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := e.Compile(context.Background(), newBundle("tables", withTables(nil, c.tables...), bundle.Sandbox{}))
+			if err == nil || !strings.Contains(err.Error(), "over the limit of 1048576") {
+				t.Fatalf("compile: %v, want a refusal naming the limit", err)
+			}
+		})
+	}
+	// grow (i32 n) → table.grow 0 (ref.null func) n, then trap unless the
+	// result is (want == -1) or is not (want != -1) -1.
+	grow := func(n int32, failed bool) []byte {
+		cmp := byte(0x46) // i32.eq: trap when the grow failed
+		if failed {
+			cmp = 0x47 // i32.ne: trap when it did not
+		}
+		return cat([]byte{0xd0, 0x70}, i32Const(n), []byte{0xfc, 15, 0}, i32Const(-1), []byte{cmp, 0x04, blockEmpty, opUnreachable, 0x0b})
+	}
+	t.Run("grow", func(t *testing.T) {
+		// A table without a maximum grows within the bound, not past it.
+		ev := compile(t, e, newBundle("grow", withTables(cat(grow(1000, false), grow(134217000, true)), memLimits{min: 1}), bundle.Sandbox{}))
+		wantDecision(t, ev, smallInput(), policy.Allow, "ok")
+		// Up to the bound exactly, and a module's own smaller maximum holds.
+		ev = compile(t, e, newBundle("grow", withTables(cat(grow(MaxTableElements-11, false), grow(1, true)), memLimits{min: 10}, memLimits{min: 1, max: 5, hasMax: true}), bundle.Sandbox{}))
+		wantDecision(t, ev, smallInput(), policy.Allow, "ok")
+		ev = compile(t, e, newBundle("grow", withTables(grow(5, true), memLimits{min: 1, max: 5, hasMax: true}), bundle.Sandbox{}))
+		wantDecision(t, ev, smallInput(), policy.Allow, "ok")
+	})
+}

@@ -100,7 +100,7 @@ func instrumentFuel(bin []byte) ([]byte, error) {
 		case secGlobal:
 			out = appendSection(out, s.id, appendVecItem(s.content, fuelGlobal()))
 		case secCode:
-			code, err := instrumentCode(s.content, check, refuelBody(uint32(builtin0), fuel))
+			code, err := instrumentCode(s.content, check, refuelBody(uint32(builtin0), fuel), fuel, refuel)
 			if err != nil {
 				return nil, fmt.Errorf("code section: %w", err)
 			}
@@ -259,8 +259,9 @@ func refuelBody(builtin0, fuel uint32) []byte {
 }
 
 // instrumentCode rewrites the code section: check goes at the start of
-// every function and of every loop body; refuel is appended.
-func instrumentCode(sec, check, refuel []byte) ([]byte, error) {
+// every function and of every loop body; refuel is appended. fuel and
+// refuelIndex are the indices the new global and function take.
+func instrumentCode(sec, check, refuel []byte, fuel, refuelIndex uint32) ([]byte, error) {
 	r := &reader{b: sec}
 	n, err := r.u32()
 	if err != nil {
@@ -277,7 +278,7 @@ func instrumentCode(sec, check, refuel []byte) ([]byte, error) {
 		if err := r.skip(uint64(size)); err != nil {
 			return nil, err
 		}
-		body, err = instrumentBody(body[:0], sec[start:r.i], check)
+		body, err = instrumentBody(body[:0], sec[start:r.i], check, fuel, refuelIndex)
 		if err != nil {
 			return nil, fmt.Errorf("function %d: %w", i, err)
 		}
@@ -292,7 +293,13 @@ func instrumentCode(sec, check, refuel []byte) ([]byte, error) {
 
 // instrumentBody copies one function body into out with check inserted
 // after the local declarations and after every loop's block type.
-func instrumentBody(out, body, check []byte) ([]byte, error) {
+//
+// The module has not been validated yet (wazero validates the instrumented
+// one), so code that names a global or function the module does not define
+// is refused here: the fuel global and the refuel function would otherwise
+// give it one, and code that sets the fuel (global.set $fuel in its loop)
+// would never reach a check and run past its deadline forever.
+func instrumentBody(out, body, check []byte, fuel, refuel uint32) ([]byte, error) {
 	r := &reader{b: body}
 	groups, err := r.u32()
 	if err != nil {
@@ -314,8 +321,19 @@ func instrumentBody(out, body, check []byte) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
+		at := r.i
 		if err := r.immediates(op); err != nil {
 			return nil, fmt.Errorf("opcode 0x%02x at %d: %w", op, r.i, err)
+		}
+		switch op {
+		case 0x23, 0x24: // global.get, global.set
+			if idx, _ := (&reader{b: body, i: at}).u32(); idx >= fuel {
+				return nil, fmt.Errorf("opcode 0x%02x at %d: global %d is not defined by the module", op, at, idx)
+			}
+		case 0x10, 0xd2: // call, ref.func
+			if idx, _ := (&reader{b: body, i: at}).u32(); idx >= refuel {
+				return nil, fmt.Errorf("opcode 0x%02x at %d: function %d is not defined by the module", op, at, idx)
+			}
 		}
 		if op == 0x03 { // loop
 			out = append(out, body[from:r.i]...)

@@ -52,6 +52,7 @@ type wasmModule struct {
 	types   []funcType
 	imports []wasmImport
 	funcs   []wasmFunc
+	tables  []memLimits // funcref tables
 	memory  *memLimits
 	exports []wasmExport
 	// start, when set, is the index of the function the start section names.
@@ -150,6 +151,13 @@ func (m *wasmModule) encode() []byte {
 			s = appendULEB(s, uint64(f.typeIndex))
 		}
 		b = appendSection(b, 3, s)
+	}
+	if len(m.tables) > 0 {
+		s := appendULEB(nil, uint64(len(m.tables)))
+		for _, t := range m.tables {
+			s = appendLimits(append(s, 0x70), t)
+		}
+		b = appendSection(b, secTable, s)
 	}
 	if m.memory != nil {
 		s := appendULEB(nil, 1)

@@ -9,7 +9,9 @@ import (
 // A minimal WebAssembly binary reader: the OPA driver reads where a
 // module's data segments end (OPA's compiler declares too small a minimum
 // memory for policies with much static data) and instruments modules for
-// the deadline (instrument.go). wazero has validated the module by then.
+// the deadline (instrument.go). The instrumented module, not the one
+// uploaded, is what wazero validates: instrument.go refuses code that names
+// what the module does not define.
 
 var wasmMagic = []byte{0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00}
 
