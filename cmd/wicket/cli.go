@@ -311,7 +311,10 @@ func (c *command) printHelp(w io.Writer, fs *flag.FlagSet) {
 		if name != "" {
 			head += " " + name
 		}
-		if !zeroDefault(f.DefValue) && !strings.Contains(f.Usage, "secret") && !strings.Contains(f.Name, "key") {
+		// A string flag's default may be a secret from its environment
+		// twin (--admin-key); a number's (--max-tenant-keys) is not.
+		secret := name == "string" && (strings.Contains(f.Usage, "secret") || strings.Contains(f.Name, "key"))
+		if !zeroDefault(f.DefValue) && !secret {
 			if name == "string" {
 				usage += fmt.Sprintf(" (default %q)", f.DefValue)
 			} else {

@@ -83,7 +83,8 @@ func TestHelpDefaults(t *testing.T) {
 		}
 	}
 	serve, _, _ := runExit(t, "serve", "--help")
-	for _, want := range []string{`(WICKET_ADDR) (default "127.0.0.1:8080")`, `(WICKET_MAX_BODY) (default 1048576)`, `(WICKET_LEASE_TIMEOUT) (default 1m30s)`} {
+	for _, want := range []string{`(WICKET_ADDR) (default "127.0.0.1:8080")`, `(WICKET_MAX_BODY) (default 1048576)`, `(WICKET_LEASE_TIMEOUT) (default 1m30s)`,
+		`(WICKET_MAX_TENANT_KEYS) (default 1000)`} {
 		if !strings.Contains(serve, want) {
 			t.Errorf("serve --help lacks %s", want)
 		}
