@@ -174,8 +174,9 @@ func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval
 		res.Result, res.Grant = r, false
 	}
 	dispatchID := k.ids.next(k.now())
-	var out *Approval
+	var out, lapsed *Approval
 	_, err := k.update(ctx, func(r *rec) error {
+		out, lapsed = nil, nil
 		a, err := r.tx.Approval(res.Tenant, res.ApprovalID)
 		if err != nil {
 			if errors.Is(err, ErrNotFound) {
@@ -194,6 +195,15 @@ func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval
 		}
 		if res.RequestHash != "" && res.RequestHash != a.RequestHash {
 			return Errorf(CodeConflict, "request_hash does not match approval %s: the request changed", a.ID)
+		}
+		if !a.ExpiresAt.After(r.now) {
+			// Expired, though the reaper has not recorded it yet (it looks
+			// every ReapInterval): record it now, as it would, and refuse.
+			if err := k.expire(r, a, dispatchID); err != nil {
+				return err
+			}
+			lapsed = a
+			return nil
 		}
 		e, err := loadExec(r.tx, a.Tenant, a.ExecutionID)
 		if err != nil {
@@ -248,6 +258,12 @@ func (k *Kernel) ResolveApproval(ctx context.Context, res Resolution) (*Approval
 		out = a
 		return nil
 	})
+	if err == nil && lapsed != nil {
+		k.log.Info("approval expired", "tenant", lapsed.Tenant, "approval_id", lapsed.ID, "execution_id", lapsed.ExecutionID,
+			"target", lapsed.Target, "waited", lapsed.DecidedAt.Sub(lapsed.CreatedAt).Round(time.Millisecond).String(), "on_expiry", k.cfg.ApprovalExpiry)
+		return nil, (&Error{Code: CodeConflict, Message: fmt.Sprintf("approval %s expired at %s: it can no longer be decided",
+			lapsed.ID, lapsed.ExpiresAt.UTC().Format(time.RFC3339Nano))}).WithDetails(map[string]any{"status": ApprovalExpired})
+	}
 	if err == nil {
 		k.log.Info("approval decided", "tenant", out.Tenant, "approval_id", out.ID, "status", out.Status,
 			"decided_by", out.DecidedBy, "execution_id", out.ExecutionID, "target", out.Target,
@@ -333,41 +349,10 @@ func (k *Kernel) expireApprovals(ctx context.Context, now time.Time) error {
 			if err != nil || a.Status != ApprovalPending || a.ExpiresAt.After(r.now) {
 				continue
 			}
-			e, err := loadExec(r.tx, a.Tenant, a.ExecutionID)
-			if err != nil {
-				return err
-			}
-			t := r.now
-			a.Status, a.DecidedAt = ApprovalExpired, &t
-			if err := r.tx.PutApproval(a); err != nil {
+			if err := k.expire(r, a, ids[i]); err != nil {
 				return err
 			}
 			expired = append(expired, a)
-			if e.Status.Terminal() {
-				continue
-			}
-			if err := r.event(e, EvApprovalExpired, map[string]any{"approval_id": a.ID, "step_id": a.StepID, "expired_at": a.ExpiresAt}); err != nil {
-				return err
-			}
-			if k.cfg.ApprovalExpiry == ExpireDeniesStep {
-				var err error
-				if a.Type == ApprovalInterrupted {
-					err = expireInterrupted(r, e, a)
-				} else {
-					err = k.denyApprovedStep(r, e, a, "approval expired")
-				}
-				if err != nil {
-					return err
-				}
-				if err := k.resume(r, e, a, ids[i]); err != nil {
-					return err
-				}
-				continue
-			}
-			e.BlockedOn = "" // finish must not expire it twice
-			if err := k.finish(r, e, ExecFailed, "approval_expired", nil, mustJSON(map[string]any{"code": "approval_expired", "approval_id": a.ID, "step_id": a.StepID}), nil); err != nil {
-				return err
-			}
 		}
 		return nil
 	})
@@ -378,6 +363,42 @@ func (k *Kernel) expireApprovals(ctx context.Context, now time.Time) error {
 		}
 	}
 	return err
+}
+
+// expire records the expiry of the pending approval a, past its
+// ExpiresAt, in r: the approval, and unless its execution already ended,
+// approval.expired and what --approval-expiry says (the execution fails
+// approval_expired, or the step is denied and the execution resumes with
+// the dispatch dispatchID).
+func (k *Kernel) expire(r *rec, a *Approval, dispatchID string) error {
+	e, err := loadExec(r.tx, a.Tenant, a.ExecutionID)
+	if err != nil {
+		return err
+	}
+	t := r.now
+	a.Status, a.DecidedAt = ApprovalExpired, &t
+	if err := r.tx.PutApproval(a); err != nil {
+		return err
+	}
+	if e.Status.Terminal() {
+		return nil
+	}
+	if err := r.event(e, EvApprovalExpired, map[string]any{"approval_id": a.ID, "step_id": a.StepID, "expired_at": a.ExpiresAt}); err != nil {
+		return err
+	}
+	if k.cfg.ApprovalExpiry == ExpireDeniesStep {
+		if a.Type == ApprovalInterrupted {
+			err = expireInterrupted(r, e, a)
+		} else {
+			err = k.denyApprovedStep(r, e, a, "approval expired")
+		}
+		if err != nil {
+			return err
+		}
+		return k.resume(r, e, a, dispatchID)
+	}
+	e.BlockedOn = "" // finish must not expire it twice
+	return k.finish(r, e, ExecFailed, "approval_expired", nil, mustJSON(map[string]any{"code": "approval_expired", "approval_id": a.ID, "step_id": a.StepID}), nil)
 }
 
 // MayDecide reports whether the person named by may decide an approval

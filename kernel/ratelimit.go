@@ -29,17 +29,21 @@ func (w window) estimate(now time.Time, length time.Duration, sliding bool) floa
 	}
 	elapsed := now.UnixNano() - w.Start
 	overlap := 1 - float64(elapsed)/float64(length)
-	if overlap < 0 {
-		overlap = 0
-	}
+	// A window that starts after now (see roll) counts the previous one whole.
+	overlap = min(max(overlap, 0), 1)
 	return float64(w.Count) + float64(w.Prev)*overlap
 }
 
-// roll advances w to the window containing now.
+// roll advances w to the window containing now. A counter already in a
+// later window, at most one window ahead, stays there: the clock that
+// counted it was ahead of this one (a clock stepped back across a restart,
+// or another replica's), and moving the counter back would empty it. One
+// further ahead (a clock that was set wrong, then put right) starts afresh
+// rather than hold the limit shut until the clock reaches it.
 func (w window) roll(now time.Time, length time.Duration) window {
 	start := now.UnixNano() - now.UnixNano()%int64(length)
 	switch {
-	case w.Start == start:
+	case w.Start == start || w.Start > start && w.Start-start <= int64(length):
 		return w
 	case w.Start == start-int64(length):
 		return window{Start: start, Prev: w.Count}

@@ -398,12 +398,23 @@ func (k *Kernel) checkLimits(e *Execution, sub *submission, pre *preread) *Verdi
 			return deny("limit_output_tokens", "limit_output_tokens: "+why)
 		}
 	}
-	if l.MaxDuration != "" {
-		if d, err := time.ParseDuration(l.MaxDuration); err == nil && k.now().Sub(e.CreatedAt) > d {
+	return timeLimits(e, k.now())
+}
+
+// timeLimits returns the deny verdict of the execution's max_duration or
+// deadline when it has passed at now, or nil: the limits that can be
+// reached while the execution waits on an approval, and are checked again
+// when the granted step is submitted.
+func timeLimits(e *Execution, now time.Time) *Verdict {
+	deny := func(rule, reason string) *Verdict {
+		return &Verdict{Action: policy.Deny, RuleID: rule, Reason: reason, Bundle: limitsBundle}
+	}
+	if e.Limits.MaxDuration != "" {
+		if d, err := time.ParseDuration(e.Limits.MaxDuration); err == nil && now.Sub(e.CreatedAt) > d {
 			return deny("limit_duration", fmt.Sprintf("limit_duration: the execution is older than %s", d))
 		}
 	}
-	if e.Deadline != nil && k.now().After(*e.Deadline) {
+	if e.Deadline != nil && now.After(*e.Deadline) {
 		return deny("limit_deadline", "limit_deadline: the execution's deadline has passed")
 	}
 	return nil
@@ -620,6 +631,18 @@ func (k *Kernel) afterApproval(r *rec, e *Execution, s *Step, base *StepDecision
 		base.Reason, base.RuleID = a.Reason, a.RuleID
 		return base, nil
 	case ApprovalGranted:
+		if v := timeLimits(e, r.now); v != nil && a.Type != ApprovalInterrupted {
+			// The deadline passed while the step waited: it does not run.
+			s.Status = StepDenied
+			s.Verdict = v.record()
+			if err := r.tx.PutStep(s); err != nil {
+				return nil, err
+			}
+			p := verdictOf(s, v)
+			p.ApprovalID = a.ID
+			base.Decision, base.Reason, base.RuleID = DecisionDenied, v.Reason, v.RuleID
+			return base, r.event(e, EvStepDenied, p)
+		}
 		// A retried interrupted step was counted when it first ran.
 		if err := r.proceed(e, s, executingPayload{ApprovalID: a.ID}, a.Type != ApprovalInterrupted); err != nil {
 			return nil, err

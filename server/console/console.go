@@ -36,6 +36,8 @@ const (
 	DefaultSessionTTL  = 12 * time.Hour
 	DefaultIdleTimeout = time.Hour
 	DefaultMaxSessions = 4096
+	// DefaultMaxSessionsPerTenant is MaxSessionsPerTenant's default.
+	DefaultMaxSessionsPerTenant = 256
 	// CookieName is the session cookie's name.
 	CookieName = "wicket_console"
 	// maxFormBytes bounds the body of a console POST.
@@ -51,6 +53,11 @@ type Options struct {
 	// MaxSessions bounds the sessions held in memory (default 4096); a new
 	// sign-in past it ends the least recently used session.
 	MaxSessions int
+	// MaxSessionsPerTenant bounds the sessions of the keys of one tenant
+	// (default 256, at most MaxSessions); a new sign-in past it ends that
+	// tenant's least recently used session, so one tenant's keys cannot
+	// sign other tenants' users out.
+	MaxSessionsPerTenant int
 	// SecureCookie marks the cookie Secure even on plain HTTP requests
 	// (behind a proxy that terminates TLS); requests over TLS always get it.
 	SecureCookie bool
@@ -81,13 +88,17 @@ func New(api http.Handler, o Options) *Console {
 	if o.MaxSessions <= 0 {
 		o.MaxSessions = DefaultMaxSessions
 	}
+	if o.MaxSessionsPerTenant <= 0 {
+		o.MaxSessionsPerTenant = DefaultMaxSessionsPerTenant
+	}
+	o.MaxSessionsPerTenant = min(o.MaxSessionsPerTenant, o.MaxSessions)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	c := &Console{api: api, o: o, log: o.Logger, sess: newSessionStore(o.MaxSessions)}
+	c := &Console{api: api, o: o, log: o.Logger, sess: newSessionStore(o.MaxSessions, o.MaxSessionsPerTenant)}
 	c.mux = c.routes()
 	return c
 }
@@ -290,7 +301,7 @@ func (c *Console) signin(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, status, "signin", nil, map[string]any{"Message": msg})
 		return
 	}
-	id := c.sess.create(key, c.o.Now())
+	id := c.sess.create(key, q.who.KeyTenant, c.o.Now())
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: id, Path: "/ui/", HttpOnly: true, SameSite: http.SameSiteStrictMode,
 		Secure: c.secure(r), MaxAge: int(c.o.SessionTTL / time.Second)})
 	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
@@ -316,6 +327,7 @@ func (c *Console) clearCookie(w http.ResponseWriter, r *http.Request) {
 // token. Sessions live in memory: a restart signs everyone out.
 type session struct {
 	key     string
+	tenant  string // the key's
 	csrf    string
 	created time.Time
 	seen    time.Time
@@ -325,30 +337,38 @@ type session struct {
 // cookie is a 256-bit random secret; a lookup does not compare it byte by
 // byte).
 type sessionStore struct {
-	mu  sync.Mutex
-	m   map[[32]byte]*session
-	max int
+	mu        sync.Mutex
+	m         map[[32]byte]*session
+	max       int
+	perTenant int
 }
 
-func newSessionStore(max int) *sessionStore {
-	return &sessionStore{m: map[[32]byte]*session{}, max: max}
+func newSessionStore(max, perTenant int) *sessionStore {
+	return &sessionStore{m: map[[32]byte]*session{}, max: max, perTenant: perTenant}
 }
 
-// create makes a session for key and returns its cookie value.
-func (st *sessionStore) create(key string, now time.Time) string {
+// create makes a session for key, of tenant, and returns its cookie value.
+// Past the tenant's share it ends the tenant's least recently used
+// session, past the whole store's the least recently used of all.
+func (st *sessionStore) create(key, tenant string, now time.Time) string {
 	id := randomToken()
-	s := &session{key: key, csrf: randomToken(), created: now, seen: now}
+	s := &session{key: key, tenant: tenant, csrf: randomToken(), created: now, seen: now}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for len(st.m) >= st.max {
-		var oldest [32]byte
-		var at time.Time
-		for h, x := range st.m {
-			if at.IsZero() || x.seen.Before(at) {
-				oldest, at = h, x.seen
+	for {
+		n := 0
+		for _, x := range st.m {
+			if x.tenant == tenant {
+				n++
 			}
 		}
-		delete(st.m, oldest)
+		if n < st.perTenant {
+			break
+		}
+		st.dropOldest(func(x *session) bool { return x.tenant == tenant })
+	}
+	for len(st.m) >= st.max {
+		st.dropOldest(func(*session) bool { return true })
 	}
 	st.m[sha256.Sum256([]byte(id))] = s
 	return id
@@ -371,6 +391,19 @@ func (st *sessionStore) get(id string, now time.Time, ttl, idle time.Duration) *
 	s.seen = now
 	cp := *s
 	return &cp
+}
+
+// dropOldest ends the least recently used session of those in. st.mu
+// must be held.
+func (st *sessionStore) dropOldest(in func(*session) bool) {
+	var oldest [32]byte
+	var at time.Time
+	for h, x := range st.m {
+		if in(x) && (at.IsZero() || x.seen.Before(at)) {
+			oldest, at = h, x.seen
+		}
+	}
+	delete(st.m, oldest)
 }
 
 func (st *sessionStore) drop(id string) {

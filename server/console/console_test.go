@@ -400,3 +400,43 @@ func TestAdminDecidesOnBehalf(t *testing.T) {
 	}
 	env.WaitTerminal(named, 30*time.Second)
 }
+
+// TestSessionsPerTenant: one tenant's keys hold at most
+// MaxSessionsPerTenant sessions: signing in past it ends that tenant's
+// least recently used session, not another tenant's. Before, the sessions
+// were one pool whose least recently used went first, so any key (a
+// client's, of any tenant) signing in MaxSessions times signed every
+// other tenant's users out.
+func TestSessionsPerTenant(t *testing.T) {
+	now := time.Now()
+	clock := func() time.Time { return now }
+	env := testkit.Start(t, testkit.Options{UI: console.Handler(console.Options{Now: clock, MaxSessions: 4, MaxSessionsPerTenant: 2})})
+	if _, err := env.Admin("POST", "/v0/tenants", map[string]any{"id": "acme"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var k wire.CreatedKey
+	if _, err := env.Admin("POST", "/v0/tenants/acme/keys", map[string]any{"role": "client", "principal": "flood"}, &k); err != nil {
+		t.Fatal(err)
+	}
+	ok := func(b *browser) bool {
+		resp, _ := b.do("GET", "/ui/executions", nil, nil)
+		return resp.StatusCode == http.StatusOK
+	}
+	admin := newBrowser(t, env.URL)
+	admin.signIn(testkit.AdminKey)
+	var flood []*browser
+	for range 6 {
+		now = now.Add(time.Minute)
+		b := newBrowser(t, env.URL)
+		b.signIn(k.Key)
+		flood = append(flood, b)
+	}
+	if !ok(admin) {
+		t.Fatal("another tenant's sign-ins ended the admin's session")
+	}
+	for i, b := range flood {
+		if want := i >= 4; ok(b) != want {
+			t.Errorf("acme's session %d live: %v, want %v (the tenant's two most recent)", i, !want, want)
+		}
+	}
+}
