@@ -100,6 +100,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return nil
 	case workerCommand: // hidden: serve starts it for a tenant's Rego
 		return policyWorker(os.Stdin, os.Stdout)
+	case wasmCompileCommand: // hidden: serve starts it for each wasm compile
+		return wasmCompile(os.Stdin, os.Stdout)
 	}
 	// The longest run of words that names a command or a group.
 	prefix := ""

@@ -49,6 +49,11 @@ type limitOptions struct {
 	cacheMax               byteSize
 	regoIsolation          string
 	regoMemory             byteSize
+	// wasmIsolation, wasmCompileMemory and wasmCompileTimeout: how serve
+	// compiles wasm modules (isolateWasm).
+	wasmIsolation      string
+	wasmCompileMemory  byteSize
+	wasmCompileTimeout time.Duration
 	// tenantBundles and tenantBundleBytes: kernel.Config.MaxTenantBundles
 	// and MaxTenantBundleBytes.
 	tenantBundles     int
@@ -80,6 +85,11 @@ func limitFlags(o *limitOptions, fs *flag.FlagSet) {
 	o.regoMemory = byteSize(worker.DefaultMemory)
 	envSize("WICKET_REGO_MEMORY", &o.regoMemory)
 	fs.Var(&o.regoMemory, "rego-memory", "memory cap of each tenant's Rego worker process (WICKET_REGO_MEMORY)")
+	fs.StringVar(&o.wasmIsolation, "wasm-isolation", envString("WICKET_WASM_ISOLATION", "process"), "process: compile each wasm module first in a process of its own under --wasm-compile-memory and --wasm-compile-timeout; none: in the kernel only (trusted modules only) (WICKET_WASM_ISOLATION)")
+	o.wasmCompileMemory = byteSize(defaultWasmCompileMemory)
+	envSize("WICKET_WASM_COMPILE_MEMORY", &o.wasmCompileMemory)
+	fs.Var(&o.wasmCompileMemory, "wasm-compile-memory", "memory cap of the process that compiles a wasm module; a module that needs more is refused (WICKET_WASM_COMPILE_MEMORY)")
+	fs.DurationVar(&o.wasmCompileTimeout, "wasm-compile-timeout", envDuration("WICKET_WASM_COMPILE_TIMEOUT", defaultWasmCompileTimeout), "a wasm module that does not compile within this, in its own process, is refused (WICKET_WASM_COMPILE_TIMEOUT)")
 	kd := kernel.DefaultConfig()
 	fs.IntVar(&o.tenantBundles, "max-tenant-bundles", envInt("WICKET_MAX_TENANT_BUNDLES", kd.MaxTenantBundles), "most bundles a tenant's own keys may store in it (bundles the admin stores count, and are never refused) (WICKET_MAX_TENANT_BUNDLES)")
 	o.tenantBundleBytes = byteSize(kd.MaxTenantBundleBytes)
@@ -132,6 +142,10 @@ func (o *limitOptions) limits() (bundle.Limits, error) {
 		return bundle.Limits{}, usageError{"serve: --max-tenant-agents and --max-tenant-keys must be positive"}
 	case o.tenantBundleBytes <= 0:
 		return bundle.Limits{}, usageError{"serve: --max-tenant-bundle-bytes must be positive"}
+	case o.wasmCompileMemory < 64<<20:
+		return bundle.Limits{}, usageError{"serve: --wasm-compile-memory must be at least 64MiB"}
+	case o.wasmCompileTimeout <= 0:
+		return bundle.Limits{}, usageError{"serve: --wasm-compile-timeout must be positive"}
 	case o.regoMemory < 32<<20:
 		return bundle.Limits{}, usageError{"serve: --rego-memory must be at least 32MiB (a worker needs about 20MiB to start)"}
 	}

@@ -416,10 +416,15 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	sender := webhook.New(webhook.WithGuard(guard))
 	defer sender.Close()
-	wasmEngine := wasm.New(wasm.Config{CacheDir: filepath.Join(o.data, "wasm-cache"), CacheMaxBytes: int64(o.limits.cacheMax), Limits: limits,
+	wasmCache := filepath.Join(o.data, "wasm-cache")
+	wasmEngine := wasm.New(wasm.Config{CacheDir: wasmCache, CacheMaxBytes: int64(o.limits.cacheMax), Limits: limits,
 		Builtins: rego.NewHostBuiltins(), Logger: log})
 	defer wasmEngine.Close()
 	kernelKeys, err := o.verificationKeys()
+	if err != nil {
+		return err
+	}
+	wasmEng, err := isolateWasm(&o.limits, wasmEngine, wasmCache, limits)
 	if err != nil {
 		return err
 	}
@@ -429,7 +434,7 @@ func serve(ctx context.Context, o *serveOptions, stdout, stderr io.Writer) error
 	}
 	defer closeRego()
 	host := plugins.NewHost(plugins.Options{DefaultPolicy: o.defaultPolicy, Limits: limits, BundleKeys: kernelKeys},
-		rules.New(), regoEng, wasmEngine)
+		rules.New(), regoEng, wasmEng)
 	defer host.Close()
 	k, err := kernel.New(st.Store, sender, host, host, cfg) // the store itself: kernel.Feed is found on it
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime/debug"
 	"sync"
 
 	"github.com/wicket-run/wicket/kernel/policy"
@@ -40,13 +39,9 @@ func Serve(in io.Reader, out io.Writer, newEngine func(bundle.Limits) plugins.En
 		return fmt.Errorf("worker: first request is %q, want init", init.Op)
 	}
 	w := &childWriter{w: bufio.NewWriter(out)}
-	lowerPriority()
-	if init.Memory > 0 {
-		if err := limitMemory(init.Memory * raceFactor); err != nil {
-			_ = w.send(response{ID: init.ID, Error: err.Error()})
-			return err
-		}
-		debug.SetMemoryLimit(init.Memory * 3 / 4)
+	if err := Confine(init.Memory); err != nil {
+		_ = w.send(response{ID: init.ID, Error: err.Error()})
+		return err
 	}
 	eng := newEngine(*init.Limits)
 	if err := w.send(response{ID: init.ID}); err != nil {
