@@ -629,6 +629,18 @@ func TestHandlerAndToolFailures(t *testing.T) {
 			_, err := panicky.Call(ctx, 1)
 			return nil, err
 		},
+		// A step under a context whose deadline has passed returns that
+		// deadline, not a KernelError (which would end the dispatch
+		// quietly and have the kernel deliver it again).
+		"deadline": func(ctx context.Context, _ json.RawMessage) (any, error) {
+			dctx, cancel := context.WithDeadline(ctx, time.Now())
+			defer cancel()
+			_, err := agent.Step(dctx, "late", func(context.Context) (int, error) { return 1, nil })
+			if errors.As(err, new(*agent.KernelError)) || !errors.Is(err, context.DeadlineExceeded) {
+				return nil, fmt.Errorf("want the context's deadline, got %T", err)
+			}
+			return nil, err
+		},
 		"args": func(ctx context.Context, _ json.RawMessage) (any, error) {
 			_, err := agent.Invoke(ctx, agent.KindToolCall, "x", func() {}, agent.StepOptions{}, nil)
 			var ae *agent.ArgsError
@@ -639,12 +651,13 @@ func TestHandlerAndToolFailures(t *testing.T) {
 		},
 	}
 	want := map[string]string{
-		"error":   "no luck",
-		"panic":   "panic: boom",
-		"output":  "output is not JSON-serialisable",
-		"tool":    "disk full",
-		"toolpan": "panic: tool bug",
-		"args":    "not JSON-serialisable",
+		"error":    "no luck",
+		"panic":    "panic: boom",
+		"output":   "output is not JSON-serialisable",
+		"tool":     "disk full",
+		"toolpan":  "panic: tool bug",
+		"args":     "not JSON-serialisable",
+		"deadline": "agent: submit step: context deadline exceeded",
 	}
 	for name, fn := range handlers {
 		t.Run(name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -217,7 +218,8 @@ func (e *Execution) execPaths() *execPaths {
 
 // mutate sends one signed mutation under the lease and maps the kernel's
 // answers to the SDK's errors: lease_superseded → LeaseSuperseded (and the
-// handler is cancelled), an unreachable kernel or a 5xx → KernelError.
+// handler is cancelled), an unreachable kernel or a 5xx → KernelError, and
+// a ctx that ended first → an error wrapping its cause.
 func (e *Execution) mutate(ctx context.Context, op, suffix string, body, out any) error {
 	return e.mutateAt(ctx, op, e.path(suffix), e.leaseHeader(), body, out)
 }
@@ -238,6 +240,14 @@ func (e *Execution) mutateAt(ctx context.Context, op, path string, header http.H
 			return &KernelError{Op: op, Err: err}
 		}
 		return err
+	}
+	if ctx.Err() != nil {
+		// The caller's own deadline or cancellation, not an unreachable
+		// kernel: returned by the handler it fails the execution. A
+		// cancellation by the Agent (a superseded lease, a terminated
+		// execution, a shutdown) is the cause, and still ends the
+		// dispatch without a verdict.
+		return fmt.Errorf("agent: %s: %w", op, context.Cause(ctx))
 	}
 	return &KernelError{Op: op, Err: err}
 }
