@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -947,5 +949,110 @@ func waitIdle(t *testing.T, a *agent.Agent) {
 			t.Fatalf("%d dispatches still running", a.Running())
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// flakyKernel is a proxy in front of the kernel that fails the first
+// fails step requests whose path ends with suffix (the first drops the
+// connection, the others answer 503), then forwards everything.
+type flakyKernel struct {
+	suffix string
+	fails  int
+
+	mu   sync.Mutex
+	seen int
+}
+
+func (f *flakyKernel) handler(kernelURL string) http.Handler {
+	u, _ := url.Parse(kernelURL)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/steps/") && strings.HasSuffix(r.URL.Path, f.suffix) {
+			f.mu.Lock()
+			f.seen++
+			n := f.seen
+			f.mu.Unlock()
+			switch {
+			case n == 1 && f.fails >= 1:
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					_ = conn.Close()
+				}
+				return
+			case n <= f.fails:
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = io.WriteString(w, `{"code":"unavailable","message":"the kernel is starting"}`)
+				return
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	})
+}
+
+func (f *flakyKernel) requests() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.seen
+}
+
+// TestStepOutcomeSurvivesKernelOutage: a tool whose effect has happened
+// while the kernel cannot be reached (a restart: the connection drops,
+// then 503 while it starts) still gets its result recorded, in the same
+// dispatch: the body runs once and the step is not left to become an
+// indeterminate orphan.
+func TestStepOutcomeSurvivesKernelOutage(t *testing.T) {
+	for _, tc := range []struct{ name, suffix string }{{"complete", "/complete"}, {"fail", "/fail"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, fast())
+			flaky := &flakyKernel{suffix: tc.suffix, fails: 3}
+			proxy := httptest.NewServer(flaky.handler(h.env.URL))
+			t.Cleanup(proxy.Close)
+			var runs counter
+			charge := agent.NewTool("charge", func(ctx context.Context, in int) (int, error) {
+				runs.inc("charge")
+				if tc.name == "fail" {
+					return 0, errors.New("card declined")
+				}
+				return in * 2, nil
+			})
+			a, err := agent.New(agent.Config{ID: "flaky-" + tc.name, Secret: []byte(secret), KernelURL: proxy.URL,
+				HeartbeatInterval: 100 * time.Millisecond,
+				Handler: agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+					v, err := charge.Call(ctx, 21)
+					var te *agent.ToolError
+					if errors.As(err, &te) && !te.Replayed && te.Message() == "card declined" {
+						return "declined", nil
+					}
+					return v, err
+				})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(a)
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = a.Shutdown(ctx)
+				srv.Close()
+			})
+			h.register("flaky-"+tc.name, srv.URL+"/webhook", false)
+			id := h.create("flaky-"+tc.name, nil)
+			x := h.status(id, kernel.ExecCompleted)
+			want := map[string]string{"complete": "42", "fail": `"declined"`}[tc.name]
+			if x.Status != kernel.ExecCompleted || string(x.Output) != want {
+				t.Fatalf("execution %s output %s error %s, want completed with %s", x.Status, x.Output, x.Error, want)
+			}
+			if n := runs.get("charge"); n != 1 {
+				t.Fatalf("the effect ran %d times, want 1", n)
+			}
+			evs := h.checkLog(id)
+			if n := testkit.Count(evs, kernel.EvDispatchClaimed); n != 1 {
+				t.Fatalf("%d dispatch attempts, want 1 (the outcome was dropped and the dispatch delivered again)", n)
+			}
+			if n := flaky.requests(); n != 4 {
+				t.Fatalf("the kernel saw %d %s requests, want 4 (one dropped, two 503, one answered)", n, tc.suffix)
+			}
+		})
 	}
 }

@@ -306,22 +306,63 @@ func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wi
 }
 
 // Complete records the result (any JSON) and usage of a step that was told
-// to proceed. It runs even if ctx is cancelled: a result the effect already
-// produced must not be thrown away.
+// to proceed. It runs even if ctx is cancelled, and tries again while the
+// kernel cannot be reached (a restart, a 5xx), for up to 30 s: a result the
+// effect already produced must not be thrown away.
 func (e *Execution) Complete(ctx context.Context, stepID string, result json.RawMessage, usage *wire.Usage) error {
-	ctx, cancel := settle(ctx)
-	defer cancel()
-	return e.mutateAt(ctx, "complete step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/complete", e.leaseHeader(),
-		wire.StepCompleteRequest{Result: result, Usage: usage}, nil)
+	return e.record(ctx, "complete step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/complete",
+		wire.StepCompleteRequest{Result: result, Usage: usage})
 }
 
 // Fail records the error (any JSON) of a step that was told to proceed. Like
-// Complete it runs even if ctx is cancelled.
+// Complete it runs even if ctx is cancelled, and tries again while the
+// kernel cannot be reached.
 func (e *Execution) Fail(ctx context.Context, stepID string, stepErr json.RawMessage) error {
+	return e.record(ctx, "fail step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/fail",
+		wire.StepFailRequest{Error: stepErr})
+}
+
+// Pauses between two tries of a step outcome the kernel did not answer:
+// the first, doubled up to the last.
+const (
+	recordRetryFirst = 50 * time.Millisecond
+	recordRetryMax   = time.Second
+)
+
+// record sends a step's outcome under the settle window (see settle),
+// trying again after a KernelError until the kernel answers or the window
+// ends. The effect has happened; dropping its outcome because the kernel
+// was restarting would make an at_most_once step indeterminate and run a
+// safe_to_retry one again. Sending it twice is safe: the kernel takes the
+// same outcome of a step again as a no-op. Any answer (lease_superseded,
+// a conflict) ends the tries.
+func (e *Execution) record(ctx context.Context, op, path string, body any) error {
 	ctx, cancel := settle(ctx)
 	defer cancel()
-	return e.mutateAt(ctx, "fail step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/fail", e.leaseHeader(),
-		wire.StepFailRequest{Error: stepErr}, nil)
+	pause := recordRetryFirst
+	for {
+		err := e.mutateAt(ctx, op, path, e.leaseHeader(), body, nil)
+		if err == nil {
+			return nil
+		}
+		var ke *KernelError
+		if !errors.As(err, &ke) {
+			if ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
+				// The settle window ended during the request: the kernel
+				// gave no answer.
+				return &KernelError{Op: op, Err: err}
+			}
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		pause = min(2*pause, recordRetryMax)
+	}
 }
 
 // Delta posts one ephemeral piece of a running step's output to the
