@@ -859,6 +859,31 @@ func TestHeartbeatLongerThanLeaseWarns(t *testing.T) {
 	}
 }
 
+// A heartbeat interval longer than the whole lease is warned about when the
+// handler starts: no beat would get through to show it (the lease lapses
+// first), and a handler that makes no step would lose its lease silently.
+func TestHeartbeatLongerThanLeaseWarnsAtStart(t *testing.T) {
+	h := start(t, kernel.Config{LeaseTimeout: 2 * time.Second, DispatchTimeout: time.Second, ReapInterval: 20 * time.Millisecond})
+	const warning = "heartbeat interval is longer than the kernel's lease"
+	var logs lockedLog
+	a, err := agent.New(agent.Config{ID: "nobeat", Secret: []byte(secret), KernelURL: h.env.URL, HeartbeatInterval: time.Hour,
+		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),
+		Handler: agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) { return "ok", nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a)
+	defer srv.Close()
+	h.register("nobeat", srv.URL, false)
+	id := h.create("nobeat", nil)
+	h.status(id, kernel.ExecCompleted)
+	// The run posts the execution's output only after its heartbeat
+	// goroutine has ended, so the log is complete by now.
+	if n := strings.Count(logs.String(), warning); n != 1 {
+		t.Fatalf("the warning came %d times, want once:\n%s", n, logs.String())
+	}
+}
+
 // A webhook whose lease is not the execution's current one (a late or
 // replayed delivery of another dispatch) neither runs the handler nor
 // disturbs the handler that holds the lease.

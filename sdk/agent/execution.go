@@ -388,6 +388,10 @@ func (e *Execution) Heartbeat(ctx context.Context) (time.Time, error) {
 	return *hr.LeaseUntil, nil
 }
 
+// leaseWarning is logged once when the kernel's lease is shorter than the
+// heartbeat interval.
+const leaseWarning = "the heartbeat interval is longer than the kernel's lease: the lease lapses between beats; lower Config.HeartbeatInterval"
+
 // settleTimeout bounds a Complete or Fail that runs after the handler's
 // context was cancelled.
 const settleTimeout = 30 * time.Second
@@ -402,10 +406,17 @@ func settle(ctx context.Context) (context.Context, context.CancelFunc) {
 // the kernel says the lease is superseded or the execution has ended (both
 // cancel the handler through remember). It warns once when the kernel's
 // lease is shorter than the interval: the lease would lapse between beats.
-func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, stop <-chan struct{}, log *slog.Logger) {
+// until is when the lease held at the start expires (zero: unknown); a
+// lease that ends before the first beat is warned about at once, since no
+// beat would ever get through to show it.
+func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, until time.Time, stop <-chan struct{}, log *slog.Logger) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	warned := false
+	if left := time.Until(until); !until.IsZero() && left < interval {
+		warned = true
+		log.Warn(leaseWarning, "interval", interval, "lease_left", left.Round(time.Millisecond))
+	}
 	for {
 		select {
 		case <-stop:
@@ -419,8 +430,7 @@ func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, stop 
 			if err == nil {
 				if left := time.Until(until); !until.IsZero() && left < interval && !warned {
 					warned = true
-					log.Warn("the heartbeat interval is longer than the kernel's lease: the lease lapses between beats; lower Config.HeartbeatInterval",
-						"interval", interval, "lease_left", left.Round(time.Millisecond))
+					log.Warn(leaseWarning, "interval", interval, "lease_left", left.Round(time.Millisecond))
 				}
 				continue
 			}

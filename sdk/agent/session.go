@@ -117,7 +117,7 @@ func startSession(cfg SessionConfig, k *client.Client, ws *client.Session) *Sess
 		Input: x.Input, Labels: x.Labels, k: k}
 	go func() {
 		defer close(s.done)
-		s.ex.heartbeat(context.Background(), interval, s.stop, s.log)
+		s.ex.heartbeat(context.Background(), interval, ws.LeaseUntil, s.stop, s.log)
 	}()
 	return s
 }
