@@ -528,6 +528,52 @@ func TestCancelledExecutionTerminatesHandler(t *testing.T) {
 	h.checkLog(id)
 }
 
+// An execution cancelled while a tool's body runs, before any heartbeat
+// shows it: the body's result comes too late to be recorded, and the call
+// returns *Terminated (not the kernel's 409 conflict), remembered on the
+// execution so that the dispatch ends without a verdict.
+func TestCancelledDuringBodyTerminates(t *testing.T) {
+	h := start(t, kernel.Config{})
+	started, release := make(chan struct{}), make(chan struct{})
+	got := make(chan error, 2)
+	tool := agent.NewTool("slow", func(ctx context.Context, in int) (int, error) {
+		close(started)
+		<-release
+		return in, nil
+	})
+	failing := agent.NewTool("failing", func(ctx context.Context, in int) (int, error) { return 0, errors.New("too late") })
+	_, url := h.serve("late", time.Hour, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		_, err := tool.Call(ctx, 1)
+		got <- err
+		ex, _ := agent.FromContext(ctx)
+		got <- ex.Unwinding()
+		_, err = failing.Call(ctx, 2) // refused before it is submitted: the dispatch is over
+		return nil, err
+	}))
+	h.register("late", url, false)
+	id := h.create("late", nil)
+	<-started
+	if err := h.admin.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	for i := 0; i < 2; i++ {
+		var term *agent.Terminated
+		if err := <-got; !errors.As(err, &term) {
+			t.Fatalf("got %T %v, want *agent.Terminated", err, err)
+		}
+	}
+	x := h.status(id, kernel.ExecCancelled)
+	if x.Status != kernel.ExecCancelled {
+		t.Fatalf("status %s", x.Status)
+	}
+	steps, err := h.admin.Steps(context.Background(), id)
+	if err != nil || len(steps) != 1 || steps[0].Status != "cancelled" {
+		t.Fatalf("steps %+v %v, want the one step cancelled", steps, err)
+	}
+	h.checkLog(id)
+}
+
 // Every decision maps to its typed error; Blocked is remembered even when
 // the handler swallows it, and the approval resumes the execution.
 func TestDecisionsAndApproval(t *testing.T) {

@@ -310,7 +310,7 @@ func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wi
 // kernel cannot be reached (a restart, a 5xx), for up to 30 s: a result the
 // effect already produced must not be thrown away.
 func (e *Execution) Complete(ctx context.Context, stepID string, result json.RawMessage, usage *wire.Usage) error {
-	return e.record(ctx, "complete step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/complete",
+	return e.record(ctx, "complete step", stepID, e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/complete",
 		wire.StepCompleteRequest{Result: result, Usage: usage})
 }
 
@@ -318,9 +318,13 @@ func (e *Execution) Complete(ctx context.Context, stepID string, result json.Raw
 // Complete it runs even if ctx is cancelled, and tries again while the
 // kernel cannot be reached.
 func (e *Execution) Fail(ctx context.Context, stepID string, stepErr json.RawMessage) error {
-	return e.record(ctx, "fail step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/fail",
+	return e.record(ctx, "fail step", stepID, e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/fail",
 		wire.StepFailRequest{Error: stepErr})
 }
+
+// stepCancelled is the status of a step whose execution ended while it ran
+// (a conflict's details.status when its outcome comes too late).
+const stepCancelled = "cancelled"
 
 // Pauses between two tries of a step outcome the kernel did not answer:
 // the first, doubled up to the last.
@@ -335,8 +339,10 @@ const (
 // was restarting would make an at_most_once step indeterminate and run a
 // safe_to_retry one again. Sending it twice is safe: the kernel takes the
 // same outcome of a step again as a no-op. Any answer (lease_superseded,
-// a conflict) ends the tries.
-func (e *Execution) record(ctx context.Context, op, path string, body any) error {
+// a conflict) ends the tries. A step the kernel has cancelled (its
+// execution ended while the effect ran) is *Terminated, remembered like
+// a terminal decision.
+func (e *Execution) record(ctx context.Context, op, stepID, path string, body any) error {
 	ctx, cancel := settle(ctx)
 	defer cancel()
 	pause := recordRetryFirst
@@ -344,6 +350,10 @@ func (e *Execution) record(ctx context.Context, op, path string, body any) error
 		err := e.mutateAt(ctx, op, path, e.leaseHeader(), body, nil)
 		if err == nil {
 			return nil
+		}
+		var ae *client.APIError
+		if errors.As(err, &ae) && ae.Code == wire.CodeConflict && ae.Details["status"] == stepCancelled {
+			return e.remember(&Terminated{StepID: stepID, Reason: ae.Message})
 		}
 		var ke *KernelError
 		if !errors.As(err, &ke) {
