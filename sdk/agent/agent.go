@@ -313,6 +313,7 @@ func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 		r.prev.cancel(&LeaseSuperseded{DispatchID: r.prev.lease.DispatchID, Attempt: r.prev.lease.Attempt})
 	}
 	ex := &Execution{ID: x.ID, AgentID: x.AgentID, Lease: r.lease, Input: x.Input, Labels: x.Labels, LLMGatewayToken: r.token, k: a.kernel, cancel: r.cancel}
+	ex.setLeaseEnd(leaseUntil(x))
 	hctx := withExecution(ctx, ex)
 
 	stop := make(chan struct{})

@@ -1029,6 +1029,8 @@ func waitIdle(t *testing.T, a *agent.Agent) {
 type flakyKernel struct {
 	suffix string
 	fails  int
+	// down, while set, answers every request 503 (a kernel that is away).
+	down atomic.Bool
 
 	mu   sync.Mutex
 	seen int
@@ -1038,7 +1040,13 @@ func (f *flakyKernel) handler(kernelURL string) http.Handler {
 	u, _ := url.Parse(kernelURL)
 	proxy := httputil.NewSingleHostReverseProxy(u)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.Contains(r.URL.Path, "/steps/") && strings.HasSuffix(r.URL.Path, f.suffix) {
+		if f.down.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"code":"unavailable","message":"the kernel is stopping"}`)
+			return
+		}
+		if f.suffix != "" && strings.Contains(r.URL.Path, "/steps/") && strings.HasSuffix(r.URL.Path, f.suffix) {
 			f.mu.Lock()
 			f.seen++
 			n := f.seen
@@ -1075,7 +1083,9 @@ func (f *flakyKernel) requests() int {
 func TestStepOutcomeSurvivesKernelOutage(t *testing.T) {
 	for _, tc := range []struct{ name, suffix string }{{"complete", "/complete"}, {"fail", "/fail"}} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := start(t, fast())
+			cfg := fast()
+			cfg.LeaseTimeout = 5 * time.Second // the outage is shorter than the lease
+			h := start(t, cfg)
 			flaky := &flakyKernel{suffix: tc.suffix, fails: 3}
 			proxy := httptest.NewServer(flaky.handler(h.env.URL))
 			t.Cleanup(proxy.Close)
@@ -1125,5 +1135,63 @@ func TestStepOutcomeSurvivesKernelOutage(t *testing.T) {
 				t.Fatalf("the kernel saw %d %s requests, want 4 (one dropped, two 503, one answered)", n, tc.suffix)
 			}
 		})
+	}
+}
+
+// TestStepOutcomeRetriesStopWithTheLease: a kernel away for longer than the
+// lease (heartbeats fail too) is not waited for past the lease's end: the
+// outcome's tries stop, the call returns *KernelError, and the dispatch
+// ends, so that the kernel delivers the execution again once it is back
+// (the step, in flight, replays as indeterminate).
+func TestStepOutcomeRetriesStopWithTheLease(t *testing.T) {
+	h := start(t, fast()) // a 500 ms lease
+	flaky := &flakyKernel{}
+	proxy := httptest.NewServer(flaky.handler(h.env.URL))
+	t.Cleanup(proxy.Close)
+	got := make(chan error, 1)
+	var runs counter
+	charge := agent.NewTool("charge", func(ctx context.Context, in int) (int, error) {
+		runs.inc("charge")
+		flaky.down.Store(true) // the kernel goes away while the effect runs
+		return in, nil
+	})
+	a, err := agent.New(agent.Config{ID: "away", Secret: []byte(secret), KernelURL: proxy.URL, HeartbeatInterval: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+			v, err := charge.Call(ctx, 7)
+			ex, _ := agent.FromContext(ctx)
+			if ex.Lease.Attempt == 1 {
+				got <- err
+			}
+			var te *agent.ToolError
+			if errors.As(err, &te) && te.Indeterminate() {
+				return "indeterminate", nil
+			}
+			return v, err
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+		srv.Close()
+	})
+	h.register("away", srv.URL+"/webhook", false)
+	id := h.create("away", nil)
+	select {
+	case err := <-got:
+		if !errors.As(err, new(*agent.KernelError)) {
+			t.Fatalf("the first attempt's call returned %T %v, want *agent.KernelError", err, err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the outcome was still being retried 20 s after a 500 ms lease")
+	}
+	flaky.down.Store(false)
+	x := h.status(id, kernel.ExecCompleted)
+	if x.Status != kernel.ExecCompleted || string(x.Output) != `"indeterminate"` || runs.get("charge") != 1 {
+		t.Fatalf("execution %s output %s; the effect ran %d times", x.Status, x.Output, runs.get("charge"))
 	}
 }

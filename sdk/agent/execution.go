@@ -62,6 +62,11 @@ type Execution struct {
 	// Rebuno-Step-Id.
 	occ map[occurrenceKey]*occurrence
 
+	// leaseEnd is when the lease is known to expire, in Unix nanoseconds
+	// (0: unknown): from the execution read at the start, then from each
+	// heartbeat. Retrying a step's outcome stops there.
+	leaseEnd atomic.Int64
+
 	// leaseHdr is the lease headers of the mutations, built once for the
 	// Lease they name (read-only once built: requests only read them).
 	leaseHdr atomic.Pointer[leaseHeader]
@@ -334,8 +339,10 @@ const (
 )
 
 // record sends a step's outcome under the settle window (see settle),
-// trying again after a KernelError until the kernel answers or the window
-// ends. The effect has happened; dropping its outcome because the kernel
+// trying again after a KernelError until the kernel answers, the window
+// ends, or the lease is known to have expired (the kernel would then give
+// the execution to another attempt, and the dispatch had better end so
+// that this agent gets it). The effect has happened; dropping its outcome because the kernel
 // was restarting would make an at_most_once step indeterminate and run a
 // safe_to_retry one again. Sending it twice is safe: the kernel takes the
 // same outcome of a step again as a no-op. Any answer (lease_superseded,
@@ -362,6 +369,9 @@ func (e *Execution) record(ctx context.Context, op, stepID, path string, body an
 				// gave no answer.
 				return &KernelError{Op: op, Err: err}
 			}
+			return err
+		}
+		if e.leaseLapsed() {
 			return err
 		}
 		t := time.NewTimer(pause)
@@ -395,12 +405,28 @@ func (e *Execution) Heartbeat(ctx context.Context) (time.Time, error) {
 	if err != nil || hr.LeaseUntil == nil {
 		return time.Time{}, err
 	}
+	e.setLeaseEnd(*hr.LeaseUntil)
 	return *hr.LeaseUntil, nil
 }
 
 // leaseWarning is logged once when the kernel's lease is shorter than the
 // heartbeat interval.
 const leaseWarning = "the heartbeat interval is longer than the kernel's lease: the lease lapses between beats; lower Config.HeartbeatInterval"
+
+// setLeaseEnd records when the lease expires (a zero t: unknown).
+func (e *Execution) setLeaseEnd(t time.Time) {
+	if t.IsZero() {
+		e.leaseEnd.Store(0)
+		return
+	}
+	e.leaseEnd.Store(t.UnixNano())
+}
+
+// leaseLapsed reports whether the lease is known to have expired.
+func (e *Execution) leaseLapsed() bool {
+	end := e.leaseEnd.Load()
+	return end != 0 && time.Now().UnixNano() > end
+}
 
 // settleTimeout bounds a Complete or Fail that runs after the handler's
 // context was cancelled.

@@ -115,6 +115,7 @@ func startSession(cfg SessionConfig, k *client.Client, ws *client.Session) *Sess
 		log: log.With("execution_id", x.ID, "attempt", ws.DispatchAttempt)}
 	s.ex = &Execution{ID: x.ID, AgentID: x.AgentID, Lease: Lease{DispatchID: ws.DispatchID, Attempt: ws.DispatchAttempt},
 		Input: x.Input, Labels: x.Labels, k: k}
+	s.ex.setLeaseEnd(ws.LeaseUntil)
 	go func() {
 		defer close(s.done)
 		s.ex.heartbeat(context.Background(), interval, ws.LeaseUntil, s.stop, s.log)
