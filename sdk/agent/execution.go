@@ -312,8 +312,9 @@ func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wi
 
 // Complete records the result (any JSON) and usage of a step that was told
 // to proceed. It runs even if ctx is cancelled, and tries again while the
-// kernel cannot be reached (a restart, a 5xx), for up to 30 s: a result the
-// effect already produced must not be thrown away.
+// kernel cannot be reached (a restart, a 5xx), for up to 30 s and while the
+// lease lasts: a result the effect already produced must not be thrown
+// away.
 func (e *Execution) Complete(ctx context.Context, stepID string, result json.RawMessage, usage *wire.Usage) error {
 	return e.record(ctx, "complete step", stepID, e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/complete",
 		wire.StepCompleteRequest{Result: result, Usage: usage})
@@ -340,15 +341,15 @@ const (
 
 // record sends a step's outcome under the settle window (see settle),
 // trying again after a KernelError until the kernel answers, the window
-// ends, or the lease is known to have expired (the kernel would then give
-// the execution to another attempt, and the dispatch had better end so
-// that this agent gets it). The effect has happened; dropping its outcome because the kernel
-// was restarting would make an at_most_once step indeterminate and run a
+// ends, or the lease is known to have expired (the kernel then gives the
+// execution to another attempt, and the dispatch had better end). The
+// effect has happened; dropping its outcome because the kernel was
+// restarting would make an at_most_once step indeterminate and run a
 // safe_to_retry one again. Sending it twice is safe: the kernel takes the
 // same outcome of a step again as a no-op. Any answer (lease_superseded,
 // a conflict) ends the tries. A step the kernel has cancelled (its
-// execution ended while the effect ran) is *Terminated, remembered like
-// a terminal decision.
+// execution ended while the effect ran) is *Terminated, remembered like a
+// terminal decision.
 func (e *Execution) record(ctx context.Context, op, stepID, path string, body any) error {
 	ctx, cancel := settle(ctx)
 	defer cancel()
