@@ -162,6 +162,12 @@ func TestKillAtRandomInstants(t *testing.T) {
 				p.exited(t)
 			}
 		}
+		if how != "clean stop" {
+			// A session's completion may outlive its kernel (the SDK
+			// tries it again, within the lease, and the next life may
+			// answer it); its loop stops after that.
+			close(stop)
+		}
 		select {
 		case <-done:
 		case <-time.After(60 * time.Second):

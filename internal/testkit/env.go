@@ -58,6 +58,9 @@ type Options struct {
 	LLM *llmgw.Config
 	// UI is server.Config.UI (the console, server/console).
 	UI func(api http.Handler) http.Handler
+	// MaxStreamsPerTenant is server.Config.MaxStreamsPerTenant (zero: the
+	// server's default).
+	MaxStreamsPerTenant int
 }
 
 // Store backends.
@@ -145,7 +148,7 @@ func Start(t testing.TB, o Options) *Env {
 		t.Fatalf("load bundles: %v", err)
 	}
 	var srv *server.Server
-	scfg := server.Config{AdminKey: AdminKey, UI: o.UI}
+	scfg := server.Config{AdminKey: AdminKey, UI: o.UI, MaxStreamsPerTenant: o.MaxStreamsPerTenant}
 	var gw *llmgw.Gateway
 	if o.LLM != nil {
 		lc := *o.LLM

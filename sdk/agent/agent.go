@@ -313,13 +313,14 @@ func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 		r.prev.cancel(&LeaseSuperseded{DispatchID: r.prev.lease.DispatchID, Attempt: r.prev.lease.Attempt})
 	}
 	ex := &Execution{ID: x.ID, AgentID: x.AgentID, Lease: r.lease, Input: x.Input, Labels: x.Labels, LLMGatewayToken: r.token, k: a.kernel, cancel: r.cancel}
+	ex.setLeaseEnd(leaseUntil(x))
 	hctx := withExecution(ctx, ex)
 
 	stop := make(chan struct{})
 	beat := make(chan struct{})
 	go func() {
 		defer close(beat)
-		ex.heartbeat(ctx, a.cfg.HeartbeatInterval, stop, log)
+		ex.heartbeat(ctx, a.cfg.HeartbeatInterval, leaseUntil(x), stop, log)
 	}()
 	out, herr := a.call(hctx, x.Input)
 	close(stop)
@@ -361,6 +362,15 @@ func (a *Agent) run(ctx context.Context, executionID string, r *run) {
 	if err := ex.mutate(ctx, "complete execution", "/complete", wire.ExecutionCompleteRequest{Output: raw}, nil); err != nil {
 		log.Warn("complete execution", "err", err)
 	}
+}
+
+// leaseUntil is when the lease the execution was read under expires
+// (zero when the kernel did not say).
+func leaseUntil(x *client.Execution) time.Time {
+	if x.Dispatch == nil || x.Dispatch.LeaseUntil == nil {
+		return time.Time{}
+	}
+	return *x.Dispatch.LeaseUntil
 }
 
 // call runs the handler, turning a panic into an error.

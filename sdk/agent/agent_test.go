@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -526,6 +528,52 @@ func TestCancelledExecutionTerminatesHandler(t *testing.T) {
 	h.checkLog(id)
 }
 
+// An execution cancelled while a tool's body runs, before any heartbeat
+// shows it: the body's result comes too late to be recorded, and the call
+// returns *Terminated (not the kernel's 409 conflict), remembered on the
+// execution so that the dispatch ends without a verdict.
+func TestCancelledDuringBodyTerminates(t *testing.T) {
+	h := start(t, kernel.Config{})
+	started, release := make(chan struct{}), make(chan struct{})
+	got := make(chan error, 2)
+	tool := agent.NewTool("slow", func(ctx context.Context, in int) (int, error) {
+		close(started)
+		<-release
+		return in, nil
+	})
+	failing := agent.NewTool("failing", func(ctx context.Context, in int) (int, error) { return 0, errors.New("too late") })
+	_, url := h.serve("late", time.Hour, agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+		_, err := tool.Call(ctx, 1)
+		got <- err
+		ex, _ := agent.FromContext(ctx)
+		got <- ex.Unwinding()
+		_, err = failing.Call(ctx, 2) // refused before it is submitted: the dispatch is over
+		return nil, err
+	}))
+	h.register("late", url, false)
+	id := h.create("late", nil)
+	<-started
+	if err := h.admin.Cancel(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	for i := 0; i < 2; i++ {
+		var term *agent.Terminated
+		if err := <-got; !errors.As(err, &term) {
+			t.Fatalf("got %T %v, want *agent.Terminated", err, err)
+		}
+	}
+	x := h.status(id, kernel.ExecCancelled)
+	if x.Status != kernel.ExecCancelled {
+		t.Fatalf("status %s", x.Status)
+	}
+	steps, err := h.admin.Steps(context.Background(), id)
+	if err != nil || len(steps) != 1 || steps[0].Status != "cancelled" {
+		t.Fatalf("steps %+v %v, want the one step cancelled", steps, err)
+	}
+	h.checkLog(id)
+}
+
 // Every decision maps to its typed error; Blocked is remembered even when
 // the handler swallows it, and the approval resumes the execution.
 func TestDecisionsAndApproval(t *testing.T) {
@@ -629,6 +677,18 @@ func TestHandlerAndToolFailures(t *testing.T) {
 			_, err := panicky.Call(ctx, 1)
 			return nil, err
 		},
+		// A step under a context whose deadline has passed returns that
+		// deadline, not a KernelError (which would end the dispatch
+		// quietly and have the kernel deliver it again).
+		"deadline": func(ctx context.Context, _ json.RawMessage) (any, error) {
+			dctx, cancel := context.WithDeadline(ctx, time.Now())
+			defer cancel()
+			_, err := agent.Step(dctx, "late", func(context.Context) (int, error) { return 1, nil })
+			if errors.As(err, new(*agent.KernelError)) || !errors.Is(err, context.DeadlineExceeded) {
+				return nil, fmt.Errorf("want the context's deadline, got %T", err)
+			}
+			return nil, err
+		},
 		"args": func(ctx context.Context, _ json.RawMessage) (any, error) {
 			_, err := agent.Invoke(ctx, agent.KindToolCall, "x", func() {}, agent.StepOptions{}, nil)
 			var ae *agent.ArgsError
@@ -639,12 +699,13 @@ func TestHandlerAndToolFailures(t *testing.T) {
 		},
 	}
 	want := map[string]string{
-		"error":   "no luck",
-		"panic":   "panic: boom",
-		"output":  "output is not JSON-serialisable",
-		"tool":    "disk full",
-		"toolpan": "panic: tool bug",
-		"args":    "not JSON-serialisable",
+		"error":    "no luck",
+		"panic":    "panic: boom",
+		"output":   "output is not JSON-serialisable",
+		"tool":     "disk full",
+		"toolpan":  "panic: tool bug",
+		"args":     "not JSON-serialisable",
+		"deadline": "agent: submit step: context deadline exceeded",
 	}
 	for name, fn := range handlers {
 		t.Run(name, func(t *testing.T) {
@@ -844,6 +905,31 @@ func TestHeartbeatLongerThanLeaseWarns(t *testing.T) {
 	}
 }
 
+// A heartbeat interval longer than the whole lease is warned about when the
+// handler starts: no beat would get through to show it (the lease lapses
+// first), and a handler that makes no step would lose its lease silently.
+func TestHeartbeatLongerThanLeaseWarnsAtStart(t *testing.T) {
+	h := start(t, kernel.Config{LeaseTimeout: 2 * time.Second, DispatchTimeout: time.Second, ReapInterval: 20 * time.Millisecond})
+	const warning = "heartbeat interval is longer than the kernel's lease"
+	var logs lockedLog
+	a, err := agent.New(agent.Config{ID: "nobeat", Secret: []byte(secret), KernelURL: h.env.URL, HeartbeatInterval: time.Hour,
+		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),
+		Handler: agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) { return "ok", nil })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a)
+	defer srv.Close()
+	h.register("nobeat", srv.URL, false)
+	id := h.create("nobeat", nil)
+	h.status(id, kernel.ExecCompleted)
+	// The run posts the execution's output only after its heartbeat
+	// goroutine has ended, so the log is complete by now.
+	if n := strings.Count(logs.String(), warning); n != 1 {
+		t.Fatalf("the warning came %d times, want once:\n%s", n, logs.String())
+	}
+}
+
 // A webhook whose lease is not the execution's current one (a late or
 // replayed delivery of another dispatch) neither runs the handler nor
 // disturbs the handler that holds the lease.
@@ -934,5 +1020,178 @@ func waitIdle(t *testing.T, a *agent.Agent) {
 			t.Fatalf("%d dispatches still running", a.Running())
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// flakyKernel is a proxy in front of the kernel that fails the first
+// fails step requests whose path ends with suffix (the first drops the
+// connection, the others answer 503), then forwards everything.
+type flakyKernel struct {
+	suffix string
+	fails  int
+	// down, while set, answers every request 503 (a kernel that is away).
+	down atomic.Bool
+
+	mu   sync.Mutex
+	seen int
+}
+
+func (f *flakyKernel) handler(kernelURL string) http.Handler {
+	u, _ := url.Parse(kernelURL)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if f.down.Load() {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, `{"code":"unavailable","message":"the kernel is stopping"}`)
+			return
+		}
+		if f.suffix != "" && strings.Contains(r.URL.Path, "/steps/") && strings.HasSuffix(r.URL.Path, f.suffix) {
+			f.mu.Lock()
+			f.seen++
+			n := f.seen
+			f.mu.Unlock()
+			switch {
+			case n == 1 && f.fails >= 1:
+				conn, _, err := http.NewResponseController(w).Hijack()
+				if err == nil {
+					_ = conn.Close()
+				}
+				return
+			case n <= f.fails:
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = io.WriteString(w, `{"code":"unavailable","message":"the kernel is starting"}`)
+				return
+			}
+		}
+		proxy.ServeHTTP(w, r)
+	})
+}
+
+func (f *flakyKernel) requests() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.seen
+}
+
+// TestStepOutcomeSurvivesKernelOutage: a tool whose effect has happened
+// while the kernel cannot be reached (a restart: the connection drops,
+// then 503 while it starts) still gets its result recorded, in the same
+// dispatch: the body runs once and the step is not left to become an
+// indeterminate orphan.
+func TestStepOutcomeSurvivesKernelOutage(t *testing.T) {
+	for _, tc := range []struct{ name, suffix string }{{"complete", "/complete"}, {"fail", "/fail"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := fast()
+			cfg.LeaseTimeout = 5 * time.Second // the outage is shorter than the lease
+			h := start(t, cfg)
+			flaky := &flakyKernel{suffix: tc.suffix, fails: 3}
+			proxy := httptest.NewServer(flaky.handler(h.env.URL))
+			t.Cleanup(proxy.Close)
+			var runs counter
+			charge := agent.NewTool("charge", func(ctx context.Context, in int) (int, error) {
+				runs.inc("charge")
+				if tc.name == "fail" {
+					return 0, errors.New("card declined")
+				}
+				return in * 2, nil
+			})
+			a, err := agent.New(agent.Config{ID: "flaky-" + tc.name, Secret: []byte(secret), KernelURL: proxy.URL,
+				HeartbeatInterval: 100 * time.Millisecond,
+				Handler: agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+					v, err := charge.Call(ctx, 21)
+					var te *agent.ToolError
+					if errors.As(err, &te) && !te.Replayed && te.Message() == "card declined" {
+						return "declined", nil
+					}
+					return v, err
+				})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(a)
+			t.Cleanup(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = a.Shutdown(ctx)
+				srv.Close()
+			})
+			h.register("flaky-"+tc.name, srv.URL+"/webhook", false)
+			id := h.create("flaky-"+tc.name, nil)
+			x := h.status(id, kernel.ExecCompleted)
+			want := map[string]string{"complete": "42", "fail": `"declined"`}[tc.name]
+			if x.Status != kernel.ExecCompleted || string(x.Output) != want {
+				t.Fatalf("execution %s output %s error %s, want completed with %s", x.Status, x.Output, x.Error, want)
+			}
+			if n := runs.get("charge"); n != 1 {
+				t.Fatalf("the effect ran %d times, want 1", n)
+			}
+			evs := h.checkLog(id)
+			if n := testkit.Count(evs, kernel.EvDispatchClaimed); n != 1 {
+				t.Fatalf("%d dispatch attempts, want 1 (the outcome was dropped and the dispatch delivered again)", n)
+			}
+			if n := flaky.requests(); n != 4 {
+				t.Fatalf("the kernel saw %d %s requests, want 4 (one dropped, two 503, one answered)", n, tc.suffix)
+			}
+		})
+	}
+}
+
+// TestStepOutcomeRetriesStopWithTheLease: a kernel away for longer than the
+// lease (heartbeats fail too) is not waited for past the lease's end: the
+// outcome's tries stop, the call returns *KernelError, and the dispatch
+// ends, so that the kernel delivers the execution again once it is back
+// (the step, in flight, replays as indeterminate).
+func TestStepOutcomeRetriesStopWithTheLease(t *testing.T) {
+	h := start(t, fast()) // a 500 ms lease
+	flaky := &flakyKernel{}
+	proxy := httptest.NewServer(flaky.handler(h.env.URL))
+	t.Cleanup(proxy.Close)
+	got := make(chan error, 1)
+	var runs counter
+	charge := agent.NewTool("charge", func(ctx context.Context, in int) (int, error) {
+		runs.inc("charge")
+		flaky.down.Store(true) // the kernel goes away while the effect runs
+		return in, nil
+	})
+	a, err := agent.New(agent.Config{ID: "away", Secret: []byte(secret), KernelURL: proxy.URL, HeartbeatInterval: 100 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Handler: agent.HandlerFunc(func(ctx context.Context, _ json.RawMessage) (any, error) {
+			v, err := charge.Call(ctx, 7)
+			ex, _ := agent.FromContext(ctx)
+			if ex.Lease.Attempt == 1 {
+				got <- err
+			}
+			var te *agent.ToolError
+			if errors.As(err, &te) && te.Indeterminate() {
+				return "indeterminate", nil
+			}
+			return v, err
+		})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(a)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = a.Shutdown(ctx)
+		srv.Close()
+	})
+	h.register("away", srv.URL+"/webhook", false)
+	id := h.create("away", nil)
+	select {
+	case err := <-got:
+		if !errors.As(err, new(*agent.KernelError)) {
+			t.Fatalf("the first attempt's call returned %T %v, want *agent.KernelError", err, err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the outcome was still being retried 20 s after a 500 ms lease")
+	}
+	flaky.down.Store(false)
+	x := h.status(id, kernel.ExecCompleted)
+	if x.Status != kernel.ExecCompleted || string(x.Output) != `"indeterminate"` || runs.get("charge") != 1 {
+		t.Fatalf("execution %s output %s; the effect ran %d times", x.Status, x.Output, runs.get("charge"))
 	}
 }

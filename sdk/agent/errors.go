@@ -169,7 +169,8 @@ func (e *ArgsError) Unwrap() error { return e.Err }
 // KernelError is a kernel call that did not get an answer (network error,
 // timeout, or a 5xx). The dispatch ends without failing the execution: its
 // lease expires and the kernel re-delivers it, and the new attempt replays
-// what was recorded.
+// what was recorded. A call whose own context ended first is not a
+// KernelError: it returns an error wrapping the context's cause.
 type KernelError struct {
 	Op  string
 	Err error

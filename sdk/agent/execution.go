@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -60,6 +61,11 @@ type Execution struct {
 	// args_hash), as the kernel does, to compute the step id sent in
 	// Rebuno-Step-Id.
 	occ map[occurrenceKey]*occurrence
+
+	// leaseEnd is when the lease is known to expire, in Unix nanoseconds
+	// (0: unknown): from the execution read at the start, then from each
+	// heartbeat. Retrying a step's outcome stops there.
+	leaseEnd atomic.Int64
 
 	// leaseHdr is the lease headers of the mutations, built once for the
 	// Lease they name (read-only once built: requests only read them).
@@ -217,7 +223,8 @@ func (e *Execution) execPaths() *execPaths {
 
 // mutate sends one signed mutation under the lease and maps the kernel's
 // answers to the SDK's errors: lease_superseded → LeaseSuperseded (and the
-// handler is cancelled), an unreachable kernel or a 5xx → KernelError.
+// handler is cancelled), an unreachable kernel or a 5xx → KernelError, and
+// a ctx that ended first → an error wrapping its cause.
 func (e *Execution) mutate(ctx context.Context, op, suffix string, body, out any) error {
 	return e.mutateAt(ctx, op, e.path(suffix), e.leaseHeader(), body, out)
 }
@@ -238,6 +245,14 @@ func (e *Execution) mutateAt(ctx context.Context, op, path string, header http.H
 			return &KernelError{Op: op, Err: err}
 		}
 		return err
+	}
+	if ctx.Err() != nil {
+		// The caller's own deadline or cancellation, not an unreachable
+		// kernel: returned by the handler it fails the execution. A
+		// cancellation by the Agent (a superseded lease, a terminated
+		// execution, a shutdown) is the cause, and still ends the
+		// dispatch without a verdict.
+		return fmt.Errorf("agent: %s: %w", op, context.Cause(ctx))
 	}
 	return &KernelError{Op: op, Err: err}
 }
@@ -296,23 +311,80 @@ func (e *Execution) Submit(ctx context.Context, req wire.StepSubmitRequest) (*wi
 }
 
 // Complete records the result (any JSON) and usage of a step that was told
-// to proceed. It runs even if ctx is cancelled: a result the effect already
-// produced must not be thrown away.
+// to proceed. It runs even if ctx is cancelled, and tries again while the
+// kernel cannot be reached (a restart, a 5xx), for up to 30 s and while the
+// lease lasts: a result the effect already produced must not be thrown
+// away.
 func (e *Execution) Complete(ctx context.Context, stepID string, result json.RawMessage, usage *wire.Usage) error {
-	ctx, cancel := settle(ctx)
-	defer cancel()
-	return e.mutateAt(ctx, "complete step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/complete", e.leaseHeader(),
-		wire.StepCompleteRequest{Result: result, Usage: usage}, nil)
+	return e.record(ctx, "complete step", stepID, e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/complete",
+		wire.StepCompleteRequest{Result: result, Usage: usage})
 }
 
 // Fail records the error (any JSON but null, which the kernel refuses: a
 // replay reads a null error as none) of a step that was told to proceed.
-// Like Complete it runs even if ctx is cancelled.
+// Like Complete it runs even if ctx is cancelled, and tries again while the
+// kernel cannot be reached.
 func (e *Execution) Fail(ctx context.Context, stepID string, stepErr json.RawMessage) error {
+	return e.record(ctx, "fail step", stepID, e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/fail",
+		wire.StepFailRequest{Error: stepErr})
+}
+
+// stepCancelled is the status of a step whose execution ended while it ran
+// (a conflict's details.status when its outcome comes too late).
+const stepCancelled = "cancelled"
+
+// Pauses between two tries of a step outcome the kernel did not answer:
+// the first, doubled up to the last.
+const (
+	recordRetryFirst = 50 * time.Millisecond
+	recordRetryMax   = time.Second
+)
+
+// record sends a step's outcome under the settle window (see settle),
+// trying again after a KernelError until the kernel answers, the window
+// ends, or the lease is known to have expired (the kernel then gives the
+// execution to another attempt, and the dispatch had better end). The
+// effect has happened; dropping its outcome because the kernel was
+// restarting would make an at_most_once step indeterminate and run a
+// safe_to_retry one again. Sending it twice is safe: the kernel takes the
+// same outcome of a step again as a no-op. Any answer (lease_superseded,
+// a conflict) ends the tries. A step the kernel has cancelled (its
+// execution ended while the effect ran) is *Terminated, remembered like a
+// terminal decision.
+func (e *Execution) record(ctx context.Context, op, stepID, path string, body any) error {
 	ctx, cancel := settle(ctx)
 	defer cancel()
-	return e.mutateAt(ctx, "fail step", e.execPaths().exec+"/steps/"+url.PathEscape(stepID)+"/fail", e.leaseHeader(),
-		wire.StepFailRequest{Error: stepErr}, nil)
+	pause := recordRetryFirst
+	for {
+		err := e.mutateAt(ctx, op, path, e.leaseHeader(), body, nil)
+		if err == nil {
+			return nil
+		}
+		var ae *client.APIError
+		if errors.As(err, &ae) && ae.Code == wire.CodeConflict && ae.Details["status"] == stepCancelled {
+			return e.remember(&Terminated{StepID: stepID, Reason: ae.Message})
+		}
+		var ke *KernelError
+		if !errors.As(err, &ke) {
+			if ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
+				// The settle window ended during the request: the kernel
+				// gave no answer.
+				return &KernelError{Op: op, Err: err}
+			}
+			return err
+		}
+		if e.leaseLapsed() {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		pause = min(2*pause, recordRetryMax)
+	}
 }
 
 // Delta posts one ephemeral piece of a running step's output to the
@@ -335,7 +407,27 @@ func (e *Execution) Heartbeat(ctx context.Context) (time.Time, error) {
 	if err != nil || hr.LeaseUntil == nil {
 		return time.Time{}, err
 	}
+	e.setLeaseEnd(*hr.LeaseUntil)
 	return *hr.LeaseUntil, nil
+}
+
+// leaseWarning is logged once when the kernel's lease is shorter than the
+// heartbeat interval.
+const leaseWarning = "the heartbeat interval is longer than the kernel's lease: the lease lapses between beats; lower Config.HeartbeatInterval"
+
+// setLeaseEnd records when the lease expires (a zero t: unknown).
+func (e *Execution) setLeaseEnd(t time.Time) {
+	if t.IsZero() {
+		e.leaseEnd.Store(0)
+		return
+	}
+	e.leaseEnd.Store(t.UnixNano())
+}
+
+// leaseLapsed reports whether the lease is known to have expired.
+func (e *Execution) leaseLapsed() bool {
+	end := e.leaseEnd.Load()
+	return end != 0 && time.Now().UnixNano() > end
 }
 
 // settleTimeout bounds a Complete or Fail that runs after the handler's
@@ -352,10 +444,17 @@ func settle(ctx context.Context) (context.Context, context.CancelFunc) {
 // the kernel says the lease is superseded or the execution has ended (both
 // cancel the handler through remember). It warns once when the kernel's
 // lease is shorter than the interval: the lease would lapse between beats.
-func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, stop <-chan struct{}, log *slog.Logger) {
+// until is when the lease held at the start expires (zero: unknown); a
+// lease that ends before the first beat is warned about at once, since no
+// beat would ever get through to show it.
+func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, until time.Time, stop <-chan struct{}, log *slog.Logger) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	warned := false
+	if left := time.Until(until); !until.IsZero() && left < interval {
+		warned = true
+		log.Warn(leaseWarning, "interval", interval, "lease_left", left.Round(time.Millisecond))
+	}
 	for {
 		select {
 		case <-stop:
@@ -369,8 +468,7 @@ func (e *Execution) heartbeat(ctx context.Context, interval time.Duration, stop 
 			if err == nil {
 				if left := time.Until(until); !until.IsZero() && left < interval && !warned {
 					warned = true
-					log.Warn("the heartbeat interval is longer than the kernel's lease: the lease lapses between beats; lower Config.HeartbeatInterval",
-						"interval", interval, "lease_left", left.Round(time.Millisecond))
+					log.Warn(leaseWarning, "interval", interval, "lease_left", left.Round(time.Millisecond))
 				}
 				continue
 			}

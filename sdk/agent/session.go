@@ -115,9 +115,10 @@ func startSession(cfg SessionConfig, k *client.Client, ws *client.Session) *Sess
 		log: log.With("execution_id", x.ID, "attempt", ws.DispatchAttempt)}
 	s.ex = &Execution{ID: x.ID, AgentID: x.AgentID, Lease: Lease{DispatchID: ws.DispatchID, Attempt: ws.DispatchAttempt},
 		Input: x.Input, Labels: x.Labels, k: k}
+	s.ex.setLeaseEnd(ws.LeaseUntil)
 	go func() {
 		defer close(s.done)
-		s.ex.heartbeat(context.Background(), interval, s.stop, s.log)
+		s.ex.heartbeat(context.Background(), interval, ws.LeaseUntil, s.stop, s.log)
 	}()
 	return s
 }
@@ -140,18 +141,23 @@ func (s *Session) Heartbeat(ctx context.Context) (time.Time, error) { return s.e
 // Wait waits until the execution no longer waits on an approval (after a
 // call returned *Blocked), polling the execution, and keeps the lease
 // meanwhile. It returns nil once the loop may make the call again, a
-// *Terminated if the execution ended, or ctx's error.
+// *Terminated if the execution ended, or ctx's error. A kernel that cannot
+// be reached meanwhile (a restart: network errors, 5xx) is waited for too;
+// any other refusal is returned.
 func (s *Session) Wait(ctx context.Context) error {
 	wait := 200 * time.Millisecond
 	for {
 		x, err := s.k.GetExecution(ctx, s.ex.ID)
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil && !unreachable(err):
 			return err
-		}
-		if client.IsTerminalStatus(x.Status) {
+		case err != nil:
+			s.log.Warn("waiting for the approval: the kernel cannot be reached; trying again", "err", err)
+		case client.IsTerminalStatus(x.Status):
 			return s.ex.remember(&Terminated{Reason: "execution is " + x.Status})
-		}
-		if x.Status != "blocked" {
+		case x.Status != "blocked":
 			s.ex.clearBlocked()
 			return nil
 		}
@@ -208,6 +214,13 @@ func (s *Session) Detach(ctx context.Context) error {
 func (s *Session) Close() {
 	s.stopOnce.Do(func() { close(s.stop) })
 	<-s.done
+}
+
+// unreachable reports whether err says the kernel gave no answer (a
+// network error) or a 5xx one: a kernel restarting.
+func unreachable(err error) bool {
+	var ae *client.APIError
+	return !errors.As(err, &ae) || ae.Status >= 500
 }
 
 // clearBlocked forgets a remembered *Blocked: a session's loop goes on

@@ -3,6 +3,11 @@ package agent_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -222,5 +227,90 @@ func TestSessionReconcile(t *testing.T) {
 				t.Fatal("no step.reconciled")
 			}
 		})
+	}
+}
+
+// kernelOutage is a proxy in front of the kernel that, while down, refuses
+// the reads of one execution (the first refusal drops the connection, the
+// next ones answer 503, as a kernel that restarts does) and says so on
+// refused.
+type kernelOutage struct {
+	path    string
+	down    atomic.Bool
+	count   atomic.Int32
+	refused chan struct{}
+}
+
+func (o *kernelOutage) handler(kernelURL string) http.Handler {
+	u, _ := url.Parse(kernelURL)
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if o.down.Load() && r.Method == http.MethodGet && r.URL.Path == o.path { // path is set before down
+			if o.count.Add(1) == 1 {
+				if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+					_ = conn.Close()
+				}
+			} else {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = io.WriteString(w, `{"code":"unavailable","message":"the kernel is starting"}`)
+			}
+			select {
+			case o.refused <- struct{}{}:
+			default:
+			}
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	})
+}
+
+// TestSessionWaitSurvivesKernelOutage: a kernel restarting while a session
+// waits for an approval (reads of the execution dropped, then 503) is
+// waited for; once it answers and the approval is granted, Wait returns
+// and the call proceeds.
+func TestSessionWaitSurvivesKernelOutage(t *testing.T) {
+	h := start(t, kernel.Config{LeaseTimeout: 5 * time.Second, ReapInterval: 20 * time.Millisecond})
+	cfg := h.gateOnly("waiter")
+	outage := &kernelOutage{refused: make(chan struct{}, 1)}
+	proxy := httptest.NewServer(outage.handler(h.env.URL))
+	defer proxy.Close()
+	cfg.KernelURL = proxy.URL
+	ctx := context.Background()
+	var deploys atomic.Int32
+	deploy := agent.NewTool("deploy", func(context.Context, struct{}) (string, error) {
+		deploys.Add(1)
+		return "deployed", nil
+	})
+	s, err := agent.Begin(ctx, cfg, client.SessionRequest{AgentID: "waiter"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sctx := s.Context(ctx)
+	var b *agent.Blocked
+	if _, err := deploy.Call(sctx, struct{}{}); !errors.As(err, &b) {
+		t.Fatalf("deploy: %v, want *agent.Blocked", err)
+	}
+	outage.path = "/v0/executions/" + s.ID()
+	outage.down.Store(true)
+	waited := make(chan error, 1)
+	go func() { waited <- s.Wait(ctx) }()
+	for i := 0; i < 2; i++ { // a dropped connection, then a 503
+		select {
+		case <-outage.refused:
+		case err := <-waited:
+			t.Fatalf("Wait returned %v while the kernel was down", err)
+		}
+	}
+	if _, err := h.admin.Grant(ctx, b.ApprovalID, wire.ResolveApprovalRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	outage.down.Store(false)
+	if err := <-waited; err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if d, err := deploy.Call(sctx, struct{}{}); err != nil || d != "deployed" || deploys.Load() != 1 {
+		t.Fatalf("deploy after the approval: %q %v (ran %d times)", d, err, deploys.Load())
 	}
 }

@@ -404,6 +404,54 @@ func TestWatchPollLive(t *testing.T) {
 	sameEvents(t, w.events, all)
 }
 
+// TestWatchPollsAtTheStreamLimit: a tenant with all its event streams
+// open (the server's limit, 429 on one more) can still Watch (and Wait):
+// the kernel says to poll the events route, and the watch does.
+func TestWatchPollsAtTheStreamLimit(t *testing.T) {
+	env := testkit.Start(t, testkit.Options{Engines: []plugins.Engine{rules.New()}, MaxStreamsPerTenant: 1,
+		Config: kernel.Config{LeaseTimeout: 5 * time.Second, DispatchTimeout: time.Second, ReapInterval: 20 * time.Millisecond}})
+	c := client.New(env.URL, client.WithAPIKey(testkit.AdminKey))
+	ctx := testCtx(t)
+	hold := make(chan struct{})
+	startAgent(t, env, "held", func(ctx context.Context, r *testkit.Run) (any, error) {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+		}
+		return "released", nil
+	})
+	startAgent(t, env, "quick", func(ctx context.Context, r *testkit.Run) (any, error) { return "done", nil })
+	held, err := c.CreateExecution(ctx, client.CreateExecutionRequest{AgentID: "held"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The held execution's watch takes the tenant's only stream.
+	streaming := make(chan struct{})
+	first := sync.OnceFunc(func() { close(streaming) })
+	heldDone := make(chan error, 1)
+	go func() {
+		heldDone <- c.Watch(ctx, held.ID, 0, func(client.StreamItem) error { first(); return nil })
+	}()
+	<-streaming
+	x, err := c.CreateExecution(ctx, client.CreateExecutionRequest{AgentID: "quick"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := watch(ctx, c, x.ID, client.WatchOptions{PollInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("Watch at the stream limit: %v", err)
+	}
+	all, err := c.AllEvents(ctx, x.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameEvents(t, w.events, all)
+	close(hold)
+	if err := <-heldDone; err != nil {
+		t.Fatalf("the streaming watch: %v", err)
+	}
+}
+
 // TestWatchDelta watches an agent stream a step's output: the delta
 // arrives between the step's executing and succeeded events.
 func TestWatchDelta(t *testing.T) {

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/wicket-run/wicket/server/wire"
 )
 
 // Defaults of WatchOptions.
@@ -231,9 +233,12 @@ func (w *watcher) stream(ctx context.Context) (outcome, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		if ae := apiError(resp); resp.StatusCode/100 == 4 && ae.Code != "" {
+		ae := apiError(resp)
+		if resp.StatusCode/100 == 4 && ae.Code != "" && ae.Code != wire.CodeRateLimited {
 			return outFatal, wrap(ae)
 		}
+		// A tenant at its limit of open streams (429) is told to poll the
+		// events route instead; so is a server that does not stream.
 		return outFallback, nil
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
