@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/wicket-run/wicket/internal/testkit"
 )
@@ -44,21 +45,31 @@ func TestWasmOutputInServeLog(t *testing.T) {
 		map[string]any{"agent_id": "bot", "step": map[string]any{"kind": "tool_call", "target": "x"}}, &res); err != nil || res.Decision != "allow" {
 		t.Fatalf("eval: %v %q", err, res.Decision)
 	}
-	// The evaluation has returned, and the module wrote its line during it.
-	found := false
-	sc := bufio.NewScanner(strings.NewReader(p.stderrString()))
-	for sc.Scan() {
-		line := sc.Text()
-		var rec map[string]any
-		if err := json.Unmarshal([]byte(line), &rec); err != nil {
-			t.Errorf("not a JSON log record: %q", line)
-			continue
+	// The module wrote its line during the evaluation; the serve process's
+	// standard error reaches this one through a pipe, so its record may
+	// still be on the way.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		found := false
+		out := p.stderrString()
+		out = out[:strings.LastIndex(out, "\n")+1] // whole lines only
+		sc := bufio.NewScanner(strings.NewReader(out))
+		for sc.Scan() {
+			line := sc.Text()
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("not a JSON log record: %q", line)
+			}
+			if rec["msg"] == "wasm policy output" && rec["line"] == "hello from the policy" && rec["bundle"] == "printer" {
+				found = true
+			}
 		}
-		if rec["msg"] == "wasm policy output" && rec["line"] == "hello from the policy" && rec["bundle"] == "printer" {
-			found = true
+		if found {
+			return
 		}
-	}
-	if !found {
-		t.Errorf("no JSON record of the policy's output in:\n%s", p.stderrString())
+		if time.Now().After(deadline) {
+			t.Fatalf("no JSON record of the policy's output in:\n%s", p.stderrString())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
