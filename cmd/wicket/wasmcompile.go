@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel/policy"
@@ -136,7 +135,7 @@ func (w *isolatedWasm) precompile(ctx context.Context, b *bundle.Bundle) error {
 	cmd := exec.CommandContext(cctx, w.exe, wasmCompileCommand)
 	cmd.Stdin = bytes.NewReader(job)
 	var out bytes.Buffer
-	stderr := &headTail{}
+	stderr := &worker.Stderr{}
 	cmd.Stdout, cmd.Stderr = &out, stderr
 	runErr := cmd.Run()
 	var answer wasmCompileAnswer
@@ -151,40 +150,10 @@ func (w *isolatedWasm) precompile(ctx context.Context, b *bundle.Bundle) error {
 		return fmt.Errorf("wasm: compile %s: not done within %s (serve --wasm-compile-timeout): the module is refused", wasm.PolicyFile, w.timeout)
 	case ctx.Err() != nil:
 		return fmt.Errorf("wasm: compile %s: %w", wasm.PolicyFile, ctx.Err())
-	case worker.DiedOfMemory(stderr.first(), stderr.String()):
+	case stderr.DiedOfMemory():
 		return fmt.Errorf("wasm: compile %s: over the compile memory limit of %s (serve --wasm-compile-memory): the module is refused", wasm.PolicyFile, bundle.BytesString(w.memory))
 	}
-	return fmt.Errorf("wasm: compile %s: the compiling process failed (%v): %s", wasm.PolicyFile, runErr, stderr.last())
-}
-
-// headTail keeps the first and the last few KiB a process writes.
-type headTail struct {
-	head, tail []byte
-}
-
-const headTailKeep = 4 << 10
-
-func (h *headTail) Write(p []byte) (int, error) {
-	if n := headTailKeep - len(h.head); n > 0 {
-		h.head = append(h.head, p[:min(n, len(p))]...)
-	}
-	h.tail = append(h.tail, p...)
-	if len(h.tail) > headTailKeep {
-		h.tail = append(h.tail[:0], h.tail[len(h.tail)-headTailKeep:]...)
-	}
-	return len(p), nil
-}
-
-func (h *headTail) String() string { return string(h.head) + "\n" + string(h.tail) }
-
-func (h *headTail) first() string {
-	l, _, _ := strings.Cut(string(h.head), "\n")
-	return l
-}
-
-func (h *headTail) last() string {
-	lines := strings.Split(strings.TrimSpace(string(h.tail)), "\n")
-	return strings.TrimSpace(lines[len(lines)-1])
+	return fmt.Errorf("wasm: compile %s: the compiling process failed (%v): %s", wasm.PolicyFile, runErr, stderr.Summary())
 }
 
 // tenantSlots lets one job per tenant run at a time.

@@ -233,7 +233,7 @@ type proc struct {
 	e      *Engine
 	tenant string
 	cmd    *exec.Cmd
-	stderr *tail
+	stderr *Stderr
 	sem    chan struct{}
 
 	wmu   sync.Mutex // guards stdin
@@ -257,7 +257,7 @@ func (e *Engine) start(ctx context.Context, tenant string) (*proc, error) {
 	}
 	cmd := exec.Command(e.cfg.Command[0], e.cfg.Command[1:]...)
 	cmd.Env = e.cfg.Env
-	p := &proc{e: e, tenant: tenant, cmd: cmd, stderr: &tail{}, sem: make(chan struct{}, e.cfg.Concurrency),
+	p := &proc{e: e, tenant: tenant, cmd: cmd, stderr: &Stderr{}, sem: make(chan struct{}, e.cfg.Concurrency),
 		pending: map[uint64]chan response{}, dead: make(chan struct{})}
 	cmd.Stderr = p.stderr
 	stdin, err := cmd.StdinPipe()
@@ -317,7 +317,7 @@ func (p *proc) read(stdout io.Reader) {
 		p.cause = fmt.Errorf("%s: evaluation exceeded the memory limit of %s of the tenant's policy worker, which was stopped", name, bundle.BytesString(p.e.cfg.Memory))
 	default:
 		msg := fmt.Sprintf("%s: the tenant's policy worker exited (%v)", name, werr)
-		if l := p.stderr.summary(); l != "" {
+		if l := p.stderr.Summary(); l != "" {
 			msg += ": " + l
 		}
 		p.cause = errors.New(msg)
@@ -332,13 +332,10 @@ func (p *proc) read(stdout io.Reader) {
 // memory cap (memoryDeath). A Go panic (a bug, in OPA or here) is not
 // counted.
 func (p *proc) outOfMemory() bool {
-	if p.stderr.contains("out of memory") || p.stderr.contains("cannot allocate memory") {
-		return true
+	if st := p.cmd.ProcessState; st == nil || st.Success() {
+		return p.stderr.Contains("out of memory") || p.stderr.Contains("cannot allocate memory")
 	}
-	if st := p.cmd.ProcessState; st == nil || st.Success() || p.stderr.contains("panic: ") {
-		return false
-	}
-	return memoryDeath(p.stderr.first())
+	return p.stderr.DiedOfMemory()
 }
 
 // memoryDeath reports whether a worker that crashed without a Go panic,
@@ -536,62 +533,4 @@ func (ev *evaluator) Close() error {
 	}
 	ev.slot.unref()
 	return nil
-}
-
-// tail keeps the start and the end of what a worker writes to stderr (a
-// Go runtime error comes first, then pages of stack traces).
-type tail struct {
-	mu         sync.Mutex
-	head, tail []byte
-}
-
-const tailKeep = 4 << 10
-
-func (t *tail) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if n := tailKeep - len(t.head); n > 0 {
-		t.head = append(t.head, p[:min(n, len(p))]...)
-	}
-	t.tail = append(t.tail, p...)
-	if len(t.tail) > tailKeep {
-		t.tail = append(t.tail[:0], t.tail[len(t.tail)-tailKeep:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tail) contains(s string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.Contains(string(t.head), s) || strings.Contains(string(t.tail), s)
-}
-
-// first returns the first line written.
-func (t *tail) first() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	l, _, _ := strings.Cut(string(t.head), "\n")
-	return l
-}
-
-// summary returns the first "fatal error:" or "panic:" line, else the last
-// non-empty line, at most 200 bytes.
-func (t *tail) summary() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	pick := ""
-	for _, l := range strings.Split(string(t.head), "\n") {
-		if strings.HasPrefix(l, "fatal error:") || strings.HasPrefix(l, "panic:") {
-			pick = l
-			break
-		}
-	}
-	lines := strings.Split(string(t.tail), "\n")
-	for i := len(lines) - 1; pick == "" && i >= 0; i-- {
-		pick = strings.TrimSpace(lines[i])
-	}
-	if len(pick) > 200 {
-		pick = pick[:200] + "…"
-	}
-	return pick
 }
