@@ -133,6 +133,7 @@ func (w *isolatedWasm) precompile(ctx context.Context, b *bundle.Bundle) error {
 	cctx, cancel := context.WithTimeout(ctx, w.timeout)
 	defer cancel()
 	cmd := exec.CommandContext(cctx, w.exe, wasmCompileCommand)
+	cmd.Env = []string{} // as a Rego worker's: nothing of the kernel's environment (keys) reaches it
 	cmd.Stdin = bytes.NewReader(job)
 	var out bytes.Buffer
 	stderr := &worker.Stderr{}
