@@ -89,8 +89,21 @@ type StepDecision struct {
 // and the write.
 var errRetry = errors.New("state changed; retry")
 
-// maxSubmitTries bounds SubmitStep's read-decide-write rounds.
-const maxSubmitTries = 8
+// errRetryRaced asks SubmitStep to read again because another submission
+// of the same call was recorded in between (its occurrence was taken):
+// the racing submissions are making progress.
+var errRetryRaced = fmt.Errorf("%w: the occurrence was taken", errRetry)
+
+// maxSubmitTries bounds SubmitStep's read-decide-write rounds that lost to
+// a change other than a racing submission of the same call; rounds lost to
+// those (errRetryRaced) are bounded by maxSubmitRounds only, since each
+// means another of them was recorded. (Eight rounds in all were fewer than
+// an agent's goroutines may race: 9 through three replicas sometimes got
+// unavailable.) A round costs one read and one policy evaluation.
+const (
+	maxSubmitTries  = 8
+	maxSubmitRounds = 256
+)
 
 // validateStep checks and normalises a submission.
 func validateStep(req *StepRequest) error {
@@ -211,15 +224,16 @@ type preread struct {
 //
 // It reads (one read transaction), evaluates policy outside any
 // transaction, then writes and re-checks what it read; when something
-// changed in between it starts over, at most maxSubmitTries times
-// (then unavailable).
+// changed in between it starts over: as long as racing submissions of the
+// same call are being recorded, else at most maxSubmitTries times (then
+// unavailable).
 func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision, error) {
 	sub, err := newSubmission(req)
 	if err != nil {
 		return nil, err
 	}
 	pre := &sub.pre
-	for range maxSubmitTries {
+	for tries, rounds := 0, 0; tries < maxSubmitTries && rounds < maxSubmitRounds; rounds++ {
 		*pre = preread{}
 		err := k.store.View(ctx, func(tx ReadTx) error {
 			return k.preread(tx, sub, pre)
@@ -244,7 +258,11 @@ func (k *Kernel) SubmitStep(ctx context.Context, req StepRequest) (*StepDecision
 			sub.out = d
 			return err
 		})
+		if errors.Is(err, errRetryRaced) {
+			continue
+		}
 		if errors.Is(err, errRetry) {
+			tries++
 			continue
 		}
 		if err != nil {
@@ -456,7 +474,7 @@ func (k *Kernel) writeStep(r *rec, sub *submission, pre *preread, v *Verdict) (*
 		n = oc.Count
 	}
 	if n != pre.occ {
-		return nil, errRetry
+		return nil, errRetryRaced
 	}
 	s := pre.step
 	if s != nil {
