@@ -1097,11 +1097,11 @@ func ChoicesOf(raw json.RawMessage, max int64) (int64, string) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return 1, ""
 	}
-	n, err := strconv.ParseFloat(string(raw), 64)
-	if raw[0] < '0' || raw[0] > '9' || err != nil || n < 1 || n != math.Trunc(n) {
+	n, ok := policy.IntegerNumber(string(raw))
+	if !ok || n < 1 {
 		return 0, fmt.Sprintf("the call's n is %.32s, not a number of choices (max %d output tokens per call)", raw, max)
 	}
-	if n > float64(max) {
+	if int64(n) > max {
 		return 0, fmt.Sprintf("the call asks for %.32s choices of at least one output token each (max %d per call)", raw, max)
 	}
 	return int64(n), ""
