@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/wicket-run/wicket/kernel/policy"
@@ -159,31 +160,29 @@ func (w *isolatedWasm) precompile(ctx context.Context, b *bundle.Bundle) error {
 
 // tenantSlots lets one job per tenant run at a time.
 type tenantSlots struct {
-	mu   chan struct{}
-	busy map[string]chan struct{}
+	mu   sync.Mutex
+	busy map[string]chan struct{} // closed when the tenant's job ends
 }
 
-func newTenantSlots() *tenantSlots {
-	return &tenantSlots{mu: make(chan struct{}, 1), busy: map[string]chan struct{}{}}
-}
+func newTenantSlots() *tenantSlots { return &tenantSlots{busy: map[string]chan struct{}{}} }
 
 // take waits for tenant's slot; release gives it back.
 func (s *tenantSlots) take(ctx context.Context, tenant string) (release func(), err error) {
 	for {
-		s.mu <- struct{}{}
+		s.mu.Lock()
 		done, busy := s.busy[tenant]
 		if !busy {
 			mine := make(chan struct{})
 			s.busy[tenant] = mine
-			<-s.mu
+			s.mu.Unlock()
 			return func() {
-				s.mu <- struct{}{}
+				s.mu.Lock()
 				delete(s.busy, tenant)
-				<-s.mu
+				s.mu.Unlock()
 				close(mine)
 			}, nil
 		}
-		<-s.mu
+		s.mu.Unlock()
 		select {
 		case <-done:
 		case <-ctx.Done():

@@ -135,3 +135,36 @@ func TestWasmCompileIsolated(t *testing.T) {
 		t.Fatalf("broken module: %v", err)
 	}
 }
+
+// TestTenantSlots: one wasm compile per tenant at a time: a second of the
+// same tenant waits (here: gives up with its context), another tenant's
+// does not, and the slot is free again once released.
+func TestTenantSlots(t *testing.T) {
+	s := newTenantSlots()
+	release, err := s.take(context.Background(), "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.take(done, "acme"); err == nil {
+		t.Fatal("a second compile of the tenant did not wait")
+	}
+	other, err := s.take(done, "globex")
+	if err != nil {
+		t.Fatalf("another tenant waited: %v", err)
+	}
+	other()
+	waited := make(chan error, 1)
+	go func() {
+		r, err := s.take(context.Background(), "acme")
+		if err == nil {
+			r()
+		}
+		waited <- err
+	}()
+	release()
+	if err := <-waited; err != nil {
+		t.Fatalf("after the release: %v", err)
+	}
+}
